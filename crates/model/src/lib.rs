@@ -5,3 +5,6 @@ pub mod checkpoint;
 pub mod config;
 pub mod v4;
 pub mod weights;
+
+/// The kernels crate, re-exported so binaries need not depend on it directly.
+pub use deepinfer_kernels as kernels;

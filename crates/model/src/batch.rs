@@ -1,0 +1,62 @@
+//! The flat batch the model runs on, in vLLM's shape: every scheduled token of every
+//! sequence concatenated, a span per sequence, and the rows that need logits.
+
+/// One sequence's slice of a [`ForwardBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// Offset of the sequence's first token in the flat arrays.
+    pub start: usize,
+    /// Number of tokens of this sequence in the batch.
+    pub len: usize,
+}
+
+/// A flat batch: `token_ids[i]` sits at absolute position `positions[i]` of its sequence.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardBatch {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<usize>,
+    pub spans: Vec<SeqSpan>,
+    /// Flat row indices whose logits are wanted, in output order.
+    pub logits_rows: Vec<usize>,
+}
+
+impl ForwardBatch {
+    /// Whole prompts from position 0, asking for the last position of each (or every
+    /// position when `all_positions`).
+    pub fn from_prompts(prompts: &[Vec<u32>], all_positions: bool) -> Self {
+        let mut b = ForwardBatch::default();
+        for p in prompts {
+            let start = b.token_ids.len();
+            b.token_ids.extend_from_slice(p);
+            b.positions.extend(0..p.len());
+            b.spans.push(SeqSpan { start, len: p.len() });
+            if all_positions {
+                b.logits_rows.extend(start..start + p.len());
+            } else if !p.is_empty() {
+                b.logits_rows.push(start + p.len() - 1);
+            }
+        }
+        b
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
+/// Logits for the requested rows, `[rows, vocab]` row-major.
+#[derive(Clone, Debug)]
+pub struct Logits {
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.vocab.max(1)
+    }
+}

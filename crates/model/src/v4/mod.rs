@@ -1,0 +1,11 @@
+//! The DeepSeek-V4 forward pass (spec §3), in f32, matching HF transformers' numerics.
+
+pub mod attention;
+pub mod block;
+pub mod compressor;
+pub mod hyper;
+pub mod indexer;
+pub mod model;
+pub mod moe;
+
+pub use model::{Model, ModelError};
