@@ -124,6 +124,11 @@ fn tiny_b_matches_hf() {
     check_config("tiny-b");
 }
 
+#[test]
+fn tiny_c_matches_hf() {
+    check_config("tiny-c");
+}
+
 /// Per-layer residual streams for one prompt: where a mismatch would first show.
 fn check_intermediates(config: &str) {
     let g = Golden::load(config);
@@ -133,7 +138,12 @@ fn check_intermediates(config: &str) {
     let mut trace = Vec::new();
     model.sequence_hidden(&prompt, Some(&mut trace));
     assert_eq!(trace.len(), model.config.num_hidden_layers);
+    // The fixture keeps the streams of the last few positions only.
+    let keep = g.meta["intermediates_positions"].as_u64().unwrap() as usize;
+    let row = model.config.hc_mult * model.config.hidden_size;
+    let keep_from = prompt.len().saturating_sub(keep) * row;
     for (l, got) in trace.iter().enumerate() {
+        let got = &got[keep_from..];
         let want = g.f32s(&format!("p{pi}.layer{l}"));
         let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(got, &want);
@@ -150,4 +160,9 @@ fn tiny_a_layer_outputs_match_hf() {
 #[test]
 fn tiny_b_layer_outputs_match_hf() {
     check_intermediates("tiny-b");
+}
+
+#[test]
+fn tiny_c_layer_outputs_match_hf() {
+    check_intermediates("tiny-c");
 }

@@ -26,6 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers.activations import ACT2FN
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdl
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "golden")
@@ -33,6 +34,7 @@ GREEDY_STEPS = 32
 TOPK_LOGITS = 20
 TIE_GAP = 1e-4
 RETRIES = 6
+INTER_POSITIONS = 12
 
 CONFIGS = {
     # SWA + CSA + HCA(m=8) + CSA; hash layers 0-1; sqrtsoftplus; YaRN on the compress rope.
@@ -86,7 +88,32 @@ CONFIGS = {
         intermediates_prompt=1,
         official_shards=1,
     ),
+    # Softmax router scoring (HF 5.23 has no "softmax" activation; the script registers
+    # torch's softmax over the expert axis under that name), no hash layers, hc_mult 2, one
+    # output group, a plain (non-YaRN) compress rope, and a one-token prompt.
+    "tiny-c": dict(
+        seed=3,
+        hf=dict(
+            vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+            head_dim=64, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=1, o_lora_rank=32,
+            sliding_window=4,
+            layer_types=["compressed_sparse_attention", "sliding_attention"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+            mlp_layer_types=["moe", "moe"],
+            index_n_heads=16, index_head_dim=32, index_topk=2,
+            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+            scoring_func="softmax", routed_scaling_factor=1.0, swiglu_limit=0.7,
+            hc_mult=2, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-6,
+            rope_theta=10000.0, compress_rope_theta=160000.0,
+            max_position_embeddings=4096, num_nextn_predict_layers=0,
+        ),
+        prompt_lengths=[1, 9, 50, 200],
+        intermediates_prompt=2,
+        official_shards=1,
+    ),
 }
+
+ACT2FN["softmax"] = (torch.nn.Softmax, {"dim": -1})
 
 
 # ---------------------------------------------------------------- storage formats
@@ -353,18 +380,20 @@ def write_configs(model, cfg, out_dir, flavour):
     ratios += [0] * h["num_nextn_predict_layers"]
     n_hash = sum(1 for t in h["mlp_layer_types"] if t == "hash_moe")
     rope_dim = int(h["head_dim"] * h["partial_rotary_factor"])
-    rp = h["rope_parameters"]
+    rp = h.get("rope_parameters")
     if flavour == "shipped":
         # What real checkpoints ship: HF-style keys with the legacy fields HF folds in.
         off = {k: v for k, v in h.items() if k not in (
             "layer_types", "compress_rates", "mlp_layer_types", "partial_rotary_factor", "rope_parameters")}
         off.update(architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4",
                    compress_ratios=ratios, num_hash_layers=n_hash, qk_rope_head_dim=rope_dim,
-                   rope_scaling=dict(rp, type="yarn"), torch_dtype="bfloat16",
+                   torch_dtype="bfloat16",
                    quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic",
                                         "fmt": "e4m3", "scale_fmt": "ue8m0",
                                         "weight_block_size": [128, 128]},
                    expert_dtype="fp4")
+        if rp:
+            off["rope_scaling"] = dict(rp, type="yarn")
     else:
         # DeepSeek's own inference/config.json names (ModelArgs).
         off = dict(
@@ -472,7 +501,7 @@ def main():
         out_dir = os.path.join(OUT, cname)
         model = build_model(cfg)
         quantise_and_save(model, cfg, out_dir)
-        write_configs(model, cfg, out_dir, "shipped" if cname == "tiny-a" else "modelargs")
+        write_configs(model, cfg, out_dir, "modelargs" if cname == "tiny-b" else "shipped")
         g = torch.Generator().manual_seed(1000 + cfg["seed"])
         vocab = cfg["hf"]["vocab_size"]
         golden, meta = {}, {"config": cname, "greedy_steps": GREEDY_STEPS, "top_logprobs": TOPK_LOGITS,
@@ -499,10 +528,12 @@ def main():
             golden[f"p{pi}.top_ids"] = raw(r["top_ids"], "I64")
             golden[f"p{pi}.top_logits"] = raw(r["top_vals"], "F32")
             for li, h in enumerate(r["layers"]):
-                golden[f"p{pi}.layer{li}"] = raw(h[0], "F32")  # [T, hc, D] after layer li
+                # [last INTER_POSITIONS tokens, hc, D] after layer li (kept short: fixture size)
+                golden[f"p{pi}.layer{li}"] = raw(h[0][-INTER_POSITIONS:], "F32")
             print(f"{cname} prompt {pi} len {n}: router gap {r['router_gap']:.3g} "
                   f"indexer gap {r['indexer_gap']:.3g} greedy gap {r['greedy_gap']:.3g} tie_safe {tie_safe}")
         meta["intermediates_prompt"] = cfg["intermediates_prompt"]
+        meta["intermediates_positions"] = INTER_POSITIONS
         write_safetensors(os.path.join(out_dir, "golden.safetensors"), golden)
         with open(os.path.join(out_dir, "golden.json"), "w") as f:
             json.dump(meta, f, indent=1)

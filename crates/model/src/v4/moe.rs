@@ -61,7 +61,9 @@ pub fn route(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> (
                 topk_indices(&biased, k)
             }
         };
-        let sum: f32 = chosen.iter().map(|&j| s[j]).sum::<f32>() + 1e-20;
+        // HF always renormalises; DeepSeek's reference skips it for softmax scoring, which
+        // its configs express as norm_topk_prob = false.
+        let sum: f32 = if c.norm_topk_prob { chosen.iter().map(|&j| s[j]).sum::<f32>() + 1e-20 } else { 1.0 };
         for j in chosen {
             ids.push(j);
             wts.push(s[j] / sum * c.routed_scaling_factor);

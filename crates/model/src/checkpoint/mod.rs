@@ -1,0 +1,629 @@
+//! Safetensors checkpoints in either naming layout, addressed by official tensor names.
+//!
+//! Files are memory-mapped, so opening even a multi-hundred-gigabyte checkpoint only reads
+//! headers; a tensor's bytes are touched when it is loaded. Loading dequantises to f32 because
+//! every stored format decodes exactly into f32 (spec §2), which makes the f32 copy a faithful
+//! reference for the quantised kernels that will later consume the stored bytes directly.
+
+mod decode;
+mod error;
+mod names;
+mod shard;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+
+pub use error::CheckpointError;
+use names::{ExpertPart, HfName};
+use shard::{Shard, TensorInfo};
+
+/// Which naming scheme the checkpoint's tensors use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameLayout {
+    /// DeepSeek's own names (`layers.N.attn.wq_a.weight`), as shipped.
+    Official,
+    /// HF `DeepseekV4ForCausalLM` names (`model.layers.N.self_attn.q_a_proj.weight`), as
+    /// written by `save_pretrained`.
+    Hf,
+}
+
+/// An opened checkpoint: memory-mapped shards and an index of every tensor they hold.
+pub struct Checkpoint {
+    shards: Vec<Shard>,
+    index: HashMap<String, (usize, TensorInfo)>,
+    layout: NameLayout,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("layout", &self.layout)
+            .field(
+                "shards",
+                &self.shards.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            )
+            .field("tensors", &self.index.len())
+            .finish()
+    }
+}
+
+/// Where an official name resolved to.
+enum Located<'a> {
+    Whole {
+        stored: &'a str,
+        shard: &'a Shard,
+        info: &'a TensorInfo,
+    },
+    /// One expert's matrix inside HF's stacked `[E, rows, cols]` tensor.
+    Expert {
+        stored: &'a str,
+        shard: &'a Shard,
+        info: &'a TensorInfo,
+        expert: usize,
+        part: ExpertPart,
+    },
+}
+
+/// The name to put in messages: the official name, plus the stored one when they differ.
+fn describe(official: &str, stored: &str) -> String {
+    if official == stored {
+        format!("`{official}`")
+    } else {
+        format!("`{official}` (stored as `{stored}`)")
+    }
+}
+
+fn shape_err(
+    tensor: String,
+    expected: &[usize],
+    found: &[usize],
+    detail: impl Into<String>,
+) -> CheckpointError {
+    CheckpointError::Shape {
+        tensor,
+        expected: expected.to_vec(),
+        found: found.to_vec(),
+        detail: detail.into(),
+    }
+}
+
+fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+impl Checkpoint {
+    /// `path` is a directory holding `model.safetensors` or `model.safetensors.index.json`
+    /// (+ shards), or any single `*.safetensors` in it, or a path to one .safetensors file.
+    ///
+    /// A directory with several `.safetensors` files and no index is opened as one checkpoint
+    /// sharded across all of them (a tensor present in two files is an error, which also
+    /// catches model-parallel splits that cannot simply be merged). A path to an
+    /// `*.index.json` file opens that index.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let io = |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_dir() {
+            let is_index = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with(".index.json"));
+            return if is_index {
+                Self::from_index(path)
+            } else {
+                Self::from_files(&[path.to_path_buf()])
+            };
+        }
+        let index = path.join("model.safetensors.index.json");
+        if index.is_file() {
+            return Self::from_index(&index);
+        }
+        let single = path.join("model.safetensors");
+        if single.is_file() {
+            return Self::from_files(&[single]);
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(io)? {
+            let p = entry.map_err(io)?.path();
+            if p.extension().is_some_and(|e| e == "safetensors") && p.is_file() {
+                files.push(p);
+            }
+        }
+        if files.is_empty() {
+            return Err(CheckpointError::NoSafetensors {
+                dir: path.to_path_buf(),
+            });
+        }
+        files.sort();
+        Self::from_files(&files)
+    }
+
+    fn from_index(index_path: &Path) -> Result<Self, CheckpointError> {
+        let bad = |reason: String| CheckpointError::Index {
+            path: index_path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(index_path).map_err(|source| CheckpointError::Io {
+            path: index_path.to_path_buf(),
+            source,
+        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| bad("no `weight_map` object".into()))?;
+        let dir = index_path.parent().unwrap_or(Path::new("."));
+        // Shard file -> first tensor the index assigns to it (for the error message).
+        let mut wanted: BTreeMap<&str, &str> = BTreeMap::new();
+        for (tensor, shard) in map {
+            let shard = shard.as_str().ok_or_else(|| {
+                bad(format!(
+                    "weight_map entry for `{tensor}` is not a file name: {shard}"
+                ))
+            })?;
+            wanted.entry(shard).or_insert(tensor);
+        }
+        let mut paths = Vec::with_capacity(wanted.len());
+        for (shard, tensor) in &wanted {
+            let p = dir.join(shard);
+            if !p.is_file() {
+                return Err(CheckpointError::MissingShard {
+                    index: index_path.to_path_buf(),
+                    shard: shard.to_string(),
+                    tensor: tensor.to_string(),
+                    path: p,
+                });
+            }
+            paths.push(p);
+        }
+        let ck = Self::from_files(&paths)?;
+        for (tensor, shard) in map {
+            let want = dir.join(shard.as_str().unwrap_or_default());
+            match ck.index.get(tensor) {
+                Some((i, _)) if ck.shards[*i].path == want => {}
+                Some((i, _)) => {
+                    return Err(bad(format!(
+                        "lists `{tensor}` in {} but it is in {}",
+                        want.display(),
+                        ck.shards[*i].path.display()
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "lists `{tensor}` in {} but that file has no such tensor",
+                        want.display()
+                    )))
+                }
+            }
+        }
+        Ok(ck)
+    }
+
+    fn from_files(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
+        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
+        let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
+        for p in paths {
+            let (shard, tensors) = shard::open(p)?;
+            for (name, info) in tensors {
+                if let Some((j, _)) = index.get(&name) {
+                    return Err(CheckpointError::Duplicate {
+                        tensor: name,
+                        first: shards[*j].path.clone(),
+                        second: p.clone(),
+                    });
+                }
+                index.insert(name, (shards.len(), info));
+            }
+            shards.push(shard);
+        }
+        let hf = index
+            .keys()
+            .any(|k| k.starts_with("model.") || k.starts_with("lm_head."));
+        let layout = if hf {
+            NameLayout::Hf
+        } else {
+            NameLayout::Official
+        };
+        Ok(Self {
+            shards,
+            index,
+            layout,
+        })
+    }
+
+    /// Detected from the names: HF if any name starts with `model.` or `lm_head.`.
+    pub fn layout(&self) -> NameLayout {
+        self.layout
+    }
+
+    /// Every tensor name as stored, sorted (for inspection tools; lookups take official names).
+    pub fn stored_names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.index.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether `official_name` resolves to a stored tensor (for HF stacked experts: whether the
+    /// stacked tensor exists and holds that expert).
+    pub fn contains(&self, official_name: &str) -> bool {
+        match self.locate(official_name) {
+            Ok(Located::Whole { .. }) => true,
+            Ok(Located::Expert { info, expert, .. }) => {
+                info.shape.first().is_some_and(|&e| expert < e)
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn stored(&self, name: &str) -> Option<(&str, &Shard, &TensorInfo)> {
+        let (key, (i, info)) = self.index.get_key_value(name)?;
+        Some((key.as_str(), &self.shards[*i], info))
+    }
+
+    fn locate(&self, official: &str) -> Result<Located<'_>, CheckpointError> {
+        let whole = |(stored, shard, info)| Located::Whole {
+            stored,
+            shard,
+            info,
+        };
+        let missing = |looked_for: String| CheckpointError::Missing {
+            tensor: official.to_string(),
+            looked_for,
+        };
+        match self.layout {
+            NameLayout::Official => {
+                if let Some(hit) = self.stored(official) {
+                    return Ok(whole(hit));
+                }
+                match names::official_alias(official) {
+                    Some(alias) => match self.stored(&alias) {
+                        Some(hit) => Ok(whole(hit)),
+                        None => Err(missing(format!("`{official}` and `{alias}`"))),
+                    },
+                    None => Err(missing(format!("`{official}`"))),
+                }
+            }
+            NameLayout::Hf => match names::official_to_hf(official) {
+                None => Err(missing(
+                    "nothing: HF checkpoints have no counterpart of this name".into(),
+                )),
+                Some(HfName::Plain(h)) => self
+                    .stored(&h)
+                    .map(whole)
+                    .ok_or_else(|| missing(format!("`{h}`"))),
+                Some(HfName::Expert {
+                    stacked,
+                    expert,
+                    part,
+                    scale,
+                }) => {
+                    let name = if scale {
+                        format!("{stacked}_scale_inv")
+                    } else {
+                        stacked
+                    };
+                    let (stored, shard, info) = self
+                        .stored(&name)
+                        .ok_or_else(|| missing(format!("`{name}`")))?;
+                    Ok(Located::Expert {
+                        stored,
+                        shard,
+                        info,
+                        expert,
+                        part,
+                    })
+                }
+            },
+        }
+    }
+
+    /// Load a tensor by its OFFICIAL name (spec §4.1) as f32 with the given logical shape,
+    /// dequantising: F32/BF16/F16 as is; F8_E4M3 with its block scale (official `.scale`, HF
+    /// `.weight_scale_inv`; E8M0, F32 or BF16; block size inferred from the two shapes); packed
+    /// FP4 (I8/U8 `[out, in/2]`) with its scale (`[out, in/32]` when shipped) → `[out, in]`.
+    pub fn tensor_f32(
+        &self,
+        official_name: &str,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, CheckpointError> {
+        match self.locate(official_name)? {
+            Located::Whole {
+                stored,
+                shard,
+                info,
+            } => self.load_whole(official_name, stored, shard, info, shape),
+            Located::Expert {
+                stored,
+                shard,
+                info,
+                expert,
+                part,
+            } => self.load_expert(official_name, stored, shard, info, expert, part, shape),
+        }
+    }
+
+    /// I64 or I32 tensor (`tid2eid`) as i64.
+    pub fn tensor_i64(
+        &self,
+        official_name: &str,
+        shape: &[usize],
+    ) -> Result<Vec<i64>, CheckpointError> {
+        let (stored, shard, info) = match self.locate(official_name)? {
+            Located::Whole {
+                stored,
+                shard,
+                info,
+            } => (stored, shard, info),
+            Located::Expert { stored, info, .. } => {
+                return Err(CheckpointError::Dtype {
+                    tensor: describe(official_name, stored),
+                    found: format!("{:?} (stacked expert weight)", info.dtype),
+                    expected: "I64 or I32".into(),
+                })
+            }
+        };
+        let name = describe(official_name, stored);
+        if info.shape != shape {
+            return Err(shape_err(name, shape, &info.shape, ""));
+        }
+        let bytes = shard.bytes(info)?;
+        match info.dtype {
+            Dtype::I64 => Ok(bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()),
+            Dtype::I32 => Ok(bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect()),
+            other => Err(CheckpointError::Dtype {
+                tensor: name,
+                found: format!("{other:?}"),
+                expected: "I64 or I32".into(),
+            }),
+        }
+    }
+
+    fn load_whole(
+        &self,
+        official: &str,
+        stored: &str,
+        shard: &Shard,
+        info: &TensorInfo,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, CheckpointError> {
+        let name = describe(official, stored);
+        let n = numel(shape).ok_or_else(|| {
+            shape_err(
+                name.clone(),
+                shape,
+                &info.shape,
+                "; element count overflows",
+            )
+        })?;
+        match info.dtype {
+            Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
+                if info.shape != shape {
+                    return Err(shape_err(name, shape, &info.shape, ""));
+                }
+                let mut out = vec![0.0; n];
+                decode::floats(info.dtype, shard.bytes(info)?, &mut out);
+                Ok(out)
+            }
+            Dtype::F8_E4M3 => {
+                if info.shape != shape || shape.len() != 2 {
+                    return Err(shape_err(name, shape, &info.shape, "; FP8 weights are 2-D [out, in]"));
+                }
+                let (scale, scale_shape, scale_name) = self.scale_for(official, &name)?;
+                let blocks = blocks_for(&name, shape, &scale, &scale_shape, &scale_name)?;
+                let mut out = vec![0.0; n];
+                decode::fp8(shard.bytes(info)?, 0, &blocks, &mut out);
+                Ok(out)
+            }
+            Dtype::I8 | Dtype::U8 => {
+                if shape.len() != 2 || !shape[1].is_multiple_of(2) {
+                    return Err(shape_err(
+                        name,
+                        shape,
+                        &info.shape,
+                        "; packed FP4 needs a 2-D logical shape [out, in] with even `in`",
+                    ));
+                }
+                let packed = [shape[0], shape[1] / 2];
+                if info.shape != packed {
+                    return Err(shape_err(
+                        name,
+                        &packed,
+                        &info.shape,
+                        format!("; packed FP4 [out, in/2] for logical shape {shape:?}"),
+                    ));
+                }
+                let (scale, scale_shape, scale_name) = self.scale_for(official, &name)?;
+                let blocks = blocks_for(&name, shape, &scale, &scale_shape, &scale_name)?;
+                let mut out = vec![0.0; n];
+                decode::fp4(shard.bytes(info)?, &blocks, &mut out);
+                Ok(out)
+            }
+            other => Err(CheckpointError::Dtype {
+                tensor: name,
+                found: format!("{other:?}"),
+                expected: "F32, BF16, F16, F8_E4M3 (with a block scale) or I8/U8 (packed FP4 with a block scale)".into(),
+            }),
+        }
+    }
+
+    /// The block scale of an FP8/FP4 weight, decoded, with its shape and display name.
+    fn scale_for(
+        &self,
+        official: &str,
+        weight: &str,
+    ) -> Result<(Vec<f32>, Vec<usize>, String), CheckpointError> {
+        let scale_official = match official.strip_suffix(".weight") {
+            Some(stem) => format!("{stem}.scale"),
+            None => format!("{official}.scale"),
+        };
+        let (stored, shard, info) = match self.locate(&scale_official) {
+            Ok(Located::Whole {
+                stored,
+                shard,
+                info,
+            }) => (stored, shard, info),
+            Ok(Located::Expert { stored, .. }) => {
+                return Err(CheckpointError::MissingScale {
+                    weight: weight.to_string(),
+                    scale: format!("a 2-D scale, not the stacked `{stored}`"),
+                })
+            }
+            Err(CheckpointError::Missing { looked_for, .. }) => {
+                return Err(CheckpointError::MissingScale {
+                    weight: weight.to_string(),
+                    scale: looked_for,
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let name = describe(&scale_official, stored);
+        check_scale_dtype(&name, info.dtype)?;
+        Ok((
+            decode::scales(info.dtype, shard.bytes(info)?),
+            info.shape.clone(),
+            name,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_expert(
+        &self,
+        official: &str,
+        stored: &str,
+        shard: &Shard,
+        info: &TensorInfo,
+        expert: usize,
+        part: ExpertPart,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, CheckpointError> {
+        let name = describe(official, &format!("{stored}[{expert}]"));
+        let layout_hint = "; HF stacks experts as gate_up_proj [E, 2I, D] and down_proj [E, D, I]";
+        if shape.len() != 2 {
+            return Err(shape_err(
+                name,
+                shape,
+                &info.shape,
+                "; expert matrices are 2-D",
+            ));
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        let (rows_total, row0) = match part {
+            ExpertPart::Gate => (rows.saturating_mul(2), 0),
+            ExpertPart::Up => (rows.saturating_mul(2), rows),
+            ExpertPart::Down => (rows, 0),
+        };
+        let d = &info.shape;
+        let n_experts = d.first().copied().unwrap_or(0);
+        let want = [n_experts, rows_total, cols];
+        if d.len() != 3 || d[1..] != want[1..] {
+            return Err(shape_err(name, &want, d, layout_hint));
+        }
+        if expert >= n_experts {
+            return Err(CheckpointError::Missing {
+                tensor: official.to_string(),
+                looked_for: format!(
+                    "expert {expert} in `{stored}`, which stacks {n_experts} experts"
+                ),
+            });
+        }
+        let n = rows * cols;
+        let first = (expert * rows_total + row0) * cols;
+        let bytes = shard.bytes(info)?;
+        let mut out = vec![0.0; n];
+        match info.dtype {
+            Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
+                let w = info.dtype.bitsize() / 8;
+                decode::floats(info.dtype, &bytes[first * w..(first + n) * w], &mut out);
+            }
+            Dtype::F8_E4M3 => {
+                let scale_stored = format!("{stored}_scale_inv");
+                let (_, sshard, sinfo) =
+                    self.stored(&scale_stored)
+                        .ok_or_else(|| CheckpointError::MissingScale {
+                            weight: name.clone(),
+                            scale: format!("`{scale_stored}`"),
+                        })?;
+                let scale_name = format!("`{scale_stored}`");
+                check_scale_dtype(&scale_name, sinfo.dtype)?;
+                let s = &sinfo.shape;
+                if s.len() != 3 || s[0] != n_experts {
+                    return Err(CheckpointError::ScaleShape {
+                        weight: name,
+                        weight_shape: d.clone(),
+                        scale: scale_name,
+                        scale_shape: s.clone(),
+                    });
+                }
+                // Decode only this expert's scale grid, not all E of them.
+                let per = s[1] * s[2] * (sinfo.dtype.bitsize() / 8);
+                let all = sshard.bytes(sinfo)?;
+                let mine = decode::scales(sinfo.dtype, &all[expert * per..(expert + 1) * per]);
+                let blocks = blocks_for(&name, &[rows_total, cols], &mine, &s[1..], &scale_name)?;
+                decode::fp8(&bytes[first..first + n], row0, &blocks, &mut out);
+            }
+            other => {
+                return Err(CheckpointError::Dtype {
+                    tensor: name,
+                    found: format!("{other:?}"),
+                    expected: "F32, BF16, F16 or F8_E4M3 for stacked experts".into(),
+                })
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_scale_dtype(name: &str, dtype: Dtype) -> Result<(), CheckpointError> {
+    match dtype {
+        Dtype::F8_E8M0 | Dtype::F32 | Dtype::BF16 => Ok(()),
+        other => Err(CheckpointError::Dtype {
+            tensor: name.to_string(),
+            found: format!("{other:?}"),
+            expected: "F8_E8M0, F32 or BF16 for a block scale".into(),
+        }),
+    }
+}
+
+/// Pairs a 2-D weight shape with its scale grid, inferring the block size per dimension.
+fn blocks_for<'a>(
+    weight: &str,
+    shape: &[usize],
+    scale: &'a [f32],
+    scale_shape: &[usize],
+    scale_name: &str,
+) -> Result<decode::Blocks<'a>, CheckpointError> {
+    let tiling = || CheckpointError::ScaleShape {
+        weight: weight.to_string(),
+        weight_shape: shape.to_vec(),
+        scale: scale_name.to_string(),
+        scale_shape: scale_shape.to_vec(),
+    };
+    let [sr, sc] = *scale_shape else {
+        return Err(tiling());
+    };
+    if scale.len() != sr * sc {
+        return Err(tiling());
+    }
+    let br = decode::block_size(shape[0], sr).ok_or_else(tiling)?;
+    let bc = decode::block_size(shape[1], sc).ok_or_else(tiling)?;
+    Ok(decode::Blocks {
+        cols: shape[1],
+        scale,
+        scale_cols: sc,
+        br,
+        bc,
+    })
+}
