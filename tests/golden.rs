@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 const LOGIT_TOL: f32 = 1e-4;
 
 fn fixture(config: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden").join(config)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/golden")
+        .join(config)
 }
 
 struct Golden {
@@ -22,7 +24,8 @@ struct Golden {
 impl Golden {
     fn load(config: &str) -> Self {
         let dir = fixture(config);
-        let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+        let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
+            .unwrap();
         let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
         Self { meta, bytes }
     }
@@ -30,13 +33,19 @@ impl Golden {
     fn f32s(&self, name: &str) -> Vec<f32> {
         let st = SafeTensors::deserialize(&self.bytes).unwrap();
         let t = st.tensor(name).unwrap();
-        t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
     }
 
     fn i64s(&self, name: &str) -> Vec<i64> {
         let st = SafeTensors::deserialize(&self.bytes).unwrap();
         let t = st.tensor(name).unwrap();
-        t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect()
+        t.data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect()
     }
 
     fn prompts(&self) -> &Vec<Value> {
@@ -45,12 +54,19 @@ impl Golden {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Teacher-forced run over prompt + HF's greedy tokens: one forward gives the logits of every
@@ -60,15 +76,23 @@ fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
     let prompt = ids(&p["ids"]);
     let greedy = ids(&p["greedy"]);
     let tie_safe = p["tie_safe"].as_bool().unwrap();
-    let seq: Vec<u32> = prompt.iter().chain(&greedy[..greedy.len() - 1]).copied().collect();
-    let logits = model.forward(&ForwardBatch::from_prompts(&[seq], true)).unwrap();
+    let seq: Vec<u32> = prompt
+        .iter()
+        .chain(&greedy[..greedy.len() - 1])
+        .copied()
+        .collect();
+    let logits = model
+        .forward(&ForwardBatch::from_prompts(&[seq], true))
+        .unwrap();
     let n = prompt.len();
 
     let last = logits.row(n - 1);
     let want_last = g.f32s(&format!("p{pi}.last_logits"));
     let diff = max_abs_diff(last, &want_last);
     let argmax_want = g.i64s(&format!("p{pi}.argmax"));
-    let agree = (0..n).filter(|&i| argmax(logits.row(i)) as i64 == argmax_want[i]).count();
+    let agree = (0..n)
+        .filter(|&i| argmax(logits.row(i)) as i64 == argmax_want[i])
+        .count();
     let top_ids = g.i64s(&format!("p{pi}.top_ids"));
     let top_logits = g.f32s(&format!("p{pi}.top_logits"));
     let k = top_ids.len() / greedy.len();
@@ -89,14 +113,27 @@ fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
         greedy.len()
     );
     if tie_safe {
-        assert!(diff <= LOGIT_TOL, "{label} p{pi}: last-position logits differ by {diff}");
+        assert!(
+            diff <= LOGIT_TOL,
+            "{label} p{pi}: last-position logits differ by {diff}"
+        );
         assert_eq!(agree, n, "{label} p{pi}: per-position argmax differs");
-        assert_eq!(greedy_agree, greedy.len(), "{label} p{pi}: greedy tokens differ");
-        assert!(step_diff <= LOGIT_TOL, "{label} p{pi}: per-step top logits differ by {step_diff}");
+        assert_eq!(
+            greedy_agree,
+            greedy.len(),
+            "{label} p{pi}: greedy tokens differ"
+        );
+        assert!(
+            step_diff <= LOGIT_TOL,
+            "{label} p{pi}: per-step top logits differ by {step_diff}"
+        );
     } else {
         // Near-tied selections make the reference itself ambiguous; still demand agreement
         // almost everywhere so a real bug cannot hide behind the flag.
-        assert!(agree * 10 >= n * 9, "{label} p{pi}: only {agree}/{n} argmax agree");
+        assert!(
+            agree * 10 >= n * 9,
+            "{label} p{pi}: only {agree}/{n} argmax agree"
+        );
     }
     last.to_vec()
 }
@@ -105,7 +142,13 @@ fn check_config(config: &str) {
     let g = Golden::load(config);
     let official = Model::load(&fixture(config).join("official")).expect("official layout loads");
     let hf = Model::load(&fixture(config).join("hf")).expect("HF layout loads");
-    assert!(g.prompts().iter().filter(|p| p["tie_safe"].as_bool().unwrap()).count() >= 3);
+    assert!(
+        g.prompts()
+            .iter()
+            .filter(|p| p["tie_safe"].as_bool().unwrap())
+            .count()
+            >= 3
+    );
     for p in g.prompts() {
         let a = check_prompt(&official, &g, p, &format!("{config}/official"));
         let b = check_prompt(&hf, &g, p, &format!("{config}/hf"));
@@ -148,7 +191,10 @@ fn check_intermediates(config: &str) {
         let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(got, &want);
         eprintln!("{config} layer {l}: max diff {diff:.2e} (max |x| {scale:.2})");
-        assert!(diff <= 1e-5 * scale.max(1.0) * 10.0, "{config} layer {l}: streams differ by {diff}");
+        assert!(
+            diff <= 1e-5 * scale.max(1.0) * 10.0,
+            "{config} layer {l}: streams differ by {diff}"
+        );
     }
 }
 
@@ -165,4 +211,42 @@ fn tiny_b_layer_outputs_match_hf() {
 #[test]
 fn tiny_c_layer_outputs_match_hf() {
     check_intermediates("tiny-c");
+}
+
+/// Several prompts of different lengths in one flat batch give each exactly what it gives
+/// alone (and so what HF gives).
+#[test]
+fn flat_batch_of_prompts_equals_one_at_a_time() {
+    let g = Golden::load("tiny-a");
+    let model = Model::load(&fixture("tiny-a").join("official")).unwrap();
+    let prompts: Vec<Vec<u32>> = g.prompts().iter().map(|p| ids(&p["ids"])).collect();
+    let batched = model.forward(&ForwardBatch::from_prompts(&prompts, false)).unwrap();
+    assert_eq!(batched.rows(), prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = model.forward(&ForwardBatch::from_prompts(std::slice::from_ref(p), false)).unwrap();
+        assert_eq!(batched.row(i), alone.row(0), "prompt {i}");
+        let want = g.f32s(&format!("p{i}.last_logits"));
+        assert!(max_abs_diff(batched.row(i), &want) <= LOGIT_TOL);
+    }
+}
+
+#[test]
+fn bad_batches_are_errors_not_panics() {
+    let model = Model::load(&fixture("tiny-c").join("official")).unwrap();
+    let vocab = model.config.vocab_size as u32;
+    let err = model.forward(&ForwardBatch::from_prompts(&[vec![1, vocab]], false)).unwrap_err();
+    assert!(err.to_string().contains(&vocab.to_string()), "{err}");
+    let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
+    b.positions = vec![5, 6, 7];
+    let err = model.forward(&b).unwrap_err();
+    assert!(err.to_string().contains("position 5"), "{err}");
+    let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
+    b.positions.pop();
+    assert!(model.forward(&b).unwrap_err().to_string().contains("2 positions"));
+    let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
+    b.logits_rows = vec![3];
+    assert!(model.forward(&b).unwrap_err().to_string().contains("row 3"));
+    let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
+    b.spans[0].len = 4;
+    assert!(model.forward(&b).unwrap_err().to_string().contains("does not fit"));
 }

@@ -39,7 +39,9 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     match ids {
         Ok(v) if !v.is_empty() => Ok(v),
         Ok(_) => Err("empty prompt".into()),
-        Err(e) => Err(format!("'{s}' is not a comma-separated list of token ids: {e}")),
+        Err(e) => Err(format!(
+            "'{s}' is not a comma-separated list of token ids: {e}"
+        )),
     }
 }
 
@@ -60,11 +62,18 @@ struct Output {
 fn top_logprobs(row: &[f32], k: usize) -> Vec<TopLogprob> {
     let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = mx + row.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
-    topk_indices(row, k).into_iter().map(|i| TopLogprob { id: i as u32, logprob: row[i] as f64 - lse }).collect()
+    topk_indices(row, k)
+        .into_iter()
+        .map(|i| TopLogprob {
+            id: i as u32,
+            logprob: row[i] as f64 - lse,
+        })
+        .collect()
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let model = Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = model.config.vocab_size;
     for p in &args.prompt_ids {
         if let Some(&id) = p.iter().find(|&&id| id as usize >= vocab) {
@@ -75,14 +84,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut outs: Vec<Output> = args
         .prompt_ids
         .iter()
-        .map(|p| Output { prompt_ids: p.clone(), token_ids: Vec::new(), top_logprobs: Vec::new() })
+        .map(|p| Output {
+            prompt_ids: p.clone(),
+            token_ids: Vec::new(),
+            top_logprobs: Vec::new(),
+        })
         .collect();
     let mut active: Vec<usize> = (0..outs.len()).collect();
     for _ in 0..args.max_tokens {
         if active.is_empty() {
             break;
         }
-        let seqs: Vec<Vec<u32>> = active.iter().map(|&i| [outs[i].prompt_ids.clone(), outs[i].token_ids.clone()].concat()).collect();
+        let seqs: Vec<Vec<u32>> = active
+            .iter()
+            .map(|&i| [outs[i].prompt_ids.clone(), outs[i].token_ids.clone()].concat())
+            .collect();
         let logits = model.forward(&ForwardBatch::from_prompts(&seqs, false))?;
         let mut still = Vec::with_capacity(active.len());
         for (r, &i) in active.iter().enumerate() {
@@ -90,7 +106,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             let tok = argmax(row) as u32;
             outs[i].token_ids.push(tok);
             if args.top_logprobs > 0 {
-                outs[i].top_logprobs.push(top_logprobs(row, args.top_logprobs));
+                outs[i]
+                    .top_logprobs
+                    .push(top_logprobs(row, args.top_logprobs));
             }
             if args.ignore_eos || !eos.contains(&tok) {
                 still.push(i);

@@ -5,7 +5,11 @@ mod generate;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "deepinfer", version, about = "A serving engine for DeepSeek-V4 models")]
+#[command(
+    name = "deepinfer",
+    version,
+    about = "A serving engine for DeepSeek-V4 models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,7 +23,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

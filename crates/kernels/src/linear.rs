@@ -70,7 +70,9 @@ mod tests {
         let mut y = vec![0.0f64; m * n];
         for i in 0..m {
             for j in 0..n {
-                y[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum();
+                y[i * n + j] = (0..k)
+                    .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                    .sum();
             }
         }
         y
@@ -79,12 +81,19 @@ mod tests {
     #[test]
     fn matches_f64_reference_on_ragged_shapes() {
         for &(m, k, n) in &[(1, 1, 1), (3, 7, 5), (5, 33, 130), (2, 192, 65), (0, 4, 3)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 31.0).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 29.0).collect();
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 31.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 29.0)
+                .collect();
             let y = matmul_t(&x, m, k, &w, n);
             let r = naive(&x, m, k, &w, n);
             for (a, b) in y.iter().zip(&r) {
-                assert!((*a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+                assert!(
+                    (*a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{a} vs {b}"
+                );
             }
         }
     }

@@ -32,7 +32,8 @@ impl Rope {
             Some(y) => {
                 let corr = |rot: f64| {
                     rope_dim as f64
-                        * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln()
+                        * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI))
+                            .ln()
                         / (2.0 * theta.ln())
                 };
                 let low = corr(y.beta_fast).floor().max(0.0);
@@ -105,7 +106,12 @@ mod tests {
 
     #[test]
     fn yarn_keeps_high_frequencies_and_divides_low_ones() {
-        let y = YarnParams { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0 };
+        let y = YarnParams {
+            factor: 16.0,
+            original_max_position_embeddings: 65536.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
         let plain = Rope::new(64, 160000.0, None);
         let yarn = Rope::new(64, 160000.0, Some(y));
         assert_eq!(plain.inv_freq[0], yarn.inv_freq[0]);

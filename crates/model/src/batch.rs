@@ -29,7 +29,10 @@ impl ForwardBatch {
             let start = b.token_ids.len();
             b.token_ids.extend_from_slice(p);
             b.positions.extend(0..p.len());
-            b.spans.push(SeqSpan { start, len: p.len() });
+            b.spans.push(SeqSpan {
+                start,
+                len: p.len(),
+            });
             if all_positions {
                 b.logits_rows.extend(start..start + p.len());
             } else if !p.is_empty() {

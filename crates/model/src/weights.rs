@@ -15,7 +15,12 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn load(ck: &Checkpoint, name: &str, out_dim: usize, in_dim: usize) -> Result<Self, CheckpointError> {
+    fn load(
+        ck: &Checkpoint,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, CheckpointError> {
         let w = ck.tensor_f32(&format!("{name}.weight"), &[out_dim, in_dim])?;
         Ok(Self { out_dim, in_dim, w })
     }
@@ -123,13 +128,24 @@ fn hyper(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<HyperWeights, Chec
     let hc = c.hc_mult;
     let mix = (2 + hc) * hc;
     Ok(HyperWeights {
-        fn_: Linear { out_dim: mix, in_dim: hc * c.hidden_size, w: ck.tensor_f32(&format!("{p}_fn"), &[mix, hc * c.hidden_size])? },
+        fn_: Linear {
+            out_dim: mix,
+            in_dim: hc * c.hidden_size,
+            w: ck.tensor_f32(&format!("{p}_fn"), &[mix, hc * c.hidden_size])?,
+        },
         base: vec1(ck, &format!("{p}_base"), mix)?,
         scale: vec1(ck, &format!("{p}_scale"), 3)?,
     })
 }
 
-fn compressor(ck: &Checkpoint, p: &str, c: &ModelConfig, ratio: usize, overlap: bool, dim: usize) -> Result<CompressorWeights, CheckpointError> {
+fn compressor(
+    ck: &Checkpoint,
+    p: &str,
+    c: &ModelConfig,
+    ratio: usize,
+    overlap: bool,
+    dim: usize,
+) -> Result<CompressorWeights, CheckpointError> {
     let width = if overlap { 2 * dim } else { dim };
     Ok(CompressorWeights {
         ratio,
@@ -142,7 +158,12 @@ fn compressor(ck: &Checkpoint, p: &str, c: &ModelConfig, ratio: usize, overlap: 
     })
 }
 
-fn expert(ck: &Checkpoint, p: &str, d: usize, inter: usize) -> Result<ExpertWeights, CheckpointError> {
+fn expert(
+    ck: &Checkpoint,
+    p: &str,
+    d: usize,
+    inter: usize,
+) -> Result<ExpertWeights, CheckpointError> {
     Ok(ExpertWeights {
         w1: Linear::load(ck, &format!("{p}.w1"), inter, d)?,
         w2: Linear::load(ck, &format!("{p}.w2"), d, inter)?,
@@ -163,18 +184,51 @@ impl ModelWeights {
             let ratio = c.compress_ratio(l);
             let compressor_w = match kind {
                 AttnKind::Sliding => None,
-                AttnKind::Csa => Some(compressor(ck, &format!("{p}.attn.compressor"), c, ratio, true, hd)?),
-                AttnKind::Hca => Some(compressor(ck, &format!("{p}.attn.compressor"), c, ratio, false, hd)?),
+                AttnKind::Csa => Some(compressor(
+                    ck,
+                    &format!("{p}.attn.compressor"),
+                    c,
+                    ratio,
+                    true,
+                    hd,
+                )?),
+                AttnKind::Hca => Some(compressor(
+                    ck,
+                    &format!("{p}.attn.compressor"),
+                    c,
+                    ratio,
+                    false,
+                    hd,
+                )?),
             };
             let indexer = match kind {
                 AttnKind::Csa => Some(IndexerWeights {
-                    wq_b: Linear::load(ck, &format!("{p}.attn.indexer.wq_b"), c.index_n_heads * c.index_head_dim, c.q_lora_rank)?,
-                    weights_proj: Linear::load(ck, &format!("{p}.attn.indexer.weights_proj"), c.index_n_heads, d)?,
-                    compressor: compressor(ck, &format!("{p}.attn.indexer.compressor"), c, ratio, true, c.index_head_dim)?,
+                    wq_b: Linear::load(
+                        ck,
+                        &format!("{p}.attn.indexer.wq_b"),
+                        c.index_n_heads * c.index_head_dim,
+                        c.q_lora_rank,
+                    )?,
+                    weights_proj: Linear::load(
+                        ck,
+                        &format!("{p}.attn.indexer.weights_proj"),
+                        c.index_n_heads,
+                        d,
+                    )?,
+                    compressor: compressor(
+                        ck,
+                        &format!("{p}.attn.indexer.compressor"),
+                        c,
+                        ratio,
+                        true,
+                        c.index_head_dim,
+                    )?,
                 }),
                 _ => None,
             };
-            let kv_norm_name = if ck.contains(&format!("{p}.attn.kv_norm.weight")) || !ck.contains(&format!("{p}.attn.norm.weight")) {
+            let kv_norm_name = if ck.contains(&format!("{p}.attn.kv_norm.weight"))
+                || !ck.contains(&format!("{p}.attn.norm.weight"))
+            {
                 format!("{p}.attn.kv_norm.weight")
             } else {
                 format!("{p}.attn.norm.weight")
@@ -187,7 +241,12 @@ impl ModelWeights {
                 wkv: Linear::load(ck, &format!("{p}.attn.wkv"), hd, d)?,
                 kv_norm: vec1(ck, &kv_norm_name, hd)?,
                 sink: vec1(ck, &format!("{p}.attn.attn_sink"), h)?,
-                wo_a: Linear::load(ck, &format!("{p}.attn.wo_a"), c.o_groups * c.o_lora_rank, h * hd / c.o_groups)?,
+                wo_a: Linear::load(
+                    ck,
+                    &format!("{p}.attn.wo_a"),
+                    c.o_groups * c.o_lora_rank,
+                    h * hd / c.o_groups,
+                )?,
                 wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
                 compressor: compressor_w,
                 indexer,
@@ -195,7 +254,10 @@ impl ModelWeights {
             let e = c.n_routed_experts;
             let routing = match c.mlp_layer_types[l] {
                 MlpKind::Hash => {
-                    let ids = ck.tensor_i64(&format!("{p}.ffn.gate.tid2eid"), &[c.vocab_size, c.num_experts_per_tok])?;
+                    let ids = ck.tensor_i64(
+                        &format!("{p}.ffn.gate.tid2eid"),
+                        &[c.vocab_size, c.num_experts_per_tok],
+                    )?;
                     let mut table = Vec::with_capacity(ids.len());
                     for v in ids {
                         if v < 0 || v as usize >= e {
@@ -208,14 +270,21 @@ impl ModelWeights {
                     }
                     Routing::Hash(table)
                 }
-                MlpKind::Scored => Routing::Scored { bias: vec1(ck, &format!("{p}.ffn.gate.bias"), e)? },
+                MlpKind::Scored => Routing::Scored {
+                    bias: vec1(ck, &format!("{p}.ffn.gate.bias"), e)?,
+                },
             };
             let inter = c.moe_intermediate_size;
             let experts = (0..e)
                 .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
                 .collect::<Result<Vec<_>, _>>()?;
             let shared = if c.n_shared_experts > 0 {
-                Some(expert(ck, &format!("{p}.ffn.shared_experts"), d, inter * c.n_shared_experts)?)
+                Some(expert(
+                    ck,
+                    &format!("{p}.ffn.shared_experts"),
+                    d,
+                    inter * c.n_shared_experts,
+                )?)
             } else {
                 None
             };
@@ -225,14 +294,23 @@ impl ModelWeights {
                 hc_attn: hyper(ck, &format!("{p}.hc_attn"), c)?,
                 hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
                 attn,
-                ffn: MoeWeights { gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?, routing, experts, shared },
+                ffn: MoeWeights {
+                    gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?,
+                    routing,
+                    experts,
+                    shared,
+                },
             });
         }
         Ok(Self {
             embed: ck.tensor_f32("embed.weight", &[c.vocab_size, d])?,
             head: Linear::load(ck, "head", c.vocab_size, d)?,
             norm: vec1(ck, "norm.weight", d)?,
-            hc_head_fn: Linear { out_dim: hc, in_dim: hc * d, w: ck.tensor_f32("hc_head_fn", &[hc, hc * d])? },
+            hc_head_fn: Linear {
+                out_dim: hc,
+                in_dim: hc * d,
+                w: ck.tensor_f32("hc_head_fn", &[hc, hc * d])?,
+            },
             hc_head_base: vec1(ck, "hc_head_base", hc)?,
             hc_head_scale: vec1(ck, "hc_head_scale", 1)?,
             layers,

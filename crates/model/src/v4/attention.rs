@@ -35,39 +35,51 @@ pub fn attention(w: &AttentionWeights, c: &ModelConfig, a: &[f32], rope: &Rope) 
         rope.apply(row, i, false);
     }
 
-    let entries = w.compressor.as_ref().map(|cw| compress(cw, a, t, rope, eps)).unwrap_or_default();
+    let entries = w
+        .compressor
+        .as_ref()
+        .map(|cw| compress(cw, a, t, rope, eps))
+        .unwrap_or_default();
     let ratio = w.compressor.as_ref().map_or(0, |cw| cw.ratio);
     let n_entries = entries.len() / hd;
     let indexer = w.indexer.as_ref().map(|iw| {
         let keys = compress(&iw.compressor, a, t, rope, eps);
         let positions: Vec<usize> = (0..t).collect();
-        (IndexerQueries::new(iw, &qr, a, &positions, rope, c.index_n_heads), keys)
+        (
+            IndexerQueries::new(iw, &qr, a, &positions, rope, c.index_n_heads),
+            keys,
+        )
     });
 
     let window = c.sliding_window;
     let scale = (hd as f32).powf(-0.5);
     let mut out = vec![0.0f32; t * h * hd];
-    out.par_chunks_mut(h * hd).enumerate().for_each(|(i, o_row)| {
-        // The index set: the window (own token included), then the visible compressed entries.
-        let mut keys: Vec<&[f32]> = (i.saturating_sub(window - 1)..=i).map(|j| &kv[j * hd..(j + 1) * hd]).collect();
-        if ratio > 0 {
-            let visible = ((i + 1) / ratio).min(n_entries);
-            let chosen: Vec<usize> = match &indexer {
-                Some((iq, ikeys)) => iq.select(i, ikeys, visible, c.index_topk),
-                None => (0..visible).collect(),
-            };
-            keys.extend(chosen.iter().map(|&e| &entries[e * hd..(e + 1) * hd]));
-        }
-        let mut scores = vec![0.0f32; keys.len()];
-        for (hi, o) in o_row.chunks_exact_mut(hd).enumerate() {
-            let qh = &q[(i * h + hi) * hd..(i * h + hi + 1) * hd];
-            for (s, k) in scores.iter_mut().zip(&keys) {
-                *s = dot(qh, k) * scale;
+    out.par_chunks_mut(h * hd)
+        .enumerate()
+        .for_each(|(i, o_row)| {
+            // The index set: the window (own token included), then the visible compressed entries.
+            let mut keys: Vec<&[f32]> = (i.saturating_sub(window - 1)..=i)
+                .map(|j| &kv[j * hd..(j + 1) * hd])
+                .collect();
+            // Entry w is complete (and visible) once token (w+1)·m−1 has been seen.
+            if let Some(complete) = (i + 1).checked_div(ratio) {
+                let visible = complete.min(n_entries);
+                let chosen: Vec<usize> = match &indexer {
+                    Some((iq, ikeys)) => iq.select(i, ikeys, visible, c.index_topk),
+                    None => (0..visible).collect(),
+                };
+                keys.extend(chosen.iter().map(|&e| &entries[e * hd..(e + 1) * hd]));
             }
-            sink_softmax_combine(&scores, &keys, w.sink[hi], o);
-            rope.apply(o, i, true);
-        }
-    });
+            let mut scores = vec![0.0f32; keys.len()];
+            for (hi, o) in o_row.chunks_exact_mut(hd).enumerate() {
+                let qh = &q[(i * h + hi) * hd..(i * h + hi + 1) * hd];
+                for (s, k) in scores.iter_mut().zip(&keys) {
+                    *s = dot(qh, k) * scale;
+                }
+                sink_softmax_combine(&scores, &keys, w.sink[hi], o);
+                rope.apply(o, i, true);
+            }
+        });
     grouped_output(&out, t, c.o_groups, &w.wo_a, &w.wo_b)
 }
 
@@ -94,11 +106,15 @@ fn grouped_output(o: &[f32], t: usize, groups: usize, wo_a: &Linear, wo_b: &Line
     let r = wo_a.out_dim / groups;
     let mut z = vec![0.0f32; t * groups * r];
     for g in 0..groups {
-        let xg: Vec<f32> = o.chunks_exact(groups * gin).flat_map(|row| row[g * gin..(g + 1) * gin].iter().copied()).collect();
+        let xg: Vec<f32> = o
+            .chunks_exact(groups * gin)
+            .flat_map(|row| row[g * gin..(g + 1) * gin].iter().copied())
+            .collect();
         let wg = &wo_a.w[g * r * gin..(g + 1) * r * gin];
         let yg = deepinfer_kernels::linear::matmul_t(&xg, t, gin, wg, r);
         for i in 0..t {
-            z[i * groups * r + g * r..i * groups * r + (g + 1) * r].copy_from_slice(&yg[i * r..(i + 1) * r]);
+            z[i * groups * r + g * r..i * groups * r + (g + 1) * r]
+                .copy_from_slice(&yg[i * r..(i + 1) * r]);
         }
     }
     wo_b.forward(&z, t)

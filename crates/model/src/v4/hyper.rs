@@ -2,6 +2,7 @@
 //! token; each sublayer collapses them with learned weights and writes back through a
 //! Sinkhorn-normalised mixing matrix.
 
+use crate::config::ModelConfig;
 use crate::weights::{HyperWeights, Linear};
 use deepinfer_kernels::norm::rms_factor;
 
@@ -33,15 +34,18 @@ pub struct HyperMix {
 
 /// Computes `pre`, `post` and the Sinkhorn-projected `comb` from the streams `x: [T, hc, D]`
 /// and collapses the streams with `pre`.
-pub fn hc_mix(x: &[f32], t: usize, d: usize, w: &HyperWeights, hc: usize, iters: usize, hc_eps: f32, norm_eps: f32) -> HyperMix {
-    let mix = normed_mix(x, t, &w.fn_, norm_eps);
+pub fn hc_mix(x: &[f32], t: usize, w: &HyperWeights, c: &ModelConfig) -> HyperMix {
+    let (d, hc, iters, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps);
+    let mix = normed_mix(x, t, &w.fn_, c.rms_norm_eps);
     let m = (2 + hc) * hc;
     let mut post = vec![0.0f32; t * hc];
     let mut comb = vec![0.0f32; t * hc * hc];
     let mut collapsed = vec![0.0f32; t * d];
     for i in 0..t {
         let mi = &mix[i * m..(i + 1) * m];
-        let pre: Vec<f32> = (0..hc).map(|j| sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps).collect();
+        let pre: Vec<f32> = (0..hc)
+            .map(|j| sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps)
+            .collect();
         for j in 0..hc {
             post[i * hc + j] = 2.0 * sigmoid(mi[hc + j] * w.scale[1] + w.base[hc + j]);
         }
@@ -74,7 +78,12 @@ pub fn hc_mix(x: &[f32], t: usize, d: usize, w: &HyperWeights, hc: usize, iters:
             }
         }
     }
-    HyperMix { hc, post, comb, collapsed }
+    HyperMix {
+        hc,
+        post,
+        comb,
+        collapsed,
+    }
 }
 
 fn normalise_rows(c: &mut [f32], hc: usize, eps: f32) {
@@ -119,8 +128,16 @@ pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize) {
 }
 
 /// Final collapse of the streams (spec §3.10): sigmoid weights, no Sinkhorn.
-pub fn hc_head(x: &[f32], t: usize, d: usize, hc: usize, f: &Linear, base: &[f32], scale: f32, hc_eps: f32, norm_eps: f32) -> Vec<f32> {
-    let mix = normed_mix(x, t, f, norm_eps);
+pub fn hc_head(
+    x: &[f32],
+    t: usize,
+    f: &Linear,
+    base: &[f32],
+    scale: f32,
+    c: &ModelConfig,
+) -> Vec<f32> {
+    let (d, hc, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_eps);
+    let mix = normed_mix(x, t, f, c.rms_norm_eps);
     let mut out = vec![0.0f32; t * d];
     for i in 0..t {
         for s in 0..hc {

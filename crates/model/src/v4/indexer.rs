@@ -18,7 +18,14 @@ pub struct IndexerQueries {
 
 impl IndexerQueries {
     /// `qr`: the attention's normed q-LoRA activations `[T, Q]`; `a`: the attention input.
-    pub fn new(w: &IndexerWeights, qr: &[f32], a: &[f32], positions: &[usize], rope: &Rope, heads: usize) -> Self {
+    pub fn new(
+        w: &IndexerWeights,
+        qr: &[f32],
+        a: &[f32],
+        positions: &[usize],
+        rope: &Rope,
+        heads: usize,
+    ) -> Self {
         let t = positions.len();
         let head_dim = w.wq_b.out_dim / heads;
         let mut q = w.wq_b.forward(qr, t);
@@ -30,7 +37,12 @@ impl IndexerQueries {
         let mut weights = w.weights_proj.forward(a, t);
         let scale = (heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|v| *v *= scale);
-        Self { heads, head_dim, q, weights }
+        Self {
+            heads,
+            head_dim,
+            q,
+            weights,
+        }
     }
 
     /// Top-`k` of the first `visible` entries of `keys` (`[n, head_dim]`) for query row `i`,

@@ -19,11 +19,21 @@ pub enum ModelError {
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("sequence {seq}: position {pos} at offset {offset} is not supported without a cache (whole prompts from position 0 only)")]
-    UnsupportedPositions { seq: usize, offset: usize, pos: usize },
+    UnsupportedPositions {
+        seq: usize,
+        offset: usize,
+        pos: usize,
+    },
+    #[error("the batch has {tokens} tokens but {positions} positions")]
+    PositionsLength { positions: usize, tokens: usize },
     #[error("logits row {row} is outside the batch of {tokens} tokens")]
     BadLogitsRow { row: usize, tokens: usize },
     #[error("a span [{start}, {start}+{len}) does not fit the batch of {tokens} tokens")]
-    BadSpan { start: usize, len: usize, tokens: usize },
+    BadSpan {
+        start: usize,
+        len: usize,
+        tokens: usize,
+    },
 }
 
 pub struct Model {
@@ -47,7 +57,12 @@ impl Model {
     pub fn new(config: ModelConfig, weights: ModelWeights) -> Self {
         let rope_main = rope_table(&config, &config.rope_main);
         let rope_compress = rope_table(&config, &config.rope_compress);
-        Self { config, weights, rope_main, rope_compress }
+        Self {
+            config,
+            weights,
+            rope_main,
+            rope_compress,
+        }
     }
 
     /// Loads `config.json` and the safetensors checkpoint in `dir` (either name layout).
@@ -69,6 +84,9 @@ impl Model {
     pub fn forward(&self, batch: &ForwardBatch) -> Result<Logits, ModelError> {
         let (vocab, d) = (self.config.vocab_size, self.config.hidden_size);
         let n = batch.num_tokens();
+        if batch.positions.len() != n {
+            return Err(ModelError::PositionsLength { positions: batch.positions.len(), tokens: n });
+        }
         if let Some(&id) = batch.token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(ModelError::TokenOutOfRange { id, vocab });
         }
@@ -78,19 +96,31 @@ impl Model {
         let mut hidden = vec![0.0f32; n * d];
         for (s, span) in batch.spans.iter().enumerate() {
             if span.start + span.len > n {
-                return Err(ModelError::BadSpan { start: span.start, len: span.len, tokens: n });
+                return Err(ModelError::BadSpan {
+                    start: span.start,
+                    len: span.len,
+                    tokens: n,
+                });
             }
             for off in 0..span.len {
                 let pos = batch.positions[span.start + off];
                 if pos != off {
-                    return Err(ModelError::UnsupportedPositions { seq: s, offset: off, pos });
+                    return Err(ModelError::UnsupportedPositions {
+                        seq: s,
+                        offset: off,
+                        pos,
+                    });
                 }
             }
             let ids = &batch.token_ids[span.start..span.start + span.len];
             let h = self.sequence_hidden(ids, None);
             hidden[span.start * d..(span.start + span.len) * d].copy_from_slice(&h);
         }
-        let rows: Vec<f32> = batch.logits_rows.iter().flat_map(|&r| hidden[r * d..(r + 1) * d].iter().copied()).collect();
+        let rows: Vec<f32> = batch
+            .logits_rows
+            .iter()
+            .flat_map(|&r| hidden[r * d..(r + 1) * d].iter().copied())
+            .collect();
         let data = self.weights.head.forward(&rows, batch.logits_rows.len());
         Ok(Logits { vocab, data })
     }
@@ -114,7 +144,7 @@ impl Model {
             }
         }
         let w = &self.weights;
-        let mut h = hc_head(&x, t, d, hc, &w.hc_head_fn, &w.hc_head_base, w.hc_head_scale[0], c.hc_eps, c.rms_norm_eps);
+        let mut h = hc_head(&x, t, &w.hc_head_fn, &w.hc_head_base, w.hc_head_scale[0], c);
         rms_norm_rows(&mut h, &w.norm, c.rms_norm_eps);
         h
     }

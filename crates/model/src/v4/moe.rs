@@ -37,12 +37,21 @@ fn scores(func: ScoringFunc, logits: &[f32]) -> Vec<f32> {
 fn expert_forward(e: &ExpertWeights, x: &[f32], n: usize, limit: f32) -> Vec<f32> {
     let g = e.w1.forward(x, n);
     let u = e.w3.forward(x, n);
-    let hidden: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g.min(limit)) * u.clamp(-limit, limit)).collect();
+    let hidden: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| silu(g.min(limit)) * u.clamp(-limit, limit))
+        .collect();
     e.w2.forward(&hidden, n)
 }
 
 /// Routed experts and weights for every token: `(expert ids, weights)`, `k` per token.
-pub fn route(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> (Vec<usize>, Vec<f32>) {
+pub fn route(
+    w: &MoeWeights,
+    c: &ModelConfig,
+    x: &[f32],
+    token_ids: &[u32],
+) -> (Vec<usize>, Vec<f32>) {
     let t = token_ids.len();
     let k = c.num_experts_per_tok;
     let e = c.n_routed_experts;
@@ -54,7 +63,10 @@ pub fn route(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> (
         let chosen: Vec<usize> = match &w.routing {
             Routing::Hash(table) => {
                 let tok = token_ids[i] as usize;
-                table[tok * k..(tok + 1) * k].iter().map(|&v| v as usize).collect()
+                table[tok * k..(tok + 1) * k]
+                    .iter()
+                    .map(|&v| v as usize)
+                    .collect()
             }
             Routing::Scored { bias } => {
                 let biased: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
@@ -63,7 +75,11 @@ pub fn route(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> (
         };
         // HF always renormalises; DeepSeek's reference skips it for softmax scoring, which
         // its configs express as norm_topk_prob = false.
-        let sum: f32 = if c.norm_topk_prob { chosen.iter().map(|&j| s[j]).sum::<f32>() + 1e-20 } else { 1.0 };
+        let sum: f32 = if c.norm_topk_prob {
+            chosen.iter().map(|&j| s[j]).sum::<f32>() + 1e-20
+        } else {
+            1.0
+        };
         for j in chosen {
             ids.push(j);
             wts.push(s[j] / sum * c.routed_scaling_factor);
@@ -85,18 +101,27 @@ pub fn moe(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> Vec
     let mut routed = vec![0.0f32; t * d];
     // Gather the tokens of each expert so every expert runs once per step as a small GEMM.
     for (ei, expert) in w.experts.iter().enumerate() {
-        let picks: Vec<(usize, f32)> = (0..t * k).filter(|&r| ids[r] == ei).map(|r| (r / k, wts[r])).collect();
+        let picks: Vec<(usize, f32)> = (0..t * k)
+            .filter(|&r| ids[r] == ei)
+            .map(|r| (r / k, wts[r]))
+            .collect();
         if picks.is_empty() {
             continue;
         }
-        let xs: Vec<f32> = picks.iter().flat_map(|&(i, _)| x[i * d..(i + 1) * d].iter().copied()).collect();
+        let xs: Vec<f32> = picks
+            .iter()
+            .flat_map(|&(i, _)| x[i * d..(i + 1) * d].iter().copied())
+            .collect();
         let y = expert_forward(expert, &xs, picks.len(), c.swiglu_limit);
         for (r, &(i, wt)) in picks.iter().enumerate() {
-            for (o, v) in routed[i * d..(i + 1) * d].iter_mut().zip(&y[r * d..(r + 1) * d]) {
+            for (o, v) in routed[i * d..(i + 1) * d]
+                .iter_mut()
+                .zip(&y[r * d..(r + 1) * d])
+            {
                 *o += v * wt;
             }
         }
     }
-    out.iter_mut().zip(&routed).for_each(|(o, r)| *o = r + *o);
+    out.iter_mut().zip(&routed).for_each(|(o, r)| *o += r);
     out
 }

@@ -1,0 +1,168 @@
+//! `deepinfer generate` end to end: the binary reproduces HF's greedy tokens from the golden
+//! checkpoints in both name layouts, and bad input fails cleanly.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn golden(config: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden")
+        .join(config)
+}
+
+fn deepinfer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn csv(v: &Value) -> String {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn check_layout(config: &str, layout: &str) {
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden(config).join("golden.json")).unwrap())
+            .unwrap();
+    let prompts: Vec<&Value> = meta["prompts"].as_array().unwrap().iter().take(2).collect();
+    let model = golden(config).join(layout);
+    let ids: Vec<String> = prompts.iter().map(|p| csv(&p["ids"])).collect();
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "32",
+    ];
+    for i in &ids {
+        args.extend(["--prompt-ids", i.as_str()]);
+    }
+    args.extend(["--top-logprobs", "3", "--ignore-eos", "--json"]);
+    let out = deepinfer(&args);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), prompts.len());
+    for (line, p) in lines.iter().zip(&prompts) {
+        assert_eq!(line["prompt_ids"], p["ids"]);
+        assert_eq!(
+            line["token_ids"], p["greedy"],
+            "{config}/{layout}: greedy tokens differ from HF"
+        );
+        let tops = line["top_logprobs"].as_array().unwrap();
+        assert_eq!(tops.len(), 32);
+        for (step, top) in tops.iter().enumerate() {
+            let top = top.as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            assert_eq!(top[0]["id"], line["token_ids"][step]);
+            let lp: Vec<f64> = top.iter().map(|e| e["logprob"].as_f64().unwrap()).collect();
+            assert!(lp[0] <= 0.0 && lp[0] >= lp[1] && lp[1] >= lp[2], "{lp:?}");
+        }
+    }
+}
+
+#[test]
+fn reproduces_golden_greedy_tokens_from_official_names() {
+    check_layout("tiny-a", "official");
+    check_layout("tiny-b", "official");
+}
+
+#[test]
+fn reproduces_golden_greedy_tokens_from_hf_names() {
+    check_layout("tiny-a", "hf");
+    check_layout("tiny-c", "hf");
+}
+
+#[test]
+fn stops_at_eos_unless_ignored() {
+    // With this prompt tiny-c emits its EOS (id 1, from config.json) as the 5th token.
+    let model = golden("tiny-c").join("official");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| -> Vec<u64> {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "3,1,4,1,5",
+            "--max-tokens",
+            "16",
+            "--json",
+        ];
+        args.extend(extra);
+        let out = deepinfer(&args);
+        assert!(out.status.success());
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let full = run(&["--ignore-eos"]);
+    assert_eq!(full.len(), 16);
+    let eos_at = full
+        .iter()
+        .position(|&t| t == 1)
+        .expect("prompt chosen so that EOS appears");
+    assert_eq!(run(&[]), full[..=eos_at].to_vec());
+}
+
+fn assert_fails(args: &[&str], needle: &str) {
+    let out = deepinfer(args);
+    assert!(!out.status.success(), "expected failure for {args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(needle),
+        "stderr {err:?} does not mention {needle:?}"
+    );
+    assert!(out.stdout.is_empty(), "nothing on stdout on error");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let model = golden("tiny-a").join("official");
+    let m = model.to_str().unwrap();
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/model",
+            "--prompt-ids",
+            "1,2",
+            "--json",
+        ],
+        "/nonexistent/model",
+    );
+    assert_fails(
+        &["generate", "--model", m, "--prompt-ids", "1,x,2", "--json"],
+        "not a comma-separated list",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,99999",
+            "--json",
+        ],
+        "99999",
+    );
+    assert_fails(&["generate", "--model", m, "--json"], "--prompt-ids");
+}
