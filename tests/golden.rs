@@ -1,77 +1,23 @@
 //! Golden tests: our forward pass against HF transformers 5.23 run in float32 on the same
 //! tiny checkpoints (tools/make_golden.py), loaded from DeepSeek's layout and from HF's.
 
+mod common;
+
+use common::*;
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager};
 use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::v4::Model;
-use safetensors::SafeTensors;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-const LOGIT_TOL: f32 = 1e-4;
-
-fn fixture(config: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/golden")
-        .join(config)
-}
-
-struct Golden {
-    meta: Value,
-    bytes: Vec<u8>,
-}
-
-impl Golden {
-    fn load(config: &str) -> Self {
-        let dir = fixture(config);
-        let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
-            .unwrap();
-        let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
-        Self { meta, bytes }
-    }
-
-    fn f32s(&self, name: &str) -> Vec<f32> {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let t = st.tensor(name).unwrap();
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
-
-    fn i64s(&self, name: &str) -> Vec<i64> {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let t = st.tensor(name).unwrap();
-        t.data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
-
-    fn prompts(&self) -> &Vec<Value> {
-        self.meta["prompts"].as_array().unwrap()
-    }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Teacher-forced run over prompt + HF's greedy tokens: one forward gives the logits of every
 /// prompt position and of every greedy step, which must reproduce HF's choices.
-fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
+fn check_prompt(
+    r: &mut deepinfer_engine::runner::ModelRunner,
+    g: &Golden,
+    p: &Value,
+    label: &str,
+) -> Vec<f32> {
     let pi = p["index"].as_u64().unwrap();
     let prompt = ids(&p["ids"]);
     let greedy = ids(&p["greedy"]);
@@ -81,17 +27,15 @@ fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
         .chain(&greedy[..greedy.len() - 1])
         .copied()
         .collect();
-    let logits = model
-        .forward(&ForwardBatch::from_prompts(&[seq], true))
-        .unwrap();
+    let logits = chunked_logits(r, &seq, seq.len());
     let n = prompt.len();
 
-    let last = logits.row(n - 1);
+    let last = &logits[n - 1];
     let want_last = g.f32s(&format!("p{pi}.last_logits"));
     let diff = max_abs_diff(last, &want_last);
     let argmax_want = g.i64s(&format!("p{pi}.argmax"));
     let agree = (0..n)
-        .filter(|&i| argmax(logits.row(i)) as i64 == argmax_want[i])
+        .filter(|&i| argmax(&logits[i]) as i64 == argmax_want[i])
         .count();
     let top_ids = g.i64s(&format!("p{pi}.top_ids"));
     let top_logits = g.f32s(&format!("p{pi}.top_logits"));
@@ -99,7 +43,7 @@ fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
     let mut step_diff = 0.0f32;
     let mut greedy_agree = 0;
     for (s, &tok) in greedy.iter().enumerate() {
-        let row = logits.row(n - 1 + s);
+        let row = &logits[n - 1 + s];
         if argmax(row) as u32 == tok {
             greedy_agree += 1;
         }
@@ -140,8 +84,8 @@ fn check_prompt(model: &Model, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
 
 fn check_config(config: &str) {
     let g = Golden::load(config);
-    let official = Model::load(&fixture(config).join("official")).expect("official layout loads");
-    let hf = Model::load(&fixture(config).join("hf")).expect("HF layout loads");
+    let mut official = runner(load(config, "official"), 1, 0);
+    let mut hf = runner(load(config, "hf"), 1, 0);
     assert!(
         g.prompts()
             .iter()
@@ -150,8 +94,8 @@ fn check_config(config: &str) {
             >= 3
     );
     for p in g.prompts() {
-        let a = check_prompt(&official, &g, p, &format!("{config}/official"));
-        let b = check_prompt(&hf, &g, p, &format!("{config}/hf"));
+        let a = check_prompt(&mut official, &g, p, &format!("{config}/official"));
+        let b = check_prompt(&mut hf, &g, p, &format!("{config}/hf"));
         // Both layouts hold the same numbers, so they must agree exactly.
         assert_eq!(a, b, "{config}: the two layouts disagree");
     }
@@ -175,11 +119,17 @@ fn tiny_c_matches_hf() {
 /// Per-layer residual streams for one prompt: where a mismatch would first show.
 fn check_intermediates(config: &str) {
     let g = Golden::load(config);
-    let model = Model::load(&fixture(config).join("official")).unwrap();
+    let model = load(config, "official");
     let pi = g.meta["intermediates_prompt"].as_u64().unwrap() as usize;
     let prompt = ids(&g.prompts()[pi]["ids"]);
     let mut trace = Vec::new();
-    model.sequence_hidden(&prompt, Some(&mut trace));
+    let mut cache = cache_for(&model, 1);
+    let seq = cache.add_seq().unwrap();
+    cache.ensure_capacity(seq, prompt.len()).unwrap();
+    let batch = ForwardBatch::from_prompts(std::slice::from_ref(&prompt), false);
+    model
+        .forward_traced(&batch, &mut cache.view(&[seq]).unwrap(), Some(&mut trace))
+        .unwrap();
     assert_eq!(trace.len(), model.config.num_hidden_layers);
     // The fixture keeps the streams of the last few positions only.
     let keep = g.meta["intermediates_positions"].as_u64().unwrap() as usize;
@@ -213,18 +163,43 @@ fn tiny_c_layer_outputs_match_hf() {
     check_intermediates("tiny-c");
 }
 
+fn cache_for(model: &Model, max_seqs: usize) -> CacheManager {
+    let cfg = CacheConfig {
+        budget: CacheBudget::Bytes(64 << 20),
+        max_seqs,
+        rollback_slack: 0,
+        block_entries: 8,
+    };
+    CacheManager::new(&model.config, cfg).unwrap()
+}
+
 /// Several prompts of different lengths in one flat batch give each exactly what it gives
 /// alone (and so what HF gives).
 #[test]
 fn flat_batch_of_prompts_equals_one_at_a_time() {
     let g = Golden::load("tiny-a");
-    let model = Model::load(&fixture("tiny-a").join("official")).unwrap();
+    let model = load("tiny-a", "official");
     let prompts: Vec<Vec<u32>> = g.prompts().iter().map(|p| ids(&p["ids"])).collect();
-    let batched = model.forward(&ForwardBatch::from_prompts(&prompts, false)).unwrap();
+    let mut cache = cache_for(&model, prompts.len());
+    let seqs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let s = cache.add_seq().unwrap();
+            cache.ensure_capacity(s, p.len()).unwrap();
+            s
+        })
+        .collect();
+    let batched = model
+        .forward(
+            &ForwardBatch::from_prompts(&prompts, false),
+            &mut cache.view(&seqs).unwrap(),
+        )
+        .unwrap();
     assert_eq!(batched.rows(), prompts.len());
+    let mut r = runner(load("tiny-a", "official"), 1, 0);
     for (i, p) in prompts.iter().enumerate() {
-        let alone = model.forward(&ForwardBatch::from_prompts(std::slice::from_ref(p), false)).unwrap();
-        assert_eq!(batched.row(i), alone.row(0), "prompt {i}");
+        let alone = chunked_logits(&mut r, p, p.len());
+        assert_eq!(batched.row(i), &alone[p.len() - 1][..], "prompt {i}");
         let want = g.f32s(&format!("p{i}.last_logits"));
         assert!(max_abs_diff(batched.row(i), &want) <= LOGIT_TOL);
     }
@@ -232,21 +207,32 @@ fn flat_batch_of_prompts_equals_one_at_a_time() {
 
 #[test]
 fn bad_batches_are_errors_not_panics() {
-    let model = Model::load(&fixture("tiny-c").join("official")).unwrap();
+    let model = load("tiny-c", "official");
+    let mut cache = cache_for(&model, 1);
+    let seq = cache.add_seq().unwrap();
+    cache.ensure_capacity(seq, 3).unwrap();
+    let mut run = |b: &ForwardBatch| {
+        model
+            .forward(b, &mut cache.view(&[seq]).unwrap())
+            .unwrap_err()
+            .to_string()
+    };
     let vocab = model.config.vocab_size as u32;
-    let err = model.forward(&ForwardBatch::from_prompts(&[vec![1, vocab]], false)).unwrap_err();
-    assert!(err.to_string().contains(&vocab.to_string()), "{err}");
+    let err = run(&ForwardBatch::from_prompts(&[vec![1, vocab]], false));
+    assert!(err.contains(&vocab.to_string()), "{err}");
+    let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
+    b.positions = vec![0, 2, 3];
+    assert!(run(&b).contains("consecutively"));
     let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
     b.positions = vec![5, 6, 7];
-    let err = model.forward(&b).unwrap_err();
-    assert!(err.to_string().contains("position 5"), "{err}");
+    assert!(run(&b).contains("beyond the 3 tokens"));
     let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
     b.positions.pop();
-    assert!(model.forward(&b).unwrap_err().to_string().contains("2 positions"));
+    assert!(run(&b).contains("2 positions"));
     let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
     b.logits_rows = vec![3];
-    assert!(model.forward(&b).unwrap_err().to_string().contains("row 3"));
+    assert!(run(&b).contains("row 3"));
     let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);
     b.spans[0].len = 4;
-    assert!(model.forward(&b).unwrap_err().to_string().contains("does not fit"));
+    assert!(run(&b).contains("does not fit"));
 }

@@ -1,11 +1,12 @@
 //! `deepinfer generate`: greedy decoding of token-id prompts, one JSON line per prompt.
 //!
-//! Without a cache each step recomputes every active sequence whole; all prompts still run
-//! together in one flat batch per step.
+//! All prompts run together through the model runner: each step appends every unfinished
+//! sequence's next prompt chunk (`--prefill-chunk`) or its last sampled token to its cache.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deepinfer_model::batch::ForwardBatch;
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
+use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::topk::{argmax, topk_indices};
 use deepinfer_model::v4::Model;
 use serde::Serialize;
@@ -29,6 +30,12 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Feed prompts this many tokens per step (default: whole prompts).
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Memory for the cache pools, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    cache_budget_mib: usize,
     /// Print one JSON object per prompt instead of text.
     #[arg(long)]
     json: bool,
@@ -80,51 +87,99 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             bail!("prompt token id {id} is outside the vocabulary (size {vocab})");
         }
     }
-    let eos = &model.config.eos_token_ids;
-    let mut outs: Vec<Output> = args
-        .prompt_ids
-        .iter()
-        .map(|p| Output {
-            prompt_ids: p.clone(),
-            token_ids: Vec::new(),
-            top_logprobs: Vec::new(),
-        })
-        .collect();
-    let mut active: Vec<usize> = (0..outs.len()).collect();
-    for _ in 0..args.max_tokens {
-        if active.is_empty() {
-            break;
-        }
-        let seqs: Vec<Vec<u32>> = active
+    if args.prefill_chunk == Some(0) {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    let eos = model.config.eos_token_ids.clone();
+    let cache = CacheConfig {
+        budget: CacheBudget::Bytes(args.cache_budget_mib << 20),
+        max_seqs: args.prompt_ids.len(),
+        rollback_slack: 0,
+        block_entries: 16,
+    };
+    let mut runner = ModelRunner::new(model, cache)?;
+    let mut seqs = Vec::with_capacity(args.prompt_ids.len());
+    for p in &args.prompt_ids {
+        seqs.push(Seq {
+            id: runner.add_sequence()?,
+            prompt: p.clone(),
+            fed: 0,
+            out: Vec::new(),
+            tops: Vec::new(),
+            done: args.max_tokens == 0,
+        });
+    }
+    // Every step feeds each unfinished sequence its next prompt chunk or its last token, all
+    // in one flat batch: chunked prefill and decode share steps.
+    while seqs.iter().any(|s| !s.done) {
+        let work: Vec<(usize, Vec<u32>)> = seqs
             .iter()
-            .map(|&i| [outs[i].prompt_ids.clone(), outs[i].token_ids.clone()].concat())
+            .enumerate()
+            .filter(|(_, s)| !s.done)
+            .map(|(i, s)| {
+                let feed = if s.fed < s.prompt.len() {
+                    let n = args
+                        .prefill_chunk
+                        .unwrap_or(usize::MAX)
+                        .min(s.prompt.len() - s.fed);
+                    s.prompt[s.fed..s.fed + n].to_vec()
+                } else {
+                    vec![*s.out.last().expect("decode follows a sampled token")]
+                };
+                (i, feed)
+            })
             .collect();
-        let logits = model.forward(&ForwardBatch::from_prompts(&seqs, false))?;
-        let mut still = Vec::with_capacity(active.len());
-        for (r, &i) in active.iter().enumerate() {
+        let items: Vec<SeqWork<'_>> = work
+            .iter()
+            .map(|(i, t)| SeqWork {
+                seq: seqs[*i].id,
+                tokens: t,
+                all_logits: false,
+            })
+            .collect();
+        let logits = runner.step(&items)?;
+        for (r, (i, feed)) in work.iter().enumerate() {
+            let s = &mut seqs[*i];
+            s.fed += feed.len();
+            if s.fed < s.prompt.len() {
+                continue; // mid-prompt: its logits are not a prediction anyone asked for
+            }
             let row = logits.row(r);
             let tok = argmax(row) as u32;
-            outs[i].token_ids.push(tok);
+            s.out.push(tok);
             if args.top_logprobs > 0 {
-                outs[i]
-                    .top_logprobs
-                    .push(top_logprobs(row, args.top_logprobs));
+                s.tops.push(top_logprobs(row, args.top_logprobs));
             }
-            if args.ignore_eos || !eos.contains(&tok) {
-                still.push(i);
+            if s.out.len() >= args.max_tokens || (!args.ignore_eos && eos.contains(&tok)) {
+                s.done = true;
+                runner.free(s.id)?;
             }
         }
-        active = still;
     }
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
-    for o in &outs {
+    for s in seqs {
+        let o = Output {
+            prompt_ids: s.prompt,
+            token_ids: s.out,
+            top_logprobs: s.tops,
+        };
         if args.json {
-            serde_json::to_writer(&mut w, o)?;
+            serde_json::to_writer(&mut w, &o)?;
             writeln!(w)?;
         } else {
             writeln!(w, "{:?} -> {:?}", o.prompt_ids, o.token_ids)?;
         }
     }
     Ok(())
+}
+
+struct Seq {
+    id: SeqId,
+    prompt: Vec<u32>,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    out: Vec<u32>,
+    tops: Vec<Vec<TopLogprob>>,
+    done: bool,
 }

@@ -27,7 +27,7 @@ fn csv(v: &Value) -> String {
         .join(",")
 }
 
-fn check_layout(config: &str, layout: &str) {
+fn check_layout(config: &str, layout: &str, extra: &[&str]) {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(golden(config).join("golden.json")).unwrap())
             .unwrap();
@@ -45,6 +45,7 @@ fn check_layout(config: &str, layout: &str) {
         args.extend(["--prompt-ids", i.as_str()]);
     }
     args.extend(["--top-logprobs", "3", "--ignore-eos", "--json"]);
+    args.extend(extra);
     let out = deepinfer(&args);
     assert!(
         out.status.success(),
@@ -77,14 +78,21 @@ fn check_layout(config: &str, layout: &str) {
 
 #[test]
 fn reproduces_golden_greedy_tokens_from_official_names() {
-    check_layout("tiny-a", "official");
-    check_layout("tiny-b", "official");
+    check_layout("tiny-a", "official", &[]);
+    check_layout("tiny-b", "official", &[]);
 }
 
 #[test]
 fn reproduces_golden_greedy_tokens_from_hf_names() {
-    check_layout("tiny-a", "hf");
-    check_layout("tiny-c", "hf");
+    check_layout("tiny-a", "hf", &[]);
+    check_layout("tiny-c", "hf", &[]);
+}
+
+/// Prompts fed 7 tokens per step, interleaved with the other prompt's decode steps.
+#[test]
+fn chunked_prefill_reproduces_golden_greedy_tokens() {
+    check_layout("tiny-a", "official", &["--prefill-chunk", "7"]);
+    check_layout("tiny-b", "hf", &["--prefill-chunk", "7"]);
 }
 
 #[test]
@@ -165,4 +173,28 @@ fn bad_input_is_a_clear_error() {
         "99999",
     );
     assert_fails(&["generate", "--model", m, "--json"], "--prompt-ids");
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--prefill-chunk",
+            "0",
+        ],
+        "--prefill-chunk",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--cache-budget-mib",
+            "0",
+        ],
+        "budget",
+    );
 }

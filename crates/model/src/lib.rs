@@ -1,6 +1,7 @@
 //! DeepSeek-V4: configuration, checkpoint loading and the forward pass.
 
 pub mod batch;
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod v4;

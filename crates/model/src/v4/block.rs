@@ -3,31 +3,35 @@
 
 use super::attention::attention;
 use super::hyper::{hc_mix, hc_post};
+use super::model::BatchRows;
 use super::moe::moe;
+use crate::cache::CacheView;
 use crate::config::ModelConfig;
 use crate::weights::LayerWeights;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::Rope;
 
-/// Runs layer `w` on the streams `x: [T, hc, D]` of one whole sequence, in place.
+/// Runs layer `layer` on the streams `x: [N, hc, D]` of a flat batch, in place.
+#[allow(clippy::too_many_arguments)]
 pub fn block_forward(
     w: &LayerWeights,
     c: &ModelConfig,
+    layer: usize,
     x: &mut [f32],
     token_ids: &[u32],
+    rows: &BatchRows,
+    cache: &mut dyn CacheView,
     rope: &Rope,
 ) {
-    let d = c.hidden_size;
-    let t = token_ids.len();
-    let eps = c.rms_norm_eps;
+    let (d, n, eps) = (c.hidden_size, token_ids.len(), c.rms_norm_eps);
 
-    let mut mix = hc_mix(x, t, &w.hc_attn, c);
+    let mut mix = hc_mix(x, n, &w.hc_attn, c);
     rms_norm_rows(&mut mix.collapsed, &w.attn_norm, eps);
-    let o = attention(&w.attn, c, &mix.collapsed, rope);
-    hc_post(x, &o, &mix, t, d);
+    let o = attention(&w.attn, c, layer, &mix.collapsed, rows, cache, rope);
+    hc_post(x, &o, &mix, n, d);
 
-    let mut mix = hc_mix(x, t, &w.hc_ffn, c);
+    let mut mix = hc_mix(x, n, &w.hc_ffn, c);
     rms_norm_rows(&mut mix.collapsed, &w.ffn_norm, eps);
     let m = moe(&w.ffn, c, &mix.collapsed, token_ids);
-    hc_post(x, &m, &mix, t, d);
+    hc_post(x, &m, &mix, n, d);
 }

@@ -1,23 +1,24 @@
 //! The lightning indexer (spec §3.7): scores every visible compressed entry for a query with
 //! `Σ_h w_h · relu(q_h · K)` and keeps the top-k. CSA layers attend only to those.
 
+use crate::cache::{CacheView, Stream};
 use crate::weights::IndexerWeights;
 use deepinfer_kernels::linear::dot;
 use deepinfer_kernels::rope::Rope;
 use deepinfer_kernels::topk::topk_indices;
 
-/// Projected indexer queries and head weights for a run of tokens.
+/// Projected indexer queries and head weights for the tokens of a batch.
 pub struct IndexerQueries {
     heads: usize,
     head_dim: usize,
-    /// `[T, heads, head_dim]`, rotated at each token's position.
+    /// `[N, heads, head_dim]`, rotated at each token's position.
     q: Vec<f32>,
-    /// `[T, heads]`, already scaled by `heads^-½ · head_dim^-½`.
+    /// `[N, heads]`, scaled by `heads^-½`.
     weights: Vec<f32>,
 }
 
 impl IndexerQueries {
-    /// `qr`: the attention's normed q-LoRA activations `[T, Q]`; `a`: the attention input.
+    /// `qr`: the attention's normed q-LoRA activations `[N, Q]`; `a`: the attention input.
     pub fn new(
         w: &IndexerWeights,
         qr: &[f32],
@@ -26,15 +27,15 @@ impl IndexerQueries {
         rope: &Rope,
         heads: usize,
     ) -> Self {
-        let t = positions.len();
+        let n = positions.len();
         let head_dim = w.wq_b.out_dim / heads;
-        let mut q = w.wq_b.forward(qr, t);
+        let mut q = w.wq_b.forward(qr, n);
         for (i, row) in q.chunks_exact_mut(heads * head_dim).enumerate() {
             for h in row.chunks_exact_mut(head_dim) {
                 rope.apply(h, positions[i], false);
             }
         }
-        let mut weights = w.weights_proj.forward(a, t);
+        let mut weights = w.weights_proj.forward(a, n);
         let scale = (heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|v| *v *= scale);
         Self {
@@ -45,9 +46,18 @@ impl IndexerQueries {
         }
     }
 
-    /// Top-`k` of the first `visible` entries of `keys` (`[n, head_dim]`) for query row `i`,
+    /// Top-`k` of the first `visible` indexer keys of batch sequence `seq` for batch row `i`,
     /// best first, lower index on ties.
-    pub fn select(&self, i: usize, keys: &[f32], visible: usize, k: usize) -> Vec<usize> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn select(
+        &self,
+        i: usize,
+        cache: &dyn CacheView,
+        seq: usize,
+        layer: usize,
+        visible: usize,
+        k: usize,
+    ) -> Vec<usize> {
         if visible <= k {
             return (0..visible).collect();
         }
@@ -57,11 +67,10 @@ impl IndexerQueries {
         let wts = &self.weights[i * self.heads..(i + 1) * self.heads];
         let scores: Vec<f32> = (0..visible)
             .map(|e| {
-                let key = &keys[e * hd..(e + 1) * hd];
+                let key = cache.entry(seq, layer, Stream::Indexer, e);
                 let mut s = 0.0f32;
                 for (h, wt) in wts.iter().enumerate() {
-                    let qk = dot(&q[h * hd..(h + 1) * hd], key).max(0.0) * softmax_scale;
-                    s += qk * wt;
+                    s += dot(&q[h * hd..(h + 1) * hd], key).max(0.0) * softmax_scale * wt;
                 }
                 s
             })

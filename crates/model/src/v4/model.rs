@@ -1,8 +1,10 @@
-//! The whole model: embedding → 4-stream residual → blocks → hyper head → norm → lm_head.
+//! The whole model: embedding → mHC residual streams → blocks → hyper head → norm → lm_head,
+//! over a flat batch whose sequences keep their state in a [`CacheView`].
 
 use super::block::block_forward;
 use super::hyper::hc_head;
-use crate::batch::{ForwardBatch, Logits};
+use crate::batch::{ForwardBatch, Logits, SeqSpan};
+use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::weights::ModelWeights;
@@ -18,14 +20,23 @@ pub enum ModelError {
     Checkpoint(#[from] CheckpointError),
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
-    #[error("sequence {seq}: position {pos} at offset {offset} is not supported without a cache (whole prompts from position 0 only)")]
-    UnsupportedPositions {
+    #[error("the batch has {tokens} tokens but {positions} positions")]
+    PositionsLength { positions: usize, tokens: usize },
+    #[error("sequence {seq}: positions must run consecutively; offset {offset} has position {pos}, expected {expected}")]
+    NonConsecutive {
         seq: usize,
         offset: usize,
         pos: usize,
+        expected: usize,
     },
-    #[error("the batch has {tokens} tokens but {positions} positions")]
-    PositionsLength { positions: usize, tokens: usize },
+    #[error("sequence {seq}: position {pos} is beyond the {capacity} tokens its cache holds")]
+    CacheTooSmall {
+        seq: usize,
+        pos: usize,
+        capacity: usize,
+    },
+    #[error("the cache's window ring has {slots} slots; the model needs at least {needed}")]
+    RingTooSmall { slots: usize, needed: usize },
     #[error("logits row {row} is outside the batch of {tokens} tokens")]
     BadLogitsRow { row: usize, tokens: usize },
     #[error("a span [{start}, {start}+{len}) does not fit the batch of {tokens} tokens")]
@@ -34,6 +45,14 @@ pub enum ModelError {
         len: usize,
         tokens: usize,
     },
+}
+
+/// Where each flat row of a batch belongs: `(span index, the span's first position, the
+/// span's first row)`, plus the batch's positions and spans.
+pub struct BatchRows<'a> {
+    pub positions: &'a [usize],
+    pub spans: &'a [SeqSpan],
+    pub row_seq: Vec<(usize, usize, usize)>,
 }
 
 pub struct Model {
@@ -73,19 +92,26 @@ impl Model {
         Ok(Self::new(config, weights))
     }
 
-    fn rope_for(&self, layer: usize) -> &Rope {
+    /// The rope table of `layer`: plain for sliding layers, the compress (YaRN) one otherwise.
+    pub fn rope_for(&self, layer: usize) -> &Rope {
         match self.config.layer_types[layer] {
             AttnKind::Sliding => &self.rope_main,
             _ => &self.rope_compress,
         }
     }
 
-    /// Runs whole sequences and returns the logits of `batch.logits_rows`.
-    pub fn forward(&self, batch: &ForwardBatch) -> Result<Logits, ModelError> {
-        let (vocab, d) = (self.config.vocab_size, self.config.hidden_size);
-        let n = batch.num_tokens();
+    /// Checks the batch against the model and the cache, and maps rows to sequences.
+    fn rows<'a>(
+        &self,
+        batch: &'a ForwardBatch,
+        cache: &dyn CacheView,
+    ) -> Result<BatchRows<'a>, ModelError> {
+        let (vocab, n) = (self.config.vocab_size, batch.num_tokens());
         if batch.positions.len() != n {
-            return Err(ModelError::PositionsLength { positions: batch.positions.len(), tokens: n });
+            return Err(ModelError::PositionsLength {
+                positions: batch.positions.len(),
+                tokens: n,
+            });
         }
         if let Some(&id) = batch.token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(ModelError::TokenOutOfRange { id, vocab });
@@ -93,7 +119,13 @@ impl Model {
         if let Some(&row) = batch.logits_rows.iter().find(|&&r| r >= n) {
             return Err(ModelError::BadLogitsRow { row, tokens: n });
         }
-        let mut hidden = vec![0.0f32; n * d];
+        if cache.window_slots() < self.config.sliding_window {
+            return Err(ModelError::RingTooSmall {
+                slots: cache.window_slots(),
+                needed: self.config.sliding_window,
+            });
+        }
+        let mut row_seq = vec![(usize::MAX, 0, 0); n];
         for (s, span) in batch.spans.iter().enumerate() {
             if span.start + span.len > n {
                 return Err(ModelError::BadSpan {
@@ -102,50 +134,111 @@ impl Model {
                     tokens: n,
                 });
             }
+            let p0 = batch.positions.get(span.start).copied().unwrap_or(0);
             for off in 0..span.len {
-                let pos = batch.positions[span.start + off];
-                if pos != off {
-                    return Err(ModelError::UnsupportedPositions {
+                let (pos, expected) = (batch.positions[span.start + off], p0 + off);
+                if pos != expected {
+                    return Err(ModelError::NonConsecutive {
                         seq: s,
                         offset: off,
                         pos,
+                        expected,
                     });
                 }
+                if pos >= cache.capacity_tokens(s) {
+                    return Err(ModelError::CacheTooSmall {
+                        seq: s,
+                        pos,
+                        capacity: cache.capacity_tokens(s),
+                    });
+                }
+                if row_seq[span.start + off].0 != usize::MAX {
+                    return Err(ModelError::BadSpan {
+                        start: span.start,
+                        len: span.len,
+                        tokens: n,
+                    });
+                }
+                row_seq[span.start + off] = (s, p0, span.start);
             }
-            let ids = &batch.token_ids[span.start..span.start + span.len];
-            let h = self.sequence_hidden(ids, None);
-            hidden[span.start * d..(span.start + span.len) * d].copy_from_slice(&h);
         }
-        let rows: Vec<f32> = batch
-            .logits_rows
-            .iter()
-            .flat_map(|&r| hidden[r * d..(r + 1) * d].iter().copied())
-            .collect();
-        let data = self.weights.head.forward(&rows, batch.logits_rows.len());
-        Ok(Logits { vocab, data })
+        if row_seq.iter().any(|r| r.0 == usize::MAX) {
+            return Err(ModelError::BadSpan {
+                start: 0,
+                len: n,
+                tokens: n,
+            });
+        }
+        Ok(BatchRows {
+            positions: &batch.positions,
+            spans: &batch.spans,
+            row_seq,
+        })
     }
 
-    /// Final normed hidden states `[T, D]` of one whole sequence; with `trace`, also the
-    /// residual streams `[T, hc, D]` after every layer (how a mismatch is located).
-    pub fn sequence_hidden(&self, ids: &[u32], mut trace: Option<&mut Vec<Vec<f32>>>) -> Vec<f32> {
+    /// Runs the batch, leaves its state in `cache`, and returns the logits of
+    /// `batch.logits_rows`.
+    pub fn forward(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut dyn CacheView,
+    ) -> Result<Logits, ModelError> {
+        self.forward_traced(batch, cache, None)
+    }
+
+    /// [`Model::forward`], also recording the residual streams `[N, hc, D]` after every
+    /// layer (how a mismatch with the reference is located).
+    pub fn forward_traced(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut dyn CacheView,
+        mut trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<Logits, ModelError> {
+        let rows = self.rows(batch, &*cache)?;
         let c = &self.config;
-        let (d, hc, t) = (c.hidden_size, c.hc_mult, ids.len());
-        let mut x = vec![0.0f32; t * hc * d];
-        for (i, &id) in ids.iter().enumerate() {
+        let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
+        let mut x = vec![0.0f32; n * hc * d];
+        for (i, &id) in batch.token_ids.iter().enumerate() {
             let e = &self.weights.embed[id as usize * d..(id as usize + 1) * d];
             for s in 0..hc {
                 x[(i * hc + s) * d..(i * hc + s + 1) * d].copy_from_slice(e);
             }
         }
         for (l, lw) in self.weights.layers.iter().enumerate() {
-            block_forward(lw, c, &mut x, ids, self.rope_for(l));
+            block_forward(
+                lw,
+                c,
+                l,
+                &mut x,
+                &batch.token_ids,
+                &rows,
+                cache,
+                self.rope_for(l),
+            );
             if let Some(tr) = trace.as_deref_mut() {
                 tr.push(x.clone());
             }
         }
+        // Only the rows that want logits go through the head.
         let w = &self.weights;
-        let mut h = hc_head(&x, t, &w.hc_head_fn, &w.hc_head_base, w.hc_head_scale[0], c);
+        let m = batch.logits_rows.len();
+        let picked: Vec<f32> = batch
+            .logits_rows
+            .iter()
+            .flat_map(|&r| x[r * hc * d..(r + 1) * hc * d].iter().copied())
+            .collect();
+        let mut h = hc_head(
+            &picked,
+            m,
+            &w.hc_head_fn,
+            &w.hc_head_base,
+            w.hc_head_scale[0],
+            c,
+        );
         rms_norm_rows(&mut h, &w.norm, c.rms_norm_eps);
-        h
+        Ok(Logits {
+            vocab: c.vocab_size,
+            data: w.head.forward(&h, m),
+        })
     }
 }

@@ -1,0 +1,179 @@
+//! How much memory the cache gets, and how it is split between state slots and paged pools.
+
+use super::layout::CacheLayout;
+use super::CacheError;
+
+/// Memory for the whole cache (state slots and paged pools together).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CacheBudget {
+    /// Exactly this many bytes (at most; rounding down to whole blocks).
+    Bytes(usize),
+    /// This fraction (0, 1] of `MemAvailable` in `/proc/meminfo` at construction.
+    FractionOfFree(f64),
+}
+
+impl CacheBudget {
+    /// The budget in bytes.
+    pub fn resolve(self) -> Result<usize, CacheError> {
+        match self {
+            CacheBudget::Bytes(b) => Ok(b),
+            CacheBudget::FractionOfFree(f) => {
+                if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+                    return Err(CacheError::InvalidConfig {
+                        field: "budget",
+                        value: format!("FractionOfFree({f})"),
+                        reason: "the fraction must be in (0, 1]",
+                    });
+                }
+                let text = std::fs::read_to_string("/proc/meminfo")
+                    .map_err(|e| CacheError::MemInfo(format!("/proc/meminfo: {e}")))?;
+                let avail = parse_mem_available(&text).ok_or_else(|| {
+                    CacheError::MemInfo("/proc/meminfo has no readable MemAvailable line".into())
+                })?;
+                Ok((avail as f64 * f) as usize)
+            }
+        }
+    }
+}
+
+/// `MemAvailable` in bytes.
+fn parse_mem_available(meminfo: &str) -> Option<usize> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut parts = line.split_whitespace();
+    let n: usize = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+/// Blocks per paged pool for a budget of `budget` bytes after `max_seqs` state slots.
+///
+/// Every pool first gets one block; the rest is split in proportion to the pools' bytes per
+/// token (`layers · width · 4 / ratio`), so that all pools fill up at about the same sequence
+/// length. The total never exceeds the budget.
+pub(super) fn split(
+    layout: &CacheLayout,
+    budget: usize,
+    max_seqs: usize,
+) -> Result<Vec<usize>, CacheError> {
+    let slot_bytes = layout.slot_bytes();
+    let min_pool_bytes: usize = layout.pools.iter().map(|p| p.block_bytes()).sum();
+    let too_small = || CacheError::BudgetTooSmall {
+        budget,
+        max_seqs,
+        slot_bytes,
+        slots_bytes: max_seqs.saturating_mul(slot_bytes),
+        min_pool_bytes,
+    };
+    let fixed = (max_seqs as u128) * (slot_bytes as u128) + min_pool_bytes as u128;
+    let rest = (budget as u128).checked_sub(fixed).ok_or_else(too_small)?;
+
+    // Bytes per token of pool p = 4 · window_floats_p / ratio_p; scale every pool by
+    // lcm(ratios) / 4 to compare them in integers.
+    let lcm = layout
+        .pools
+        .iter()
+        .fold(1u128, |l, p| lcm(l, p.ratio as u128));
+    let weight =
+        |p: &super::layout::PoolLayout| p.window_floats() as u128 * (lcm / p.ratio as u128);
+    let total_weight: u128 = layout.pools.iter().map(weight).sum();
+    Ok(layout
+        .pools
+        .iter()
+        .map(|p| {
+            let extra = rest * weight(p) / (total_weight * p.block_bytes() as u128);
+            1 + extra as usize
+        })
+        .collect())
+}
+
+fn lcm(a: u128, b: u128) -> u128 {
+    fn gcd(a: u128, b: u128) -> u128 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::tests::tiny_config;
+
+    #[test]
+    fn meminfo_parsing() {
+        let text = "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(parse_mem_available(text), Some(2048 * 1024));
+        assert_eq!(parse_mem_available("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: x kB\n"), None);
+    }
+
+    #[test]
+    fn fraction_is_checked() {
+        for f in [0.0, -0.5, 1.5, f64::NAN] {
+            let e = CacheBudget::FractionOfFree(f).resolve().unwrap_err();
+            assert!(matches!(
+                e,
+                CacheError::InvalidConfig {
+                    field: "budget",
+                    ..
+                }
+            ));
+        }
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(CacheBudget::FractionOfFree(0.01).resolve().unwrap() > 0);
+        }
+    }
+
+    #[test]
+    fn split_is_proportional_and_within_budget() {
+        let layout = CacheLayout::new(&tiny_config(), 0, 8).unwrap();
+        // Per token: csa 2·96/4 = 48, hca 96/8 = 12, indexer 2·64/4 = 32 floats (92 in all).
+        // Block bytes: csa 6144 (32 tokens), hca 3072 (64 tokens), indexer 4096 (32 tokens).
+        let min: usize = layout.pools.iter().map(|p| p.block_bytes()).sum();
+        let slots = 3 * layout.slot_bytes();
+        for rest in [0, 1, 11_775, 11_776, 23_552, 1 << 20, 10 << 20] {
+            let budget = slots + min + rest;
+            let blocks = split(&layout, budget, 3).unwrap();
+            let used: usize = blocks
+                .iter()
+                .zip(&layout.pools)
+                .map(|(n, p)| n * p.block_bytes())
+                .sum();
+            assert!(slots + used <= budget, "rest {rest}: {blocks:?}");
+            // 92 floats = 368 bytes per token; a csa block spans 32 tokens, an hca block 64.
+            let tokens = rest / 368;
+            assert_eq!(blocks[0], 1 + tokens / 32, "rest {rest}");
+            assert_eq!(blocks[1], 1 + tokens / 64, "rest {rest}");
+            assert_eq!(blocks[2], 1 + tokens / 32, "rest {rest}");
+        }
+    }
+
+    #[test]
+    fn too_small_names_the_numbers() {
+        let layout = CacheLayout::new(&tiny_config(), 0, 8).unwrap();
+        let slot = layout.slot_bytes();
+        let e = split(&layout, 2 * slot, 2).unwrap_err();
+        assert_eq!(
+            e,
+            CacheError::BudgetTooSmall {
+                budget: 2 * slot,
+                max_seqs: 2,
+                slot_bytes: slot,
+                slots_bytes: 2 * slot,
+                min_pool_bytes: 6144 + 3072 + 4096,
+            }
+        );
+        let msg = e.to_string();
+        for n in [2 * slot, slot, 13_312] {
+            assert!(msg.contains(&n.to_string()), "{msg}");
+        }
+    }
+}

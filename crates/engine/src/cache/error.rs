@@ -1,0 +1,40 @@
+//! Everything that can go wrong with cache memory as a value: budgets, exhaustion, unknown
+//! sequences. Misuse of a [`super::BatchView`] by the model (a layer without such state, an
+//! entry past the reserved capacity) is a programming error and panics instead.
+
+use super::SeqId;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum CacheError {
+    #[error("cache config: {field} = {value} is invalid: {reason}")]
+    InvalidConfig {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("cannot size the cache from free memory: {0}")]
+    MemInfo(String),
+    #[error(
+        "cache budget of {budget} bytes is too small: {max_seqs} state slots of {slot_bytes} bytes \
+         need {slots_bytes} bytes, plus {min_pool_bytes} bytes for one block of each paged pool"
+    )]
+    BudgetTooSmall {
+        budget: usize,
+        max_seqs: usize,
+        slot_bytes: usize,
+        slots_bytes: usize,
+        min_pool_bytes: usize,
+    },
+    #[error("pool state_slots: all {max_seqs} sequence slots are in use")]
+    NoFreeSlot { max_seqs: usize },
+    #[error("pool {pool}: {needed} more blocks needed, only {free} free")]
+    OutOfBlocks {
+        pool: &'static str,
+        needed: usize,
+        free: usize,
+    },
+    #[error("unknown sequence {0} (never added, or already freed)")]
+    UnknownSeq(SeqId),
+    #[error("sequence {0} appears more than once in one batch")]
+    DuplicateSeq(SeqId),
+}

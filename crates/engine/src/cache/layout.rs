@@ -1,0 +1,363 @@
+//! Where every float of the cache lives, computed once from the model config.
+//!
+//! A sequence's fixed-size state (window rings and compressors' pending rings of every layer)
+//! is one contiguous *state slot*. Compressed entries and indexer keys grow with length and
+//! live in *paged pools*, one per group of layers that grow at the same rate, so that one
+//! block table per pool serves all of its layers: a block holds `block_entries` consecutive
+//! entries of every member layer, member-major (`[member][entry][width]`).
+
+use std::ops::Range;
+
+use deepinfer_model::cache::Stream;
+use deepinfer_model::config::{AttnKind, ModelConfig};
+
+use super::CacheError;
+
+/// A ring of `slots` rows of `width` floats at `offset` inside a state slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ring {
+    pub offset: usize,
+    pub slots: usize,
+    pub width: usize,
+}
+
+impl Ring {
+    pub fn floats(&self) -> usize {
+        self.slots * self.width
+    }
+
+    /// Floats of row `slot`, relative to the state slot's start.
+    ///
+    /// # Panics
+    /// If `slot >= self.slots`.
+    pub fn row(&self, slot: usize) -> Range<usize> {
+        assert!(
+            slot < self.slots,
+            "ring slot {slot} out of range: the ring has {} slots",
+            self.slots
+        );
+        let start = self.offset + slot * self.width;
+        start..start + self.width
+    }
+}
+
+/// Where one layer's entries of one stream live: pool index and the layer's index among that
+/// pool's member layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryPlace {
+    pub pool: usize,
+    pub member: usize,
+}
+
+/// The state of one layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerLayout {
+    pub kind: AttnKind,
+    /// Tokens per compressed entry `m` (0 for sliding layers).
+    pub ratio: usize,
+    pub window: Ring,
+    pub attn_pending: Option<Ring>,
+    pub index_pending: Option<Ring>,
+    pub attn_entries: Option<EntryPlace>,
+    pub index_entries: Option<EntryPlace>,
+}
+
+impl LayerLayout {
+    pub fn pending(&self, stream: Stream) -> Option<Ring> {
+        match stream {
+            Stream::Attn => self.attn_pending,
+            Stream::Indexer => self.index_pending,
+        }
+    }
+
+    pub fn entries(&self, stream: Stream) -> Option<EntryPlace> {
+        match stream {
+            Stream::Attn => self.attn_entries,
+            Stream::Indexer => self.index_entries,
+        }
+    }
+
+    /// Slots of the pending rings (0 for a layer without a compressor).
+    pub fn pending_slots(&self) -> usize {
+        self.attn_pending.map_or(0, |r| r.slots)
+    }
+}
+
+/// One paged pool: the entries of `layers`, `width` floats each, one entry per `ratio` tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolLayout {
+    pub name: &'static str,
+    pub layers: Vec<usize>,
+    pub width: usize,
+    pub ratio: usize,
+    pub block_entries: usize,
+}
+
+impl PoolLayout {
+    pub fn block_floats(&self) -> usize {
+        self.layers.len() * self.block_entries * self.width
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.block_floats() * size_of::<f32>()
+    }
+
+    /// Entries that exist once `tokens` tokens have been processed.
+    pub fn entries_for(&self, tokens: usize) -> usize {
+        tokens / self.ratio
+    }
+
+    /// Blocks needed to hold every entry of `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        self.entries_for(tokens).div_ceil(self.block_entries)
+    }
+
+    /// Floats the pool grows by per window of `ratio` tokens (bytes per token =
+    /// `window_floats · 4 / ratio`).
+    pub fn window_floats(&self) -> usize {
+        self.layers.len() * self.width
+    }
+
+    /// Floats of entry `w` of member layer `member` in a block table, relative to the pool's
+    /// storage.
+    pub fn entry_range(&self, table: &[usize], member: usize, w: usize) -> Range<usize> {
+        let block = table[w / self.block_entries];
+        let start = block * self.block_floats()
+            + (member * self.block_entries + w % self.block_entries) * self.width;
+        start..start + self.width
+    }
+}
+
+/// The whole cache's geometry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheLayout {
+    pub window_slots: usize,
+    pub rollback_slack: usize,
+    pub layers: Vec<LayerLayout>,
+    pub pools: Vec<PoolLayout>,
+    /// Floats of one sequence's state slot.
+    pub slot_floats: usize,
+}
+
+/// Names of the paged pools, in allocation order.
+pub const CSA_ENTRIES: &str = "csa_entries";
+pub const HCA_ENTRIES: &str = "hca_entries";
+pub const INDEXER_KEYS: &str = "indexer_keys";
+
+impl CacheLayout {
+    /// Layout for the decoder layers of `cfg` (`cfg.layer_types`).
+    pub fn new(
+        cfg: &ModelConfig,
+        rollback_slack: usize,
+        block_entries: usize,
+    ) -> Result<Self, CacheError> {
+        if block_entries == 0 {
+            return Err(CacheError::InvalidConfig {
+                field: "block_entries",
+                value: "0".into(),
+                reason: "a block must hold at least one entry",
+            });
+        }
+        let (hd, ihd) = (cfg.head_dim, cfg.index_head_dim);
+        let window_slots = cfg.sliding_window + rollback_slack;
+        let mut off = 0;
+        let mut ring = |slots: usize, width: usize| {
+            let r = Ring {
+                offset: off,
+                slots,
+                width,
+            };
+            off += r.floats();
+            r
+        };
+        let mut members = [Vec::new(), Vec::new(), Vec::new()]; // csa, hca, indexer
+        let mut layers = Vec::with_capacity(cfg.layer_types.len());
+        for (layer, &kind) in cfg.layer_types.iter().enumerate() {
+            let window = ring(window_slots, hd);
+            let (ratio, coff) = match kind {
+                AttnKind::Sliding => (0, 0),
+                AttnKind::Csa => (cfg.compress_rate_csa, 2),
+                AttnKind::Hca => (cfg.compress_rate_hca, 1),
+            };
+            if kind != AttnKind::Sliding && ratio == 0 {
+                return Err(CacheError::InvalidConfig {
+                    field: "compress_rate",
+                    value: format!("0 (layer {layer})"),
+                    reason: "compressed layers need a ratio >= 1",
+                });
+            }
+            let slots = coff * ratio + rollback_slack;
+            let mut place = |group: usize| {
+                members[group].push(layer);
+                Some(EntryPlace {
+                    pool: group,
+                    member: members[group].len() - 1,
+                })
+            };
+            let l = match kind {
+                AttnKind::Sliding => LayerLayout {
+                    kind,
+                    ratio,
+                    window,
+                    attn_pending: None,
+                    index_pending: None,
+                    attn_entries: None,
+                    index_entries: None,
+                },
+                AttnKind::Csa => LayerLayout {
+                    kind,
+                    ratio,
+                    window,
+                    attn_pending: Some(ring(slots, 2 * coff * hd)),
+                    index_pending: Some(ring(slots, 2 * coff * ihd)),
+                    attn_entries: place(0),
+                    index_entries: place(2),
+                },
+                AttnKind::Hca => LayerLayout {
+                    kind,
+                    ratio,
+                    window,
+                    attn_pending: Some(ring(slots, 2 * coff * hd)),
+                    index_pending: None,
+                    attn_entries: place(1),
+                    index_entries: None,
+                },
+            };
+            layers.push(l);
+        }
+        let slot_floats = off;
+
+        // Drop empty groups and renumber the places accordingly.
+        let specs = [
+            (CSA_ENTRIES, hd, cfg.compress_rate_csa),
+            (HCA_ENTRIES, hd, cfg.compress_rate_hca),
+            (INDEXER_KEYS, ihd, cfg.compress_rate_csa),
+        ];
+        let mut index = [usize::MAX; 3];
+        let mut pools = Vec::new();
+        for (g, ((name, width, ratio), layers)) in specs.into_iter().zip(members).enumerate() {
+            if !layers.is_empty() {
+                index[g] = pools.len();
+                pools.push(PoolLayout {
+                    name,
+                    layers,
+                    width,
+                    ratio,
+                    block_entries,
+                });
+            }
+        }
+        for l in &mut layers {
+            for p in [&mut l.attn_entries, &mut l.index_entries]
+                .into_iter()
+                .flatten()
+            {
+                p.pool = index[p.pool];
+            }
+        }
+        Ok(Self {
+            window_slots,
+            rollback_slack,
+            layers,
+            pools,
+            slot_floats,
+        })
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_floats * size_of::<f32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::tests::tiny_config;
+
+    #[test]
+    fn tiny_sizes() {
+        // tiny-a: [sliding, csa, hca, csa], csa m=4, hca m=8, head_dim 96, index_head_dim 64,
+        // sliding_window 8.
+        let l = CacheLayout::new(&tiny_config(), 2, 8).unwrap();
+        assert_eq!(l.window_slots, 10);
+        let pend: Vec<usize> = l.layers.iter().map(LayerLayout::pending_slots).collect();
+        assert_eq!(pend, [0, 2 * 4 + 2, 8 + 2, 2 * 4 + 2]);
+        let csa = &l.layers[1];
+        assert_eq!(csa.attn_pending.unwrap().width, 2 * 2 * 96);
+        assert_eq!(csa.index_pending.unwrap().width, 2 * 2 * 64);
+        let hca = &l.layers[2];
+        assert_eq!(hca.attn_pending.unwrap().width, 2 * 96);
+        assert_eq!(hca.index_pending, None);
+        // 4 windows + 2 csa × 10 × (384 + 256) + 1 hca × 10 × 192
+        assert_eq!(l.slot_floats, 4 * 10 * 96 + 2 * 10 * (384 + 256) + 10 * 192);
+        assert_eq!(l.slot_bytes(), 4 * l.slot_floats);
+
+        let names: Vec<_> = l.pools.iter().map(|p| p.name).collect();
+        assert_eq!(names, [CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS]);
+        assert_eq!(l.pools[0].layers, [1, 3]);
+        assert_eq!(l.pools[0].block_floats(), 2 * 8 * 96);
+        assert_eq!(l.pools[1].layers, [2]);
+        assert_eq!(l.pools[1].block_floats(), 8 * 96);
+        assert_eq!(l.pools[2].block_floats(), 2 * 8 * 64);
+        assert_eq!(l.pools[1].ratio, 8);
+        assert_eq!(
+            l.layers[3].attn_entries,
+            Some(EntryPlace { pool: 0, member: 1 })
+        );
+        assert_eq!(
+            l.layers[3].index_entries,
+            Some(EntryPlace { pool: 2, member: 1 })
+        );
+        assert_eq!(
+            l.layers[2].attn_entries,
+            Some(EntryPlace { pool: 1, member: 0 })
+        );
+        assert_eq!(l.pools[0].blocks_for(3), 0);
+        assert_eq!(l.pools[0].blocks_for(4), 1);
+        assert_eq!(l.pools[0].blocks_for(32), 1);
+        assert_eq!(l.pools[0].blocks_for(33), 1);
+        assert_eq!(l.pools[0].blocks_for(36), 2);
+    }
+
+    #[test]
+    fn rings_tile_the_slot() {
+        let l = CacheLayout::new(&tiny_config(), 3, 4).unwrap();
+        let mut rings: Vec<Ring> = l
+            .layers
+            .iter()
+            .flat_map(|l| [Some(l.window), l.attn_pending, l.index_pending])
+            .flatten()
+            .collect();
+        rings.sort_by_key(|r| r.offset);
+        let mut end = 0;
+        for r in rings {
+            assert_eq!(r.offset, end);
+            end += r.floats();
+        }
+        assert_eq!(end, l.slot_floats);
+    }
+
+    #[test]
+    fn empty_groups_have_no_pool() {
+        let mut cfg = tiny_config();
+        cfg.layer_types = vec![AttnKind::Sliding, AttnKind::Hca];
+        let l = CacheLayout::new(&cfg, 0, 4).unwrap();
+        assert_eq!(l.pools.len(), 1);
+        assert_eq!(l.pools[0].name, HCA_ENTRIES);
+        assert_eq!(
+            l.layers[1].attn_entries,
+            Some(EntryPlace { pool: 0, member: 0 })
+        );
+        assert!(CacheLayout::new(&cfg, 0, 0).is_err());
+    }
+
+    #[test]
+    fn entry_range_follows_table() {
+        let l = CacheLayout::new(&tiny_config(), 0, 4).unwrap();
+        let p = &l.pools[0]; // 2 layers × 4 entries × 96
+        let table = [5, 2];
+        assert_eq!(p.entry_range(&table, 0, 0), 5 * 768..5 * 768 + 96);
+        assert_eq!(p.entry_range(&table, 1, 3).start, 5 * 768 + (4 + 3) * 96);
+        assert_eq!(p.entry_range(&table, 1, 6).start, 2 * 768 + (4 + 2) * 96);
+    }
+}

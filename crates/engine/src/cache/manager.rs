@@ -1,0 +1,491 @@
+//! The owner of all cache memory: hands out state slots and blocks to sequences.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use deepinfer_model::config::ModelConfig;
+
+use super::block_pool::{BlockPool, BlockTable};
+use super::budget::{split, CacheBudget};
+use super::layout::CacheLayout;
+use super::view::{BatchView, SeqRef};
+use super::CacheError;
+
+/// How big the cache is and what it must allow.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheConfig {
+    pub budget: CacheBudget,
+    /// Sequences that can hold state at once (one state slot each).
+    pub max_seqs: usize,
+    /// Extra ring slots beyond what the model reads: a sequence may be truncated by at most
+    /// this many tokens below the furthest position it has written.
+    pub rollback_slack: usize,
+    /// Compressed entries per block (per member layer).
+    pub block_entries: usize,
+}
+
+/// A sequence's handle. Never reused, so a stale handle is reported, not confused with a
+/// newer sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(u64);
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq#{}", self.0)
+    }
+}
+
+/// Occupancy of one pool (the state slots are reported as pool `"state_slots"`, one block
+/// per slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub name: &'static str,
+    pub used_blocks: usize,
+    pub total_blocks: usize,
+    pub used_bytes: usize,
+    pub total_bytes: usize,
+}
+
+#[derive(Debug)]
+struct SeqState {
+    slot: usize,
+    /// Tokens reserved; every table has exactly `blocks_for(capacity)` blocks.
+    capacity: usize,
+    tables: Vec<BlockTable>,
+}
+
+/// All cache memory of the engine: `max_seqs` state slots and one paged pool per group of
+/// layers whose entries grow at the same rate.
+pub struct CacheManager {
+    layout: CacheLayout,
+    max_seqs: usize,
+    states: Vec<f32>,
+    free_slots: Vec<usize>,
+    pools: Vec<BlockPool>,
+    seqs: HashMap<SeqId, SeqState>,
+    next_id: u64,
+}
+
+impl CacheManager {
+    /// Allocates the whole budget once (zeroed memory, committed by the OS as it is touched).
+    pub fn new(cfg: &ModelConfig, cache: CacheConfig) -> Result<Self, CacheError> {
+        if cache.max_seqs == 0 {
+            return Err(CacheError::InvalidConfig {
+                field: "max_seqs",
+                value: "0".into(),
+                reason: "the cache must hold at least one sequence",
+            });
+        }
+        let layout = CacheLayout::new(cfg, cache.rollback_slack, cache.block_entries)?;
+        let budget = cache.budget.resolve()?;
+        if budget > isize::MAX as usize {
+            return Err(CacheError::InvalidConfig {
+                field: "budget",
+                value: format!("{budget} bytes"),
+                reason: "larger than the address space",
+            });
+        }
+        let blocks = split(&layout, budget, cache.max_seqs)?;
+        let pools: Vec<BlockPool> = layout
+            .pools
+            .iter()
+            .zip(&blocks)
+            .map(|(p, &n)| BlockPool::new(p.name, p.block_floats(), n))
+            .collect();
+        let this = Self {
+            states: vec![0.0; cache.max_seqs * layout.slot_floats],
+            free_slots: (0..cache.max_seqs).rev().collect(),
+            max_seqs: cache.max_seqs,
+            layout,
+            pools,
+            seqs: HashMap::new(),
+            next_id: 0,
+        };
+        for u in this.usage() {
+            tracing::info!(
+                pool = u.name,
+                blocks = u.total_blocks,
+                mib = u.total_bytes as f64 / (1 << 20) as f64,
+                "cache pool"
+            );
+        }
+        Ok(this)
+    }
+
+    pub fn layout(&self) -> &CacheLayout {
+        &self.layout
+    }
+
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn rollback_slack(&self) -> usize {
+        self.layout.rollback_slack
+    }
+
+    pub fn window_slots(&self) -> usize {
+        self.layout.window_slots
+    }
+
+    /// Pending-ring slots of `layer` (0 for a sliding layer).
+    ///
+    /// # Panics
+    /// If `layer` is not a decoder layer of the model.
+    pub fn pending_slots(&self, layer: usize) -> usize {
+        self.layout.layers[layer].pending_slots()
+    }
+
+    /// Starts a sequence with capacity 0. Its state slot is not cleared: the model writes
+    /// every row before reading it.
+    pub fn add_seq(&mut self) -> Result<SeqId, CacheError> {
+        let slot = self.free_slots.pop().ok_or(CacheError::NoFreeSlot {
+            max_seqs: self.max_seqs,
+        })?;
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        let tables = vec![BlockTable::default(); self.pools.len()];
+        self.seqs.insert(
+            id,
+            SeqState {
+                slot,
+                capacity: 0,
+                tables,
+            },
+        );
+        Ok(id)
+    }
+
+    fn state(&self, seq: SeqId) -> Result<&SeqState, CacheError> {
+        self.seqs.get(&seq).ok_or(CacheError::UnknownSeq(seq))
+    }
+
+    /// Tokens reserved for `seq` so far.
+    pub fn capacity_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
+        Ok(self.state(seq)?.capacity)
+    }
+
+    /// Reserves blocks in every pool so that all entries of `tokens` tokens fit. All or
+    /// nothing: on failure every block taken by this call is returned.
+    pub fn ensure_capacity(&mut self, seq: SeqId, tokens: usize) -> Result<(), CacheError> {
+        let s = self.seqs.get_mut(&seq).ok_or(CacheError::UnknownSeq(seq))?;
+        if tokens <= s.capacity {
+            return Ok(());
+        }
+        for i in 0..self.pools.len() {
+            let want = self.layout.pools[i].blocks_for(tokens);
+            if let Err(e) = self.pools[i].grow(&mut s.tables[i], want) {
+                for j in 0..i {
+                    let had = self.layout.pools[j].blocks_for(s.capacity);
+                    self.pools[j].shrink(&mut s.tables[j], had);
+                }
+                return Err(e);
+            }
+        }
+        s.capacity = tokens;
+        Ok(())
+    }
+
+    /// Lowers `seq`'s capacity to `tokens` (no-op if it is not above) and releases the
+    /// blocks no longer needed. Data is not touched.
+    pub fn truncate(&mut self, seq: SeqId, tokens: usize) -> Result<(), CacheError> {
+        let s = self.seqs.get_mut(&seq).ok_or(CacheError::UnknownSeq(seq))?;
+        if tokens >= s.capacity {
+            return Ok(());
+        }
+        for (i, pool) in self.pools.iter_mut().enumerate() {
+            pool.shrink(&mut s.tables[i], self.layout.pools[i].blocks_for(tokens));
+        }
+        s.capacity = tokens;
+        Ok(())
+    }
+
+    /// Returns `seq`'s state slot and all its blocks.
+    pub fn free_seq(&mut self, seq: SeqId) -> Result<(), CacheError> {
+        let mut s = self.seqs.remove(&seq).ok_or(CacheError::UnknownSeq(seq))?;
+        for (pool, table) in self.pools.iter_mut().zip(&mut s.tables) {
+            pool.shrink(table, 0);
+        }
+        self.free_slots.push(s.slot);
+        Ok(())
+    }
+
+    /// Occupancy: `"state_slots"` first, then the paged pools in layout order.
+    pub fn usage(&self) -> Vec<PoolUsage> {
+        let slot_bytes = self.layout.slot_bytes();
+        let used_slots = self.max_seqs - self.free_slots.len();
+        let mut out = vec![PoolUsage {
+            name: "state_slots",
+            used_blocks: used_slots,
+            total_blocks: self.max_seqs,
+            used_bytes: used_slots * slot_bytes,
+            total_bytes: self.max_seqs * slot_bytes,
+        }];
+        out.extend(self.pools.iter().map(|p| PoolUsage {
+            name: p.name(),
+            used_blocks: p.used_blocks(),
+            total_blocks: p.total_blocks(),
+            used_bytes: p.used_blocks() * p.block_bytes(),
+            total_bytes: p.total_blocks() * p.block_bytes(),
+        }));
+        out
+    }
+
+    /// The cache state of one batch; batch span `i` is `seqs[i]`.
+    pub fn view(&mut self, seqs: &[SeqId]) -> Result<BatchView<'_>, CacheError> {
+        let mut refs = Vec::with_capacity(seqs.len());
+        for (i, &id) in seqs.iter().enumerate() {
+            if seqs[..i].contains(&id) {
+                return Err(CacheError::DuplicateSeq(id));
+            }
+            let s = self.seqs.get(&id).ok_or(CacheError::UnknownSeq(id))?;
+            refs.push(SeqRef {
+                slot: s.slot,
+                capacity: s.capacity,
+                tables: &s.tables,
+            });
+        }
+        let pools = self.pools.iter_mut().map(BlockPool::data_mut).collect();
+        Ok(BatchView::new(&self.layout, &mut self.states, pools, refs))
+    }
+}
+
+impl fmt::Debug for CacheManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheManager")
+            .field("pools", &self.pools)
+            .field("max_seqs", &self.max_seqs)
+            .field("seqs", &self.seqs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::tests::tiny_config;
+
+    fn manager(budget: usize, max_seqs: usize) -> CacheManager {
+        let cfg = CacheConfig {
+            budget: CacheBudget::Bytes(budget),
+            max_seqs,
+            rollback_slack: 2,
+            block_entries: 8,
+        };
+        CacheManager::new(&tiny_config(), cfg).unwrap()
+    }
+
+    fn slot_bytes() -> usize {
+        CacheLayout::new(&tiny_config(), 2, 8).unwrap().slot_bytes()
+    }
+
+    /// Bytes of one block of each pool (csa, hca, indexer) for tiny-a with 8 entries a block.
+    const MIN_POOLS: usize = 6144 + 3072 + 4096;
+
+    impl CacheManager {
+        fn check_invariants(&self) {
+            let mut slots: Vec<usize> = self.seqs.values().map(|s| s.slot).collect();
+            slots.extend(&self.free_slots);
+            slots.sort_unstable();
+            assert_eq!(slots, (0..self.max_seqs).collect::<Vec<_>>(), "slots");
+            for (i, pool) in self.pools.iter().enumerate() {
+                let mut owned = vec![false; pool.total_blocks()];
+                for s in self.seqs.values() {
+                    let t = &s.tables[i];
+                    assert_eq!(t.len(), self.layout.pools[i].blocks_for(s.capacity));
+                    for &b in t.blocks() {
+                        assert!(!owned[b], "pool {}: block {b} owned twice", pool.name());
+                        assert!(pool.is_used(b));
+                        owned[b] = true;
+                    }
+                }
+                let used = owned.iter().filter(|&&o| o).count();
+                assert_eq!(used, pool.used_blocks(), "pool {}", pool.name());
+                assert_eq!(used + pool.free_blocks(), pool.total_blocks());
+            }
+            let usage = self.usage();
+            let block_bytes = std::iter::once(self.layout.slot_bytes())
+                .chain(self.pools.iter().map(BlockPool::block_bytes));
+            for (u, bb) in usage.iter().zip(block_bytes) {
+                assert_eq!(u.used_bytes, u.used_blocks * bb, "{}", u.name);
+                assert_eq!(u.total_bytes, u.total_blocks * bb, "{}", u.name);
+                assert!(u.used_blocks <= u.total_blocks);
+            }
+        }
+    }
+
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn random_operations_keep_invariants() {
+        let mut m = manager(4 * slot_bytes() + MIN_POOLS + 400_000, 4);
+        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+        let mut live: Vec<SeqId> = Vec::new();
+        let (mut failures, mut successes) = (0, 0);
+        for _ in 0..5000 {
+            match rng.below(10) {
+                0 | 1 => match m.add_seq() {
+                    Ok(id) => live.push(id),
+                    Err(e) => {
+                        assert_eq!(live.len(), 4);
+                        assert_eq!(e, CacheError::NoFreeSlot { max_seqs: 4 });
+                    }
+                },
+                2..=5 if !live.is_empty() => {
+                    let id = live[rng.below(live.len())];
+                    let before = m.usage();
+                    let cap = m.capacity_tokens(id).unwrap();
+                    let tokens = cap + rng.below(400);
+                    match m.ensure_capacity(id, tokens) {
+                        Ok(()) => {
+                            successes += 1;
+                            assert_eq!(m.capacity_tokens(id).unwrap(), tokens);
+                        }
+                        Err(CacheError::OutOfBlocks { .. }) => {
+                            failures += 1;
+                            assert_eq!(m.usage(), before, "failed ensure changed usage");
+                            assert_eq!(m.capacity_tokens(id).unwrap(), cap);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                6 | 7 if !live.is_empty() => {
+                    let id = live[rng.below(live.len())];
+                    let cap = m.capacity_tokens(id).unwrap();
+                    let to = rng.below(cap + 1);
+                    m.truncate(id, to).unwrap();
+                    assert_eq!(m.capacity_tokens(id).unwrap(), to);
+                }
+                8 | 9 if !live.is_empty() => {
+                    let id = live.swap_remove(rng.below(live.len()));
+                    m.free_seq(id).unwrap();
+                    assert_eq!(m.free_seq(id), Err(CacheError::UnknownSeq(id)));
+                }
+                _ => {}
+            }
+            m.check_invariants();
+        }
+        assert!(failures > 10 && successes > 100, "{failures} {successes}");
+        for id in live.drain(..) {
+            m.free_seq(id).unwrap();
+        }
+        m.check_invariants();
+        for u in m.usage() {
+            assert_eq!((u.used_blocks, u.used_bytes), (0, 0), "{}", u.name);
+        }
+    }
+
+    #[test]
+    fn exhaustion_is_atomic_across_pools() {
+        // 23 552 spare bytes: csa 1 + 2 blocks (96 tokens), hca 1 + 1 (128 tokens),
+        // indexer 1 + 2 (96 tokens).
+        let mut m = manager(3 * slot_bytes() + MIN_POOLS + 23_552, 3);
+        let totals: Vec<usize> = m.usage().iter().map(|u| u.total_blocks).collect();
+        assert_eq!(totals, [3, 3, 2, 3]);
+        let (a, b, c) = (
+            m.add_seq().unwrap(),
+            m.add_seq().unwrap(),
+            m.add_seq().unwrap(),
+        );
+        m.ensure_capacity(a, 32).unwrap();
+        m.ensure_capacity(b, 32).unwrap();
+        // c: the csa pool has a block left, the hca pool none.
+        let before = m.usage();
+        let err = m.ensure_capacity(c, 8).unwrap_err();
+        assert_eq!(
+            err,
+            CacheError::OutOfBlocks {
+                pool: "hca_entries",
+                needed: 1,
+                free: 0
+            }
+        );
+        assert!(err.to_string().contains("hca_entries"));
+        assert_eq!(m.usage(), before);
+        assert_eq!(m.capacity_tokens(c).unwrap(), 0);
+        // Tokens that need no hca entry yet still fit.
+        m.ensure_capacity(c, 7).unwrap();
+        assert_eq!(m.usage()[1].used_blocks, 3);
+        m.check_invariants();
+        // Truncating a frees its hca block for c.
+        m.truncate(a, 7).unwrap();
+        m.ensure_capacity(c, 8).unwrap();
+        assert_eq!(m.add_seq(), Err(CacheError::NoFreeSlot { max_seqs: 3 }));
+        m.check_invariants();
+    }
+
+    #[test]
+    fn unknown_sequences_are_errors() {
+        let mut m = manager(slot_bytes() + MIN_POOLS, 1);
+        let a = m.add_seq().unwrap();
+        m.free_seq(a).unwrap();
+        let b = m.add_seq().unwrap();
+        assert_ne!(a, b, "ids are not reused");
+        assert_eq!(m.free_seq(a), Err(CacheError::UnknownSeq(a)));
+        assert_eq!(m.ensure_capacity(a, 4), Err(CacheError::UnknownSeq(a)));
+        assert_eq!(m.truncate(a, 0), Err(CacheError::UnknownSeq(a)));
+        assert_eq!(m.capacity_tokens(a), Err(CacheError::UnknownSeq(a)));
+        assert_eq!(m.view(&[a]).err(), Some(CacheError::UnknownSeq(a)));
+        assert_eq!(m.view(&[b, b]).err(), Some(CacheError::DuplicateSeq(b)));
+        assert!(m.free_seq(a).unwrap_err().to_string().contains("seq#0"));
+        m.free_seq(b).unwrap();
+    }
+
+    #[test]
+    fn budget_too_small_for_slots() {
+        let cfg = CacheConfig {
+            budget: CacheBudget::Bytes(1000),
+            max_seqs: 4,
+            rollback_slack: 2,
+            block_entries: 8,
+        };
+        let e = CacheManager::new(&tiny_config(), cfg).unwrap_err();
+        let msg = e.to_string();
+        let sb = slot_bytes();
+        for n in [1000, 4, sb, 4 * sb] {
+            assert!(msg.contains(&n.to_string()), "{msg} lacks {n}");
+        }
+        assert!(matches!(e, CacheError::BudgetTooSmall { budget: 1000, .. }));
+        let zero = CacheConfig { max_seqs: 0, ..cfg };
+        assert!(matches!(
+            CacheManager::new(&tiny_config(), zero),
+            Err(CacheError::InvalidConfig {
+                field: "max_seqs",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn accessors() {
+        let m = manager(2 * slot_bytes() + MIN_POOLS, 2);
+        assert_eq!(m.rollback_slack(), 2);
+        assert_eq!(m.window_slots(), 10);
+        assert_eq!(
+            (0..4).map(|l| m.pending_slots(l)).collect::<Vec<_>>(),
+            [0, 10, 10, 10]
+        );
+        let names: Vec<_> = m.usage().iter().map(|u| u.name).collect();
+        assert_eq!(
+            names,
+            ["state_slots", "csa_entries", "hca_entries", "indexer_keys"]
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! Incremental decoding against the goldens: cached greedy decode, chunked prefill, mixed
+//! batches and truncation all give what one whole forward (and so HF) gives.
+
+mod common;
+
+use common::*;
+use deepinfer_engine::runner::{RunnerError, SeqWork};
+use deepinfer_model::kernels::topk::argmax;
+
+/// Prefill the prompt, then decode one token per step feeding back our own argmax.
+fn cached_greedy(config: &str, layout: &str, chunk: usize) {
+    let g = Golden::load(config);
+    let mut r = runner(load(config, layout), 1, 0);
+    for p in g
+        .prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+    {
+        let pi = p["index"].as_u64().unwrap();
+        let prompt = ids(&p["ids"]);
+        let greedy = ids(&p["greedy"]);
+        let (top_ids, top_logits) = (
+            g.i64s(&format!("p{pi}.top_ids")),
+            g.f32s(&format!("p{pi}.top_logits")),
+        );
+        let k = top_ids.len() / greedy.len();
+        let seq = r.add_sequence().unwrap();
+        let mut last = Vec::new();
+        for part in prompt.chunks(chunk) {
+            last = r
+                .step(&[SeqWork {
+                    seq,
+                    tokens: part,
+                    all_logits: false,
+                }])
+                .unwrap()
+                .row(0)
+                .to_vec();
+        }
+        let mut got = Vec::new();
+        for s in 0..greedy.len() {
+            let tok = argmax(&last) as u32;
+            got.push(tok);
+            for j in 0..k {
+                let diff = (last[top_ids[s * k + j] as usize] - top_logits[s * k + j]).abs();
+                assert!(
+                    diff <= LOGIT_TOL,
+                    "{config}/{layout} p{pi} step {s}: logit differs by {diff}"
+                );
+            }
+            if s + 1 < greedy.len() {
+                last = r
+                    .step(&[SeqWork {
+                        seq,
+                        tokens: &[tok],
+                        all_logits: false,
+                    }])
+                    .unwrap()
+                    .row(0)
+                    .to_vec();
+            }
+        }
+        assert_eq!(
+            got, greedy,
+            "{config}/{layout} p{pi}: cached greedy tokens differ from HF"
+        );
+        r.free(seq).unwrap();
+    }
+}
+
+#[test]
+fn cached_greedy_decode_reproduces_hf() {
+    for config in ["tiny-a", "tiny-b", "tiny-c"] {
+        cached_greedy(config, "official", usize::MAX);
+    }
+    cached_greedy("tiny-a", "hf", 7);
+}
+
+/// prompt + greedy continuation of prompt `pi`: a sequence long enough to cross windows.
+fn long_sequence(g: &Golden, pi: usize) -> Vec<u32> {
+    let p = &g.prompts()[pi];
+    [ids(&p["ids"]), ids(&p["greedy"])].concat()
+}
+
+#[test]
+fn chunked_prefill_equals_full_forward_at_every_position() {
+    for (config, pi) in [("tiny-a", 2), ("tiny-b", 1), ("tiny-c", 3)] {
+        let g = Golden::load(config);
+        let tokens = long_sequence(&g, pi);
+        let mut r = runner(load(config, "official"), 1, 0);
+        let full = chunked_logits(&mut r, &tokens, tokens.len());
+        for chunk in [1, 7, 13, 64] {
+            let got = chunked_logits(&mut r, &tokens, chunk);
+            for (i, (a, b)) in got.iter().zip(&full).enumerate() {
+                let d = max_abs_diff(a, b);
+                assert!(
+                    d <= 1e-5,
+                    "{config} chunk {chunk}: position {i} differs by {d}"
+                );
+            }
+        }
+        assert_eq!(
+            r.cache()
+                .usage()
+                .iter()
+                .map(|u| u.used_blocks)
+                .sum::<usize>(),
+            0,
+            "everything freed"
+        );
+    }
+}
+
+/// Sequences in different phases share steps: long chunks, short chunks, single decode
+/// tokens, sequences joining late. Each must get what it gets alone.
+#[test]
+fn mixed_batches_equal_running_alone() {
+    let g = Golden::load("tiny-a");
+    // (tokens, first chunk, later chunks, step it joins at)
+    let plans: Vec<(Vec<u32>, usize, usize, usize)> = vec![
+        (long_sequence(&g, 3), 64, 64, 0), // 731 tokens, 64 per step
+        (long_sequence(&g, 2), 7, 7, 1),   // joins at step 1, 7 per step
+        (long_sequence(&g, 1), 1, 1, 2),   // token by token from step 2
+        (long_sequence(&g, 0), 5, 1, 4),   // whole prompt, then decode one by one
+    ];
+    let mut alone_runner = runner(load("tiny-a", "official"), 1, 0);
+    let alone: Vec<Vec<Vec<f32>>> = plans
+        .iter()
+        .map(|p| chunked_logits(&mut alone_runner, &p.0, p.0.len()))
+        .collect();
+
+    let mut r = runner(load("tiny-a", "official"), plans.len(), 0);
+    let seqs: Vec<_> = plans.iter().map(|_| r.add_sequence().unwrap()).collect();
+    let mut fed = vec![0usize; plans.len()];
+    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); plans.len()];
+    let mut step = 0;
+    while fed.iter().zip(&plans).any(|(f, p)| *f < p.0.len()) {
+        let mut work = Vec::new();
+        let mut who = Vec::new();
+        for (i, (tokens, first, later, start)) in plans.iter().enumerate() {
+            if step < *start || fed[i] == tokens.len() {
+                continue;
+            }
+            let n = if fed[i] == 0 { *first } else { *later }.min(tokens.len() - fed[i]);
+            work.push(SeqWork {
+                seq: seqs[i],
+                tokens: &tokens[fed[i]..fed[i] + n],
+                all_logits: true,
+            });
+            who.push((i, n));
+        }
+        let logits = r.step(&work).unwrap();
+        let mut row = 0;
+        for (i, n) in who {
+            got[i].extend((row..row + n).map(|j| logits.row(j).to_vec()));
+            row += n;
+            fed[i] += n;
+        }
+        step += 1;
+    }
+    for (i, (g_i, a_i)) in got.iter().zip(&alone).enumerate() {
+        assert_eq!(g_i.len(), a_i.len());
+        for (pos, (a, b)) in g_i.iter().zip(a_i).enumerate() {
+            let d = max_abs_diff(a, b);
+            assert!(
+                d <= 1e-5,
+                "sequence {i} position {pos} differs by {d} in a mixed batch"
+            );
+        }
+    }
+}
+
+/// Run k tokens past a point, truncate back, continue: identical to never having run them.
+#[test]
+fn truncation_is_exact() {
+    // (config, prefix length, k): k crosses CSA (m=4) and HCA (m=8 / m=16) window ends.
+    for (config, prefix, k) in [
+        ("tiny-a", 100, 9),
+        ("tiny-a", 101, 20),
+        ("tiny-b", 100, 20),
+        ("tiny-c", 50, 13),
+    ] {
+        let g = Golden::load(config);
+        let tokens = long_sequence(&g, 2);
+        let mut r = runner(load(config, "official"), 1, 20);
+        let full = chunked_logits(&mut r, &tokens, tokens.len());
+
+        let seq = r.add_sequence().unwrap();
+        r.step(&[SeqWork {
+            seq,
+            tokens: &tokens[..prefix],
+            all_logits: false,
+        }])
+        .unwrap();
+        // A detour of k tokens that differ from the real continuation, in two steps.
+        let detour: Vec<u32> = tokens[prefix..prefix + k]
+            .iter()
+            .map(|t| (t + 1) % r.model().config.vocab_size as u32)
+            .collect();
+        r.step(&[SeqWork {
+            seq,
+            tokens: &detour[..k / 2],
+            all_logits: false,
+        }])
+        .unwrap();
+        for t in &detour[k / 2..] {
+            r.step(&[SeqWork {
+                seq,
+                tokens: std::slice::from_ref(t),
+                all_logits: false,
+            }])
+            .unwrap();
+        }
+        r.truncate(seq, prefix).unwrap();
+        for (c, part) in tokens[prefix..].chunks(5).enumerate() {
+            let l = r
+                .step(&[SeqWork {
+                    seq,
+                    tokens: part,
+                    all_logits: true,
+                }])
+                .unwrap();
+            for j in 0..part.len() {
+                let pos = prefix + c * 5 + j;
+                let d = max_abs_diff(l.row(j), &full[pos]);
+                assert!(d <= 1e-5, "{config} prefix {prefix} k {k}: position {pos} differs by {d} after truncation");
+            }
+        }
+        r.free(seq).unwrap();
+    }
+}
+
+#[test]
+fn truncation_beyond_the_rollback_slack_is_refused() {
+    let mut r = runner(load("tiny-a", "official"), 1, 4);
+    let seq = r.add_sequence().unwrap();
+    let tokens: Vec<u32> = (0..30).collect();
+    r.step(&[SeqWork {
+        seq,
+        tokens: &tokens,
+        all_logits: false,
+    }])
+    .unwrap();
+    r.truncate(seq, 26).unwrap();
+    let err = r.truncate(seq, 25).unwrap_err();
+    assert!(matches!(err, RunnerError::TruncateTooFar { .. }), "{err}");
+    assert!(err.to_string().contains("4 tokens of rollback"), "{err}");
+    assert!(matches!(
+        r.truncate(seq, 27).unwrap_err(),
+        RunnerError::TruncateBeyondLength { .. }
+    ));
+}
