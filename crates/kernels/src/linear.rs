@@ -7,8 +7,12 @@ use rayon::prelude::*;
 /// that two cores share the work of a decode-sized matvec.
 const ROW_BLOCK: usize = 64;
 
+/// Multiply-adds under which a matmul runs on the calling thread.
+const SERIAL_WORK: usize = 1 << 17;
+
 /// Dot product with eight independent partial sums, so the compiler can vectorise it and
-/// the rounding error grows like a tree rather than a chain.
+/// the rounding error grows like a tree rather than a chain. Plain multiply-add, not
+/// `mul_add`: without a compile-time FMA target that becomes a libm call per element.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -17,12 +21,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     for c in 0..chunks {
         let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
         for i in 0..8 {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
+            acc[i] += x[i] * y[i];
         }
     }
     let mut tail = 0.0f32;
     for i in chunks * 8..a.len() {
-        tail = a[i].mul_add(b[i], tail);
+        tail += a[i] * b[i];
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
@@ -33,6 +37,15 @@ pub fn matmul_t(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> 
     assert_eq!(w.len(), n * k, "matmul_t: w is not [n, k]");
     let mut y = vec![0.0f32; m * n];
     if m == 0 || n == 0 {
+        return y;
+    }
+    // Below this much work a rayon fork costs more than it saves.
+    if m * n * k < SERIAL_WORK {
+        for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+            for (r, out) in yr.iter_mut().enumerate() {
+                *out = dot(xr, &w[r * k..(r + 1) * k]);
+            }
+        }
         return y;
     }
     // Work is split over output columns (weight rows) so that every weight row is read once
