@@ -1,13 +1,11 @@
-//! `deepinfer generate`: greedy decoding of token-id prompts, one JSON line per prompt.
-//!
-//! All prompts run together through the model runner: each step appends every unfinished
-//! sequence's next prompt chunk (`--prefill-chunk`) or its last sampled token to its cache.
+//! `deepinfer generate`: offline generation through the engine, all prompts in flight
+//! together, one JSON line per prompt (greedy unless sampling flags say otherwise).
 
+use crate::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
-use deepinfer_engine::runner::{ModelRunner, SeqWork};
-use deepinfer_model::kernels::topk::{argmax, topk_indices};
+use deepinfer_engine::engine;
+use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_model::v4::Model;
 use serde::Serialize;
 use std::io::Write;
@@ -19,8 +17,13 @@ pub struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
     /// A prompt as comma-separated token ids; repeat for several prompts.
-    #[arg(long = "prompt-ids", required = true, value_parser = parse_ids)]
+    #[arg(long = "prompt-ids", value_parser = parse_ids)]
     prompt_ids: Vec<Vec<u32>>,
+    /// Add N random prompts of --input-len tokens (seeded by --seed, default 0).
+    #[arg(long, default_value_t = 0)]
+    num_prompts: usize,
+    #[arg(long, default_value_t = 32)]
+    input_len: usize,
     /// Tokens to generate per prompt.
     #[arg(long, default_value_t = 16)]
     max_tokens: usize,
@@ -30,15 +33,23 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    /// Feed prompts this many tokens per step (default: whole prompts).
+    /// Sampling temperature (0 = greedy, the default).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Per-request sampling seed (request i uses seed + i).
     #[arg(long)]
-    prefill_chunk: Option<usize>,
-    /// Memory for the cache pools, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    cache_budget_mib: usize,
+    seed: Option<u64>,
     /// Print one JSON object per prompt instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
@@ -63,18 +74,21 @@ struct Output {
     prompt_ids: Vec<u32>,
     token_ids: Vec<u32>,
     top_logprobs: Vec<Vec<TopLogprob>>,
+    finish_reason: &'static str,
 }
 
-/// `log_softmax` of the row at the ids of its `k` largest entries.
-fn top_logprobs(row: &[f32], k: usize) -> Vec<TopLogprob> {
-    let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = mx + row.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
-    topk_indices(row, k)
-        .into_iter()
-        .map(|i| TopLogprob {
-            id: i as u32,
-            logprob: row[i] as f64 - lse,
-        })
+/// Deterministic pseudo-random prompts (splitmix64), the same on every machine.
+pub fn random_prompts(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    (0..n)
+        .map(|_| (0..len).map(|_| (next() % vocab as u64) as u32).collect())
         .collect()
 }
 
@@ -82,104 +96,79 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let model =
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = model.config.vocab_size;
-    for p in &args.prompt_ids {
-        if let Some(&id) = p.iter().find(|&&id| id as usize >= vocab) {
-            bail!("prompt token id {id} is outside the vocabulary (size {vocab})");
-        }
+    let mut prompts = args.prompt_ids.clone();
+    prompts.extend(random_prompts(
+        args.num_prompts,
+        args.input_len,
+        vocab,
+        args.seed.unwrap_or(0),
+    ));
+    if prompts.is_empty() {
+        bail!("no prompts: give --prompt-ids (repeatable) or --num-prompts");
     }
-    if args.prefill_chunk == Some(0) {
-        bail!("--prefill-chunk must be at least 1");
+    let config = args.engine.config(&model.config)?;
+    let (handle, join) = engine::start(model, config)?;
+    let mut streams = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let params = SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            seed: args.seed.map(|s| s.wrapping_add(i as u64)),
+            max_tokens: args.max_tokens,
+            ignore_eos: args.ignore_eos,
+            logprobs: (args.top_logprobs > 0).then_some(args.top_logprobs),
+            ..SamplingParams::default()
+        };
+        let (_, rx) = handle
+            .add_request(p.clone(), params)
+            .with_context(|| format!("prompt {i}"))?;
+        streams.push(rx);
     }
-    let eos = model.config.eos_token_ids.clone();
-    let cache = CacheConfig {
-        budget: CacheBudget::Bytes(args.cache_budget_mib << 20),
-        max_seqs: args.prompt_ids.len(),
-        rollback_slack: 0,
-        block_entries: 16,
-    };
-    let mut runner = ModelRunner::new(model, cache)?;
-    let mut seqs = Vec::with_capacity(args.prompt_ids.len());
-    for p in &args.prompt_ids {
-        seqs.push(Seq {
-            id: runner.add_sequence()?,
-            prompt: p.clone(),
-            fed: 0,
-            out: Vec::new(),
-            tops: Vec::new(),
-            done: args.max_tokens == 0,
-        });
-    }
-    // Every step feeds each unfinished sequence its next prompt chunk or its last token, all
-    // in one flat batch: chunked prefill and decode share steps.
-    while seqs.iter().any(|s| !s.done) {
-        let work: Vec<(usize, Vec<u32>)> = seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.done)
-            .map(|(i, s)| {
-                let feed = if s.fed < s.prompt.len() {
-                    let n = args
-                        .prefill_chunk
-                        .unwrap_or(usize::MAX)
-                        .min(s.prompt.len() - s.fed);
-                    s.prompt[s.fed..s.fed + n].to_vec()
-                } else {
-                    vec![*s.out.last().expect("decode follows a sampled token")]
-                };
-                (i, feed)
-            })
-            .collect();
-        let items: Vec<SeqWork<'_>> = work
-            .iter()
-            .map(|(i, t)| SeqWork {
-                seq: seqs[*i].id,
-                tokens: t,
-                all_logits: false,
-            })
-            .collect();
-        let logits = runner.step(&items)?;
-        for (r, (i, feed)) in work.iter().enumerate() {
-            let s = &mut seqs[*i];
-            s.fed += feed.len();
-            if s.fed < s.prompt.len() {
-                continue; // mid-prompt: its logits are not a prediction anyone asked for
+    let mut outs = Vec::with_capacity(prompts.len());
+    for (p, rx) in prompts.into_iter().zip(streams) {
+        let mut o = Output {
+            prompt_ids: p,
+            token_ids: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish_reason: "abort",
+        };
+        for delta in rx {
+            o.token_ids.extend(&delta.new_token_ids);
+            for lp in delta.logprobs.into_iter().flatten() {
+                o.top_logprobs.push(
+                    lp.top
+                        .iter()
+                        .map(|&(id, l)| TopLogprob {
+                            id,
+                            logprob: l as f64,
+                        })
+                        .collect(),
+                );
             }
-            let row = logits.row(r);
-            let tok = argmax(row) as u32;
-            s.out.push(tok);
-            if args.top_logprobs > 0 {
-                s.tops.push(top_logprobs(row, args.top_logprobs));
-            }
-            if s.out.len() >= args.max_tokens || (!args.ignore_eos && eos.contains(&tok)) {
-                s.done = true;
-                runner.free(s.id)?;
+            if let Some(r) = delta.finish_reason {
+                o.finish_reason = r.as_str();
             }
         }
+        outs.push(o);
     }
+    handle.shutdown();
+    join.join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
-    for s in seqs {
-        let o = Output {
-            prompt_ids: s.prompt,
-            token_ids: s.out,
-            top_logprobs: s.tops,
-        };
+    for o in &outs {
         if args.json {
-            serde_json::to_writer(&mut w, &o)?;
+            serde_json::to_writer(&mut w, o)?;
             writeln!(w)?;
         } else {
-            writeln!(w, "{:?} -> {:?}", o.prompt_ids, o.token_ids)?;
+            writeln!(
+                w,
+                "{:?} -> {:?} ({})",
+                o.prompt_ids, o.token_ids, o.finish_reason
+            )?;
         }
     }
     Ok(())
-}
-
-struct Seq {
-    id: SeqId,
-    prompt: Vec<u32>,
-    /// Prompt tokens already in the cache.
-    fed: usize,
-    out: Vec<u32>,
-    tops: Vec<Vec<TopLogprob>>,
-    done: bool,
 }

@@ -1,4 +1,10 @@
 //! The serving engine: owns sequences and cache memory and drives the model.
 
 pub mod cache;
+pub mod engine;
+pub mod request;
 pub mod runner;
+pub mod sampler;
+pub mod sampling_params;
+pub mod scheduler;
+pub mod sequence;

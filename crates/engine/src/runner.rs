@@ -92,6 +92,14 @@ impl ModelRunner {
         Ok(id)
     }
 
+    /// Makes room in the cache for `tokens` tokens of `seq` (all or nothing).
+    pub fn reserve(&mut self, seq: SeqId, tokens: usize) -> Result<(), RunnerError> {
+        if !self.seqs.contains_key(&seq) {
+            return Err(RunnerError::UnknownSequence(seq));
+        }
+        Ok(self.cache.ensure_capacity(seq, tokens)?)
+    }
+
     pub fn seq_len(&self, seq: SeqId) -> Result<usize, RunnerError> {
         self.seqs
             .get(&seq)

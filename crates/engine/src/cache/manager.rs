@@ -214,6 +214,18 @@ impl CacheManager {
         Ok(())
     }
 
+    /// The longest sequence the pools could hold if it had them to itself: requests longer
+    /// than this can never run, and admitting them would preempt forever.
+    pub fn max_tokens_per_seq(&self) -> usize {
+        self.layout
+            .pools
+            .iter()
+            .zip(&self.pools)
+            .map(|(l, p)| (p.total_blocks() * l.block_entries + 1) * l.ratio - 1)
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
     /// Occupancy: `"state_slots"` first, then the paged pools in layout order.
     pub fn usage(&self) -> Vec<PoolUsage> {
         let slot_bytes = self.layout.slot_bytes();

@@ -1,0 +1,249 @@
+//! `deepinfer bench`: a workload through the engine, reported in the layout of
+//! `vllm bench serve` (TTFT, TPOT, ITL, E2E; mean, median, p90, p99), plus tokens per step.
+
+use crate::engine_args::EngineArgs;
+use crate::generate::random_prompts;
+use anyhow::{Context, Result};
+use clap::Args;
+use deepinfer_engine::engine;
+use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_model::v4::Model;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 16)]
+    num_prompts: usize,
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    #[arg(long, default_value_t = 32)]
+    output_len: usize,
+    /// Requests per second (Poisson arrivals); default: all at once.
+    #[arg(long)]
+    request_rate: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Serialize, Default)]
+struct Stats {
+    mean: f64,
+    median: f64,
+    p90: f64,
+    p99: f64,
+}
+
+fn stats_ms(mut v: Vec<f64>) -> Stats {
+    if v.is_empty() {
+        return Stats::default();
+    }
+    v.sort_by(f64::total_cmp);
+    // Linear interpolation between closest ranks, as numpy.percentile does.
+    let pct = |p: f64| {
+        let x = p / 100.0 * (v.len() - 1) as f64;
+        let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+        (v[lo] + (v[hi] - v[lo]) * (x - lo as f64)) * 1e3
+    };
+    Stats {
+        mean: v.iter().sum::<f64>() / v.len() as f64 * 1e3,
+        median: pct(50.0),
+        p90: pct(90.0),
+        p99: pct(99.0),
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    completed: usize,
+    duration_s: f64,
+    total_input_tokens: usize,
+    total_output_tokens: usize,
+    request_throughput: f64,
+    output_throughput: f64,
+    total_token_throughput: f64,
+    ttft_ms: Stats,
+    tpot_ms: Stats,
+    itl_ms: Stats,
+    e2el_ms: Stats,
+    engine_steps: u64,
+    tokens_per_step: f64,
+    preemptions: u64,
+}
+
+struct Timing {
+    ttft: f64,
+    itls: Vec<f64>,
+    e2e: f64,
+    tokens: usize,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let prompts = random_prompts(
+        args.num_prompts,
+        args.input_len,
+        model.config.vocab_size,
+        args.seed,
+    );
+    let config = args.engine.config(&model.config)?;
+    let (handle, join) = engine::start(model, config)?;
+    let bar = indicatif::ProgressBar::new(args.num_prompts as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {elapsed_precise}")
+            .expect("valid template"),
+    );
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: args.output_len,
+        min_tokens: args.output_len,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let start = Instant::now();
+    let mut rng_state = args
+        .seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut workers = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        if let Some(rate) = args.request_rate {
+            // Exponential inter-arrival times from a small LCG: reproducible for a seed.
+            rng_state = rng_state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = ((rng_state >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            std::thread::sleep(Duration::from_secs_f64(-u.ln() / rate));
+        }
+        let submitted = Instant::now();
+        let (_, rx) = handle.add_request(p, params.clone())?;
+        let bar = bar.clone();
+        workers.push(std::thread::spawn(move || {
+            let mut t = Timing {
+                ttft: 0.0,
+                itls: Vec::new(),
+                e2e: 0.0,
+                tokens: 0,
+            };
+            let mut last = submitted;
+            for delta in rx {
+                let now = Instant::now();
+                if !delta.new_token_ids.is_empty() {
+                    if t.tokens == 0 {
+                        t.ttft = (now - submitted).as_secs_f64();
+                    } else {
+                        t.itls.push((now - last).as_secs_f64());
+                    }
+                    t.tokens += delta.new_token_ids.len();
+                    last = now;
+                }
+                if delta.finish_reason.is_some() {
+                    t.e2e = (now - submitted).as_secs_f64();
+                }
+            }
+            bar.inc(1);
+            t
+        }));
+    }
+    let timings: Vec<Timing> = workers
+        .into_iter()
+        .map(|w| w.join().expect("worker"))
+        .collect();
+    let duration = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let steps = handle.stats.steps.load(Ordering::Relaxed);
+    let batched = handle.stats.batched_tokens.load(Ordering::Relaxed);
+    let preemptions = handle.stats.preemptions.load(Ordering::Relaxed);
+    handle.shutdown();
+    join.join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+
+    let total_in = args.num_prompts * args.input_len;
+    let total_out: usize = timings.iter().map(|t| t.tokens).sum();
+    let report = Report {
+        completed: timings.len(),
+        duration_s: duration,
+        total_input_tokens: total_in,
+        total_output_tokens: total_out,
+        request_throughput: timings.len() as f64 / duration,
+        output_throughput: total_out as f64 / duration,
+        total_token_throughput: (total_in + total_out) as f64 / duration,
+        ttft_ms: stats_ms(timings.iter().map(|t| t.ttft).collect()),
+        tpot_ms: stats_ms(
+            timings
+                .iter()
+                .filter(|t| t.tokens > 1)
+                .map(|t| (t.e2e - t.ttft) / (t.tokens - 1) as f64)
+                .collect(),
+        ),
+        itl_ms: stats_ms(
+            timings
+                .iter()
+                .flat_map(|t| t.itls.iter().copied())
+                .collect(),
+        ),
+        e2el_ms: stats_ms(timings.iter().map(|t| t.e2e).collect()),
+        engine_steps: steps,
+        tokens_per_step: batched as f64 / steps.max(1) as f64,
+        preemptions,
+    };
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report) {
+    let line = |k: &str, v: String| println!("{k:<40}{v:>10}");
+    println!("{:=^50}", " Serving Benchmark Result ");
+    line("Successful requests:", r.completed.to_string());
+    line("Benchmark duration (s):", format!("{:.2}", r.duration_s));
+    line("Total input tokens:", r.total_input_tokens.to_string());
+    line("Total generated tokens:", r.total_output_tokens.to_string());
+    line(
+        "Request throughput (req/s):",
+        format!("{:.2}", r.request_throughput),
+    );
+    line(
+        "Output token throughput (tok/s):",
+        format!("{:.2}", r.output_throughput),
+    );
+    line(
+        "Total Token throughput (tok/s):",
+        format!("{:.2}", r.total_token_throughput),
+    );
+    for (title, short, s) in [
+        ("Time to First Token", "TTFT", &r.ttft_ms),
+        (
+            "Time per Output Token (excl. 1st token)",
+            "TPOT",
+            &r.tpot_ms,
+        ),
+        ("Inter-token Latency", "ITL", &r.itl_ms),
+        ("End-to-end Latency", "E2EL", &r.e2el_ms),
+    ] {
+        println!("{:-^50}", title);
+        line(&format!("Mean {short} (ms):"), format!("{:.2}", s.mean));
+        line(&format!("Median {short} (ms):"), format!("{:.2}", s.median));
+        line(&format!("P90 {short} (ms):"), format!("{:.2}", s.p90));
+        line(&format!("P99 {short} (ms):"), format!("{:.2}", s.p99));
+    }
+    println!("{:-^50}", "Engine");
+    line("Engine steps:", r.engine_steps.to_string());
+    line("Tokens per step:", format!("{:.2}", r.tokens_per_step));
+    line("Preemptions:", r.preemptions.to_string());
+    println!("{}", "=".repeat(50));
+}

@@ -1,0 +1,384 @@
+//! The engine: one thread owns every piece of mutable serving state (sequences, scheduler,
+//! model runner, cache pools, sampler); callers talk to it through channels only, so the hot
+//! path takes no locks.
+
+use crate::cache::CacheConfig;
+use crate::request::{FinishReason, Request, RequestId, RequestOutput, TokenLogprobs};
+use crate::runner::{ModelRunner, RunnerError, SeqWork};
+use crate::sampler::{SampleRow, Sampler};
+use crate::sampling_params::{ParamError, SamplingParams};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::sequence::Sequence;
+use deepinfer_model::v4::Model;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    pub cache: CacheConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Runner(#[from] RunnerError),
+    #[error("invalid sampling parameter: {0}")]
+    Param(#[from] ParamError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("the prompt has {prompt} tokens, but the maximum context length is {max_model_len} (prompt and output together)")]
+    PromptTooLong { prompt: usize, max_model_len: usize },
+    #[error("max_model_len {max_model_len} does not fit the cache, which holds at most {fits} tokens of one sequence; raise the cache budget or lower max_model_len")]
+    CacheTooSmall { max_model_len: usize, fits: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Counters the engine thread updates and anyone may read.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub steps: AtomicU64,
+    pub batched_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub finished: AtomicU64,
+}
+
+enum Command {
+    Add(Request, Sender<RequestOutput>),
+    Abort(RequestId),
+    /// Reply once nothing is waiting or running (tests, shutdown).
+    Drain(Sender<()>),
+    Shutdown,
+}
+
+/// A cheap, clonable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    vocab: usize,
+    max_model_len: usize,
+    pub stats: Arc<EngineStats>,
+}
+
+impl EngineHandle {
+    /// Queues a request; its outputs arrive on the returned channel, the last one carrying a
+    /// finish reason. Invalid input is refused here, before it reaches the engine.
+    pub fn add_request(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<(RequestId, Receiver<RequestOutput>), EngineError> {
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&id) = prompt_ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(EngineError::TokenOutOfRange {
+                id,
+                vocab: self.vocab,
+            });
+        }
+        if prompt_ids.len() >= self.max_model_len {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt_ids.len(),
+                max_model_len: self.max_model_len,
+            });
+        }
+        params.validate(self.vocab)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(Command::Add(
+                Request {
+                    id,
+                    prompt_ids,
+                    params,
+                },
+                tx,
+            ))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok((id, rx))
+    }
+
+    /// Stops a request; its stream ends with `FinishReason::Abort` and its cache is freed in
+    /// the same step. Unknown or finished ids are ignored.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Blocks until every queued request has finished.
+    pub fn drain(&self) -> Result<(), EngineError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(Command::Drain(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.recv().map_err(|_| EngineError::Stopped)
+    }
+
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// Starts the engine thread. The returned join handle yields the runner back when the
+/// engine stops (so callers can inspect the pools).
+pub fn start(
+    model: Model,
+    config: EngineConfig,
+) -> Result<(EngineHandle, JoinHandle<Result<ModelRunner, EngineError>>), EngineError> {
+    let vocab = model.config.vocab_size;
+    let eos = model.config.eos_token_ids.clone();
+    let runner = ModelRunner::new(model, config.cache)?;
+    let max_model_len = config.scheduler.max_model_len;
+    let fits = runner.cache().max_tokens_per_seq();
+    if fits < max_model_len {
+        return Err(EngineError::CacheTooSmall {
+            max_model_len,
+            fits,
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(EngineStats::default());
+    let handle = EngineHandle {
+        tx,
+        next_id: Arc::new(AtomicU64::new(0)),
+        vocab,
+        max_model_len,
+        stats: stats.clone(),
+    };
+    let mut core = EngineCore {
+        runner,
+        scheduler: Scheduler::default(),
+        seqs: HashMap::new(),
+        sampler: Sampler::new(),
+        cfg: config.scheduler,
+        eos,
+        stats,
+        drains: Vec::new(),
+    };
+    let join = std::thread::Builder::new()
+        .name("deepinfer-engine".into())
+        .spawn(move || core.run(rx).map(|()| core.runner))
+        .expect("spawn the engine thread");
+    Ok((handle, join))
+}
+
+struct EngineCore {
+    runner: ModelRunner,
+    scheduler: Scheduler,
+    seqs: HashMap<RequestId, Sequence>,
+    sampler: Sampler,
+    cfg: SchedulerConfig,
+    eos: Vec<u32>,
+    stats: Arc<EngineStats>,
+    drains: Vec<Sender<()>>,
+}
+
+impl EngineCore {
+    fn run(&mut self, rx: Receiver<Command>) -> Result<(), EngineError> {
+        loop {
+            // Block only when idle; otherwise take whatever arrived and step.
+            if !self.scheduler.has_work() {
+                for d in self.drains.drain(..) {
+                    let _ = d.send(());
+                }
+                match rx.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return Ok(());
+                        }
+                    }
+                    Err(_) => return Ok(()),
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return Ok(());
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        if !self.scheduler.has_work() {
+                            return Ok(());
+                        }
+                        break;
+                    }
+                }
+            }
+            if self.scheduler.has_work() {
+                self.step()?;
+            }
+        }
+    }
+
+    /// Applies a command; false means shut down.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Add(req, out) => {
+                let id = req.id;
+                self.seqs.insert(id, Sequence::new(req, out));
+                self.scheduler.add(id);
+            }
+            Command::Abort(id) => self.finish(id, FinishReason::Abort, Vec::new(), None),
+            Command::Drain(reply) => self.drains.push(reply),
+            Command::Shutdown => {
+                let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
+                for id in ids {
+                    self.finish(id, FinishReason::Abort, Vec::new(), None);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    fn step(&mut self) -> Result<(), EngineError> {
+        let sched = self
+            .scheduler
+            .schedule(&self.cfg, &mut self.seqs, &mut self.runner)?;
+        self.stats
+            .preemptions
+            .fetch_add(sched.preempted.len() as u64, Ordering::Relaxed);
+        if sched.scheduled.is_empty() {
+            return Ok(());
+        }
+        let tokens: Vec<Vec<u32>> = sched
+            .scheduled
+            .iter()
+            .map(|&(id, n)| {
+                let s = &self.seqs[&id];
+                (s.num_computed..s.num_computed + n)
+                    .map(|i| s.token(i))
+                    .collect()
+            })
+            .collect();
+        let work: Vec<SeqWork<'_>> = sched
+            .scheduled
+            .iter()
+            .zip(&tokens)
+            .map(|(&(id, _), t)| SeqWork {
+                seq: self.seqs[&id]
+                    .cache
+                    .expect("scheduled sequences hold a cache"),
+                tokens: t,
+                all_logits: false,
+            })
+            .collect();
+        let logits = self.runner.step(&work)?;
+        let n_tok: usize = tokens.iter().map(|t| t.len()).sum();
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .batched_tokens
+            .fetch_add(n_tok as u64, Ordering::Relaxed);
+
+        // Rows whose sequence now has every token computed get a new token.
+        let mut rows = Vec::new();
+        for (r, &(id, n)) in sched.scheduled.iter().enumerate() {
+            let s = self.seqs.get_mut(&id).expect("scheduled");
+            s.num_computed += n;
+            if s.num_computed == s.num_tokens() {
+                rows.push((r, id));
+            }
+        }
+        let vocab = logits.vocab;
+        let mut picked = Vec::with_capacity(rows.len() * vocab);
+        for &(r, _) in &rows {
+            picked.extend_from_slice(logits.row(r));
+        }
+        let samples = {
+            let eos = &self.eos;
+            let mut seq_refs: Vec<&mut Sequence> = Vec::with_capacity(rows.len());
+            // Disjoint mutable borrows of the sampled sequences, in row order.
+            let mut by_id: HashMap<RequestId, &mut Sequence> =
+                self.seqs.iter_mut().map(|(k, v)| (*k, v)).collect();
+            for &(_, id) in &rows {
+                seq_refs.push(by_id.remove(&id).expect("distinct"));
+            }
+            let mut srows: Vec<SampleRow<'_>> = seq_refs
+                .iter_mut()
+                .map(|s| {
+                    let s: &mut Sequence = s;
+                    SampleRow {
+                        params: &s.request.params,
+                        prompt_ids: &s.request.prompt_ids,
+                        output_ids: &s.output_ids,
+                        eos_ids: eos,
+                        rng: &mut s.rng,
+                    }
+                })
+                .collect();
+            self.sampler.sample(&picked, vocab, &mut srows)
+        };
+        for (&(_, id), sample) in rows.iter().zip(samples) {
+            let s = self.seqs.get_mut(&id).expect("sampled");
+            s.output_ids.push(sample.token);
+            let logprobs = s.request.params.logprobs.map(|_| {
+                vec![TokenLogprobs {
+                    token: sample.token,
+                    logprob: sample.logprob,
+                    top: sample.top_logprobs,
+                }]
+            });
+            match s.finish_reason(&self.eos, self.cfg.max_model_len) {
+                Some(reason) => self.finish(id, reason, vec![sample.token], logprobs),
+                None => {
+                    let out = RequestOutput {
+                        request_id: id,
+                        new_token_ids: vec![sample.token],
+                        logprobs,
+                        finish_reason: None,
+                        num_prompt_tokens: s.request.prompt_ids.len(),
+                    };
+                    if s.out.send(out).is_err() {
+                        // The client went away: stop spending compute on it.
+                        self.finish(id, FinishReason::Abort, Vec::new(), None);
+                    }
+                }
+            }
+        }
+        self.stats
+            .running
+            .store(self.scheduler.running.len(), Ordering::Relaxed);
+        self.stats
+            .waiting
+            .store(self.scheduler.waiting.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Ends a request: last delta with the reason, cache freed now.
+    fn finish(
+        &mut self,
+        id: RequestId,
+        reason: FinishReason,
+        new_token_ids: Vec<u32>,
+        logprobs: Option<Vec<TokenLogprobs>>,
+    ) {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return;
+        };
+        self.scheduler.remove(id);
+        if let Some(cache) = seq.cache {
+            if let Err(e) = self.runner.free(cache) {
+                tracing::error!(request = id, "freeing the cache failed: {e}");
+            }
+        }
+        let _ = seq.out.send(RequestOutput {
+            request_id: id,
+            new_token_ids,
+            logprobs,
+            finish_reason: Some(reason),
+            num_prompt_tokens: seq.request.prompt_ids.len(),
+        });
+        self.stats.finished.fetch_add(1, Ordering::Relaxed);
+    }
+}

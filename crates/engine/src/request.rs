@@ -1,0 +1,54 @@
+//! What a client asks for and what it gets back, in vLLM's terms.
+
+use crate::sampling_params::SamplingParams;
+
+pub type RequestId = u64;
+
+/// A generation request as the engine sees it: token ids in, sampling parameters.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+/// Why a request stopped generating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS or stop token was sampled.
+    Stop,
+    /// `max_tokens` or the model's context length was reached.
+    Length,
+    /// The client aborted (or went away).
+    Abort,
+}
+
+impl FinishReason {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// The log-probability of a sampled token and of the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One delta of a request's stream: the tokens sampled since the last delta.
+#[derive(Clone, Debug)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    pub new_token_ids: Vec<u32>,
+    /// Present when the request asked for logprobs; one per new token.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
+    pub finish_reason: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+}

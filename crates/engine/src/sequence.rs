@@ -1,0 +1,74 @@
+//! A request in flight: its tokens, how many of them the cache holds, its RNG stream.
+
+use crate::cache::SeqId;
+use crate::request::{FinishReason, Request, RequestOutput};
+use crate::sampler::SeqRng;
+use std::sync::mpsc::Sender;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStatus {
+    Waiting,
+    Running,
+}
+
+pub struct Sequence {
+    pub request: Request,
+    pub output_ids: Vec<u32>,
+    /// Tokens (prompt, then output) whose state is in the cache.
+    pub num_computed: usize,
+    /// The cache handle while running; preemption gives it back and recomputes later.
+    pub cache: Option<SeqId>,
+    pub status: SeqStatus,
+    pub rng: SeqRng,
+    pub out: Sender<RequestOutput>,
+}
+
+impl Sequence {
+    pub fn new(request: Request, out: Sender<RequestOutput>) -> Self {
+        let rng = SeqRng::new(request.params.seed);
+        Self {
+            request,
+            output_ids: Vec::new(),
+            num_computed: 0,
+            cache: None,
+            status: SeqStatus::Waiting,
+            rng,
+            out,
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.request.prompt_ids.len() + self.output_ids.len()
+    }
+
+    /// The token at absolute position `i` (prompt first, then output).
+    pub fn token(&self, i: usize) -> u32 {
+        let p = &self.request.prompt_ids;
+        if i < p.len() {
+            p[i]
+        } else {
+            self.output_ids[i - p.len()]
+        }
+    }
+
+    /// Tokens not yet in the cache: the rest of the prompt (or, after a preemption, of
+    /// prompt + output), else the one just sampled.
+    pub fn num_uncomputed(&self) -> usize {
+        self.num_tokens() - self.num_computed
+    }
+
+    /// Whether sampling `token` (already appended) ends the request.
+    pub fn finish_reason(&self, eos_ids: &[u32], max_model_len: usize) -> Option<FinishReason> {
+        let p = &self.request.params;
+        let last = *self.output_ids.last()?;
+        if self.output_ids.len() >= p.min_tokens
+            && ((!p.ignore_eos && eos_ids.contains(&last)) || p.stop_token_ids.contains(&last))
+        {
+            return Some(FinishReason::Stop);
+        }
+        if self.output_ids.len() >= p.max_tokens || self.num_tokens() >= max_model_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}

@@ -1,0 +1,264 @@
+//! The engine end to end on the golden models: concurrency, chunking, a tight token budget,
+//! preemption, aborts and disconnects — every request still gets HF's greedy tokens, and the
+//! pools end empty.
+
+mod common;
+
+use common::*;
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager};
+use deepinfer_engine::engine::{self, EngineConfig, EngineError, EngineHandle};
+use deepinfer_engine::request::{FinishReason, RequestOutput};
+use deepinfer_engine::runner::ModelRunner;
+use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_engine::scheduler::SchedulerConfig;
+use std::sync::mpsc::Receiver;
+use std::thread::JoinHandle;
+
+type Join = JoinHandle<Result<ModelRunner, EngineError>>;
+
+fn start(
+    config: &str,
+    sched: SchedulerConfig,
+    budget: usize,
+    max_seqs: usize,
+) -> (EngineHandle, Join) {
+    let cache = CacheConfig {
+        budget: CacheBudget::Bytes(budget),
+        max_seqs,
+        rollback_slack: 0,
+        block_entries: 4,
+    };
+    engine::start(
+        load(config, "official"),
+        EngineConfig {
+            scheduler: sched,
+            cache,
+        },
+    )
+    .unwrap()
+}
+
+fn sched(
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    prefill_chunk: Option<usize>,
+) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens,
+        prefill_chunk,
+        max_model_len: 4096,
+    }
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
+    let mut toks = Vec::new();
+    let mut reason = None;
+    for d in rx {
+        toks.extend(d.new_token_ids);
+        reason = d.finish_reason.or(reason);
+    }
+    (toks, reason)
+}
+
+fn assert_pools_empty(join: Join) {
+    let runner = join.join().unwrap().unwrap();
+    for u in runner.cache().usage() {
+        assert_eq!(
+            (u.used_blocks, u.used_bytes),
+            (0, 0),
+            "pool {} not empty",
+            u.name
+        );
+    }
+}
+
+/// Every prompt of a config at once, through a small token budget and 7-token chunks.
+fn all_prompts_concurrently(config: &str) {
+    let g = Golden::load(config);
+    let (h, join) = start(config, sched(8, 24, Some(7)), 64 << 20, 8);
+    let safe: Vec<_> = g
+        .prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+        .collect();
+    let rxs: Vec<_> = safe
+        .iter()
+        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
+        .collect();
+    for (p, rx) in safe.iter().zip(rxs) {
+        let (toks, reason) = collect(rx);
+        assert_eq!(
+            toks,
+            ids(&p["greedy"]),
+            "{config} p{}: engine tokens differ from HF",
+            p["index"]
+        );
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
+    h.drain().unwrap();
+    h.shutdown();
+    assert_pools_empty(join);
+}
+
+#[test]
+fn concurrent_requests_get_their_solo_tokens() {
+    for config in ["tiny-a", "tiny-b", "tiny-c"] {
+        all_prompts_concurrently(config);
+    }
+}
+
+/// The smallest budget whose pools hold one sequence of `tokens` tokens.
+fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
+    let model = load(config, "official");
+    let mut budget = 1 << 16;
+    loop {
+        let cfg = CacheConfig {
+            budget: CacheBudget::Bytes(budget),
+            max_seqs,
+            rollback_slack: 0,
+            block_entries: 4,
+        };
+        if let Ok(m) = CacheManager::new(&model.config, cfg) {
+            if m.max_tokens_per_seq() >= tokens {
+                return budget;
+            }
+        }
+        budget += budget / 8;
+    }
+}
+
+#[test]
+fn preemption_still_finishes_every_request_with_the_same_tokens() {
+    // Room for one 732-token sequence and a little more, and two of them in flight (plus two
+    // shorter ones): the pools cannot hold them all, so the scheduler has to preempt.
+    let g = Golden::load("tiny-a");
+    let budget = budget_for_one("tiny-a", 4, 732);
+    let s = SchedulerConfig {
+        max_model_len: 732,
+        ..sched(4, 48, Some(16))
+    };
+    let (h, join) = start("tiny-a", s, budget, 4);
+    let picks = [3, 2, 3, 2];
+    let rxs: Vec<_> = picks
+        .iter()
+        .map(|&i| {
+            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
+                .unwrap()
+                .1
+        })
+        .collect();
+    for (&i, rx) in picks.iter().zip(rxs) {
+        let (toks, reason) = collect(rx);
+        assert_eq!(
+            toks,
+            ids(&g.prompts()[i]["greedy"]),
+            "p{i}: tokens changed by preemption"
+        );
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
+    h.drain().unwrap();
+    let preemptions = h
+        .stats
+        .preemptions
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(preemptions > 0, "the budget was meant to force preemption");
+    h.shutdown();
+    assert_pools_empty(join);
+}
+
+#[test]
+fn aborts_and_disconnects_free_their_cache() {
+    let (h, join) = start("tiny-a", sched(8, 64, Some(16)), 64 << 20, 8);
+    let (id, rx) = h.add_request((0..200).collect(), greedy(1000)).unwrap();
+    let (_, dropped) = h.add_request((0..100).collect(), greedy(1000)).unwrap();
+    drop(dropped); // a client that went away
+    let first = rx.recv().unwrap();
+    assert_eq!(first.new_token_ids.len(), 1);
+    h.abort(id);
+    let (_, reason) = collect(rx);
+    assert_eq!(reason, Some(FinishReason::Abort));
+    h.drain().unwrap();
+    h.shutdown();
+    assert_pools_empty(join);
+}
+
+#[test]
+fn bad_requests_are_refused_up_front() {
+    let (h, join) = start("tiny-c", sched(4, 64, None), 16 << 20, 4);
+    let vocab = 96;
+    assert!(matches!(
+        h.add_request(vec![], greedy(4)),
+        Err(EngineError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        h.add_request(vec![1, vocab], greedy(4)),
+        Err(EngineError::TokenOutOfRange { .. })
+    ));
+    let err = h.add_request(vec![1; 4096], greedy(4)).unwrap_err();
+    assert!(err.to_string().contains("4096"), "{err}");
+    let bad = SamplingParams {
+        temperature: -1.0,
+        ..greedy(4)
+    };
+    assert!(matches!(
+        h.add_request(vec![1, 2], bad),
+        Err(EngineError::Param(_))
+    ));
+    // A good request still works afterwards, and stops at EOS when not ignored.
+    let (_, rx) = h
+        .add_request(
+            vec![3, 1, 4, 1, 5],
+            SamplingParams {
+                max_tokens: 16,
+                ..greedy(16)
+            }
+            .with_eos(),
+        )
+        .unwrap();
+    let (toks, reason) = collect(rx);
+    assert_eq!(reason, Some(FinishReason::Stop));
+    assert_eq!(toks.last(), Some(&1));
+    h.shutdown();
+    assert_pools_empty(join);
+}
+
+#[test]
+fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
+    let cache = CacheConfig {
+        budget: CacheBudget::Bytes(budget_for_one("tiny-a", 2, 100)),
+        max_seqs: 2,
+        rollback_slack: 0,
+        block_entries: 4,
+    };
+    let err = engine::start(
+        load("tiny-a", "official"),
+        EngineConfig {
+            scheduler: sched(2, 64, None),
+            cache,
+        },
+    )
+    .err()
+    .expect("must fail");
+    assert!(matches!(err, EngineError::CacheTooSmall { .. }), "{err}");
+}
+
+trait WithEos {
+    fn with_eos(self) -> Self;
+}
+
+impl WithEos for SamplingParams {
+    fn with_eos(mut self) -> Self {
+        self.ignore_eos = false;
+        self
+    }
+}
