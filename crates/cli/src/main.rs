@@ -1,6 +1,9 @@
 //! `deepinfer`: the command-line entry point.
 
+mod bench;
+mod engine_args;
 mod generate;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -17,8 +20,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Greedy generation from token ids (the contract later tools build on).
+    /// Offline generation through the engine (greedy by default), one JSON line per prompt.
     Generate(generate::GenerateArgs),
+    /// Run a workload through the engine and report latency and throughput like `vllm bench serve`.
+    Bench(bench::BenchArgs),
+    /// Write a synthetic checkpoint (random weights, official layout) for trying the engine.
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +38,8 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Synth(args) => synth::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

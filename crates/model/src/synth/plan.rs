@@ -1,0 +1,240 @@
+//! The tensor inventory of a synthetic checkpoint: official names, dtypes and shapes
+//! (spec §4.1), plus how each tensor's values are drawn.
+
+use safetensors::Dtype;
+
+use super::SynthSpec;
+
+/// How a tensor's values are drawn before they are rounded onto its storage format.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    Normal {
+        mean: f32,
+        std: f32,
+    },
+    Uniform {
+        lo: f32,
+        hi: f32,
+    },
+    /// `tid2eid`: each row holds distinct expert ids below `n_experts`.
+    ExpertIds {
+        n_experts: usize,
+    },
+    /// The E8M0 block scales of the FP8/FP4 weight planned just before this tensor; they are
+    /// derived from that weight's values, which is why the pair is always written together.
+    Scale,
+}
+
+/// One stored tensor. FP4 weights have their packed `I8` shape `[out, in/2]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub init: Init,
+}
+
+impl PlannedTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn byte_len(&self) -> u64 {
+        (self.numel() * self.dtype.bitsize() / 8) as u64
+    }
+
+    /// `[rows, logical columns]` of the values drawn for it: the last dimension is unpacked
+    /// for FP4, and vectors are one row.
+    pub fn logical_rows_cols(&self) -> (usize, usize) {
+        let last = self.shape.last().copied().unwrap_or(1);
+        let rows = self.numel().checked_div(last).unwrap_or(0);
+        let cols = if self.dtype == Dtype::I8 {
+            2 * last
+        } else {
+            last
+        };
+        (rows, cols)
+    }
+}
+
+/// Std of a projection's weights: keeps `W·x` at unit scale for unit-RMS `x`, which every
+/// projection input is (they follow an RMSNorm or a normalised mixture).
+fn fan_in(n: usize) -> Init {
+    Init::Normal {
+        mean: 0.0,
+        std: 1.0 / (n as f32).sqrt(),
+    }
+}
+
+const NORM: Init = Init::Normal {
+    mean: 1.0,
+    std: 0.1,
+};
+
+struct Planner {
+    out: Vec<PlannedTensor>,
+}
+
+impl Planner {
+    fn push(&mut self, name: String, dtype: Dtype, shape: &[usize], init: Init) {
+        self.out.push(PlannedTensor {
+            name,
+            dtype,
+            shape: shape.to_vec(),
+            init,
+        });
+    }
+
+    fn bf16(&mut self, name: String, shape: &[usize], init: Init) {
+        self.push(name, Dtype::BF16, shape, init);
+    }
+
+    fn f32(&mut self, name: String, shape: &[usize], init: Init) {
+        self.push(name, Dtype::F32, shape, init);
+    }
+
+    /// FP8 e4m3 weight `[out, in]` + E8M0 scale `[ceil(out/128), ceil(in/128)]`.
+    fn fp8(&mut self, stem: &str, out: usize, inp: usize) {
+        self.push(
+            format!("{stem}.weight"),
+            Dtype::F8_E4M3,
+            &[out, inp],
+            fan_in(inp),
+        );
+        let scale = [out.div_ceil(128), inp.div_ceil(128)];
+        self.push(format!("{stem}.scale"), Dtype::F8_E8M0, &scale, Init::Scale);
+    }
+
+    /// FP4 e2m1 weight packed as I8 `[out, in/2]` + E8M0 scale `[out, in/32]`.
+    fn fp4(&mut self, stem: &str, out: usize, inp: usize) {
+        self.push(
+            format!("{stem}.weight"),
+            Dtype::I8,
+            &[out, inp / 2],
+            fan_in(inp),
+        );
+        self.push(
+            format!("{stem}.scale"),
+            Dtype::F8_E8M0,
+            &[out, inp / 32],
+            Init::Scale,
+        );
+    }
+
+    /// mHC parameters: `fn [(2+hc)·hc, hc·D]`, `base`, `scale [3]` (or `[1]` for the head).
+    fn hyper(&mut self, p: &str, rows: usize, s: &SynthSpec, scales: usize) {
+        let hc_d = s.hc_mult * s.hidden_size;
+        self.f32(format!("{p}_fn"), &[rows, hc_d], fan_in(hc_d));
+        let base = Init::Normal {
+            mean: 0.0,
+            std: 0.1,
+        };
+        self.f32(format!("{p}_base"), &[rows], base);
+        let scale = Init::Uniform { lo: 0.8, hi: 1.2 };
+        self.f32(format!("{p}_scale"), &[scales], scale);
+    }
+
+    /// A compressor of `ratio` producing `dim`-wide entries; overlapping (CSA) ones project
+    /// to twice the width.
+    fn compressor(&mut self, p: &str, s: &SynthSpec, ratio: usize, dim: usize, overlap: bool) {
+        let d = s.hidden_size;
+        let width = if overlap { 2 * dim } else { dim };
+        self.bf16(format!("{p}.wkv.weight"), &[width, d], fan_in(d));
+        self.bf16(format!("{p}.wgate.weight"), &[width, d], fan_in(d));
+        let ape = Init::Normal {
+            mean: 0.0,
+            std: 0.1,
+        };
+        self.f32(format!("{p}.ape"), &[ratio, width], ape);
+        self.bf16(format!("{p}.norm.weight"), &[dim], NORM);
+    }
+
+    fn layer(&mut self, s: &SynthSpec, l: usize) {
+        let p = format!("layers.{l}");
+        let (d, h, hd) = (s.hidden_size, s.num_attention_heads, s.head_dim);
+        let hc_rows = (2 + s.hc_mult) * s.hc_mult;
+        self.bf16(format!("{p}.attn_norm.weight"), &[d], NORM);
+        self.bf16(format!("{p}.ffn_norm.weight"), &[d], NORM);
+        self.hyper(&format!("{p}.hc_attn"), hc_rows, s, 3);
+        self.hyper(&format!("{p}.hc_ffn"), hc_rows, s, 3);
+
+        let a = format!("{p}.attn");
+        self.fp8(&format!("{a}.wq_a"), s.q_lora_rank, d);
+        self.bf16(format!("{a}.q_norm.weight"), &[s.q_lora_rank], NORM);
+        self.fp8(&format!("{a}.wq_b"), h * hd, s.q_lora_rank);
+        self.fp8(&format!("{a}.wkv"), hd, d);
+        self.bf16(format!("{a}.kv_norm.weight"), &[hd], NORM);
+        let sink = Init::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        self.f32(format!("{a}.attn_sink"), &[h], sink);
+        let o = s.o_groups * s.o_lora_rank;
+        self.fp8(&format!("{a}.wo_a"), o, h * hd / s.o_groups);
+        self.fp8(&format!("{a}.wo_b"), d, o);
+        match s.compress_ratios[l] {
+            0 => {}
+            4 => {
+                self.compressor(&format!("{a}.compressor"), s, 4, hd, true);
+                let ix = format!("{a}.indexer");
+                let ihd = s.index_head_dim;
+                self.fp8(&format!("{ix}.wq_b"), s.index_n_heads * ihd, s.q_lora_rank);
+                self.bf16(
+                    format!("{ix}.weights_proj.weight"),
+                    &[s.index_n_heads, d],
+                    fan_in(d),
+                );
+                self.compressor(&format!("{ix}.compressor"), s, 4, ihd, true);
+            }
+            m => self.compressor(&format!("{a}.compressor"), s, m, hd, false),
+        }
+
+        let f = format!("{p}.ffn");
+        let (e, inter) = (s.n_routed_experts, s.moe_intermediate_size);
+        self.bf16(format!("{f}.gate.weight"), &[e, d], fan_in(d));
+        if l < s.num_hash_layers {
+            let ids = Init::ExpertIds { n_experts: e };
+            let shape = [s.vocab_size, s.num_experts_per_tok];
+            self.push(format!("{f}.gate.tid2eid"), Dtype::I64, &shape, ids);
+        } else {
+            let bias = Init::Normal {
+                mean: 0.0,
+                std: 0.1,
+            };
+            self.f32(format!("{f}.gate.bias"), &[e], bias);
+        }
+        for i in 0..e {
+            let x = format!("{f}.experts.{i}");
+            self.fp4(&format!("{x}.w1"), inter, d);
+            self.fp4(&format!("{x}.w2"), d, inter);
+            self.fp4(&format!("{x}.w3"), inter, d);
+        }
+        if s.n_shared_experts > 0 {
+            let si = inter * s.n_shared_experts;
+            let x = format!("{f}.shared_experts");
+            self.fp8(&format!("{x}.w1"), si, d);
+            self.fp8(&format!("{x}.w2"), d, si);
+            self.fp8(&format!("{x}.w3"), si, d);
+        }
+    }
+}
+
+/// Every tensor the checkpoint holds, in file order (scales right after their weights).
+/// The embedding is drawn at unit scale like a trained one; every stream is RMS-normalised
+/// before use, so only relative scales matter for the forward pass.
+pub fn tensor_plan(s: &SynthSpec) -> Vec<PlannedTensor> {
+    let mut p = Planner { out: Vec::new() };
+    let (v, d) = (s.vocab_size, s.hidden_size);
+    let unit = Init::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    p.bf16("embed.weight".into(), &[v, d], unit);
+    for l in 0..s.num_hidden_layers() {
+        p.layer(s, l);
+    }
+    p.bf16("norm.weight".into(), &[d], NORM);
+    p.hyper("hc_head", s.hc_mult, s, 1);
+    p.bf16("head.weight".into(), &[v, d], fan_in(d));
+    p.out
+}
