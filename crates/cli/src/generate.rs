@@ -19,6 +19,9 @@ pub struct GenerateArgs {
     /// A prompt as comma-separated token ids; repeat for several prompts.
     #[arg(long = "prompt-ids", value_parser = parse_ids)]
     prompt_ids: Vec<Vec<u32>>,
+    /// A text prompt, encoded with the checkpoint's tokenizer.json; repeatable.
+    #[arg(long = "prompt")]
+    prompts: Vec<String>,
     /// Add N random prompts of --input-len tokens (seeded by --seed, default 0).
     #[arg(long, default_value_t = 0)]
     num_prompts: usize,
@@ -75,6 +78,15 @@ struct Output {
     token_ids: Vec<u32>,
     top_logprobs: Vec<Vec<TopLogprob>>,
     finish_reason: &'static str,
+    /// The decoded output, when the prompts were given as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+}
+
+fn load_tokenizer(model_dir: &std::path::Path) -> Result<tokenizers::Tokenizer> {
+    let path = model_dir.join("tokenizer.json");
+    tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))
 }
 
 /// Deterministic pseudo-random prompts (splitmix64), the same on every machine.
@@ -97,6 +109,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let vocab = model.config.vocab_size;
     let mut prompts = args.prompt_ids.clone();
+    let tokenizer = if args.prompts.is_empty() {
+        None
+    } else {
+        Some(load_tokenizer(&args.model)?)
+    };
+    if let Some(tok) = &tokenizer {
+        for text in &args.prompts {
+            let enc = tok
+                .encode(text.as_str(), false)
+                .map_err(|e| anyhow::anyhow!("encoding {text:?}: {e}"))?;
+            prompts.push(enc.get_ids().to_vec());
+        }
+    }
     prompts.extend(random_prompts(
         args.num_prompts,
         args.input_len,
@@ -104,7 +129,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         args.seed.unwrap_or(0),
     ));
     if prompts.is_empty() {
-        bail!("no prompts: give --prompt-ids (repeatable) or --num-prompts");
+        bail!("no prompts: give --prompt-ids or --prompt (repeatable) or --num-prompts");
     }
     let config = args.engine.config(&model.config)?;
     let (handle, join) = engine::start(model, config)?;
@@ -133,6 +158,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             token_ids: Vec::new(),
             top_logprobs: Vec::new(),
             finish_reason: "abort",
+            text: None,
         };
         for delta in rx {
             o.token_ids.extend(&delta.new_token_ids);
@@ -150,6 +176,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             if let Some(r) = delta.finish_reason {
                 o.finish_reason = r.as_str();
             }
+        }
+        if let Some(tok) = &tokenizer {
+            o.text = Some(
+                tok.decode(&o.token_ids, false)
+                    .map_err(|e| anyhow::anyhow!("decoding: {e}"))?,
+            );
         }
         outs.push(o);
     }

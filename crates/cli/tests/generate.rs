@@ -198,3 +198,63 @@ fn bad_input_is_a_clear_error() {
         "budget",
     );
 }
+
+/// Text prompts go through the checkpoint's tokenizer.json; the ids are what the Python
+/// `tokenizers` package gives for the same file (DeepSeek-V4 tokenizer, add_special_tokens=False).
+#[test]
+fn text_prompts_use_the_checkpoint_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let synth = deepinfer(&["synth", "--preset", "tiny", "--out", out.to_str().unwrap()]);
+    assert!(
+        synth.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synth.stderr)
+    );
+    let m = out.to_str().unwrap();
+    let run = deepinfer(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hello, world!",
+        "--prompt",
+        "DeepSeek-V4 推理引擎 🚀",
+        "--max-tokens",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want: [&[u32]; 2] = [
+        &[19923, 14, 2058, 3],
+        &[
+            53091, 4374, 1465, 13582, 22, 223, 36101, 39032, 7351, 251, 225,
+        ],
+    ];
+    for (line, w) in lines.iter().zip(want) {
+        let got: Vec<u32> = line["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got, w);
+        assert_eq!(line["token_ids"].as_array().unwrap().len(), 3);
+        assert!(line["text"].is_string());
+    }
+    // A checkpoint without tokenizer.json cannot take text prompts.
+    let g = golden("tiny-a").join("official");
+    assert_fails(
+        &["generate", "--model", g.to_str().unwrap(), "--prompt", "hi"],
+        "tokenizer.json",
+    );
+}
