@@ -273,12 +273,21 @@ fn decodes_are_not_starved_by_a_long_prefill() {
     use std::collections::HashMap;
 
     let mut runner = runner(load("tiny-c", "official"), 4, 0);
-    let cfg = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 16, prefill_chunk: Some(8), max_model_len: 4096 };
+    let cfg = SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 16,
+        prefill_chunk: Some(8),
+        max_model_len: 4096,
+    };
     let mut seqs = HashMap::new();
     let mut sched = Scheduler::default();
     let (tx, _rx) = std::sync::mpsc::channel();
     for (id, len) in [(0u64, 3usize), (1, 100)] {
-        let req = Request { id, prompt_ids: vec![2; len], params: greedy(1000) };
+        let req = Request {
+            id,
+            prompt_ids: vec![2; len],
+            params: greedy(1000),
+        };
         seqs.insert(id, Sequence::new(req, tx.clone()));
         sched.add(id);
     }
@@ -286,11 +295,21 @@ fn decodes_are_not_starved_by_a_long_prefill() {
     for step in 0..30 {
         let out = sched.schedule(&cfg, &mut seqs, &mut runner).unwrap();
         let total: usize = out.scheduled.iter().map(|s| s.1).sum();
-        assert!(total <= cfg.max_num_batched_tokens, "step {step}: {total} tokens");
-        assert!(out.scheduled.iter().all(|s| s.1 <= 8), "step {step}: chunk cap exceeded");
+        assert!(
+            total <= cfg.max_num_batched_tokens,
+            "step {step}: {total} tokens"
+        );
+        assert!(
+            out.scheduled.iter().all(|s| s.1 <= 8),
+            "step {step}: chunk cap exceeded"
+        );
         if step > 0 {
             // Request 0 finished its 3-token prompt in step 0: from then on it decodes.
-            assert_eq!(out.scheduled.first(), Some(&(0, 1)), "step {step}: the decode was starved");
+            assert_eq!(
+                out.scheduled.first(),
+                Some(&(0, 1)),
+                "step {step}: the decode was starved"
+            );
             decode_steps += 1;
         }
         for &(id, n) in &out.scheduled {
@@ -302,5 +321,8 @@ fn decodes_are_not_starved_by_a_long_prefill() {
         }
     }
     assert_eq!(decode_steps, 29);
-    assert!(seqs[&1].num_computed >= 100, "the long prompt was fed meanwhile");
+    assert!(
+        seqs[&1].num_computed >= 100,
+        "the long prompt was fed meanwhile"
+    );
 }

@@ -72,3 +72,69 @@ impl Sequence {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling_params::SamplingParams;
+
+    fn seq(params: SamplingParams, out: &[u32]) -> Sequence {
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut s = Sequence::new(
+            Request {
+                id: 0,
+                prompt_ids: vec![5, 6, 7],
+                params,
+            },
+            tx,
+        );
+        s.output_ids = out.to_vec();
+        s
+    }
+
+    #[test]
+    fn stop_conditions() {
+        let eos = [1];
+        let p = SamplingParams {
+            max_tokens: 4,
+            stop_token_ids: vec![9],
+            ..SamplingParams::default()
+        };
+        assert_eq!(seq(p.clone(), &[]).finish_reason(&eos, 100), None);
+        assert_eq!(seq(p.clone(), &[3]).finish_reason(&eos, 100), None);
+        assert_eq!(
+            seq(p.clone(), &[3, 1]).finish_reason(&eos, 100),
+            Some(FinishReason::Stop)
+        );
+        assert_eq!(
+            seq(p.clone(), &[3, 9]).finish_reason(&eos, 100),
+            Some(FinishReason::Stop)
+        );
+        assert_eq!(
+            seq(p.clone(), &[3, 3, 3, 3]).finish_reason(&eos, 100),
+            Some(FinishReason::Length)
+        );
+        // The context length ends a request too: 3 prompt + 2 output = 5.
+        assert_eq!(
+            seq(p.clone(), &[3, 3]).finish_reason(&eos, 5),
+            Some(FinishReason::Length)
+        );
+        // ignore_eos keeps going past EOS but not past a stop id.
+        let ignore = SamplingParams {
+            ignore_eos: true,
+            ..p.clone()
+        };
+        assert_eq!(seq(ignore.clone(), &[3, 1]).finish_reason(&eos, 100), None);
+        assert_eq!(
+            seq(ignore, &[3, 9]).finish_reason(&eos, 100),
+            Some(FinishReason::Stop)
+        );
+        // min_tokens: an early EOS does not end the request.
+        let min = SamplingParams { min_tokens: 3, ..p };
+        assert_eq!(seq(min.clone(), &[1]).finish_reason(&eos, 100), None);
+        assert_eq!(
+            seq(min, &[3, 3, 1]).finish_reason(&eos, 100),
+            Some(FinishReason::Stop)
+        );
+    }
+}
