@@ -7,6 +7,7 @@ use clap::Args;
 use deepinfer_engine::engine;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_model::v4::Model;
+use deepinfer_server::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -83,12 +84,6 @@ struct Output {
     text: Option<String>,
 }
 
-fn load_tokenizer(model_dir: &std::path::Path) -> Result<tokenizers::Tokenizer> {
-    let path = model_dir.join("tokenizer.json");
-    tokenizers::Tokenizer::from_file(&path)
-        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))
-}
-
 /// Deterministic pseudo-random prompts (splitmix64), the same on every machine.
 pub fn random_prompts(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
@@ -112,14 +107,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let tokenizer = if args.prompts.is_empty() {
         None
     } else {
-        Some(load_tokenizer(&args.model)?)
+        Some(Tokenizer::from_dir(&args.model)?)
     };
     if let Some(tok) = &tokenizer {
         for text in &args.prompts {
-            let enc = tok
-                .encode(text.as_str(), false)
-                .map_err(|e| anyhow::anyhow!("encoding {text:?}: {e}"))?;
-            prompts.push(enc.get_ids().to_vec());
+            prompts.push(
+                tok.encode(text, false)
+                    .with_context(|| format!("encoding {text:?}"))?,
+            );
         }
     }
     prompts.extend(random_prompts(
@@ -178,10 +173,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
         }
         if let Some(tok) = &tokenizer {
-            o.text = Some(
-                tok.decode(&o.token_ids, false)
-                    .map_err(|e| anyhow::anyhow!("decoding: {e}"))?,
-            );
+            o.text = Some(tok.decode(&o.token_ids, false));
         }
         outs.push(o);
     }

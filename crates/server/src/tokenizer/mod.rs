@@ -1,0 +1,219 @@
+//! Tokenizer: a thin wrapper over HF `tokenizers` loaded from a checkpoint directory, plus the
+//! streaming pieces the server needs — an incremental detokenizer (vLLM / TGI "prefix offset /
+//! read offset" algorithm) and a stop-string matcher for the text stream.
+
+mod incremental;
+mod stop;
+
+pub use incremental::IncrementalDetokenizer;
+pub use stop::StopStrings;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// File name of the HF fast-tokenizer definition inside a checkpoint directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// File name of the HF tokenizer config (bos/eos strings, `add_bos_token`).
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// Errors from loading or running the tokenizer. Load errors name the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot load tokenizer from {path}: {message}")]
+    Load { path: PathBuf, message: String },
+    #[error("{path}: token {token:?} ({field}) is not in the vocabulary")]
+    UnknownSpecialToken {
+        path: PathBuf,
+        field: &'static str,
+        token: String,
+    },
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+    #[error("detokenization failed: {0}")]
+    Decode(String),
+}
+
+/// A loaded tokenizer. Cheap to clone (the vocabulary is shared).
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    add_bos_token: bool,
+    add_eos_token: bool,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .field("add_bos_token", &self.add_bos_token)
+            .field("add_eos_token", &self.add_eos_token)
+            .finish()
+    }
+}
+
+/// `bos_token` / `eos_token` in `tokenizer_config.json` are either a plain string or an
+/// `AddedToken` object with a `content` field.
+fn config_token(config: &serde_json::Value, field: &str) -> Option<String> {
+    match config.get(field)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and (if present) `tokenizer_config.json` from a checkpoint
+    /// directory. A missing config means no bos/eos and no automatic bos/eos insertion.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, TokenizerError> {
+        let dir = dir.as_ref();
+        let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        if config_path.exists() {
+            let text =
+                std::fs::read_to_string(&config_path).map_err(|source| TokenizerError::Io {
+                    path: config_path.clone(),
+                    source,
+                })?;
+            let config: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| TokenizerError::Json {
+                    path: config_path.clone(),
+                    source,
+                })?;
+            let lookup = |field: &'static str| -> Result<Option<u32>, TokenizerError> {
+                match config_token(&config, field) {
+                    None => Ok(None),
+                    Some(token) => match tok.token_to_id(&token) {
+                        Some(id) => Ok(Some(id)),
+                        None => Err(TokenizerError::UnknownSpecialToken {
+                            path: config_path.clone(),
+                            field,
+                            token,
+                        }),
+                    },
+                }
+            };
+            let (bos_id, eos_id) = (lookup("bos_token")?, lookup("eos_token")?);
+            tok.bos_id = bos_id;
+            tok.eos_id = eos_id;
+            let flag = |field: &str| config.get(field).and_then(|v| v.as_bool()).unwrap_or(false);
+            tok.add_bos_token = flag("add_bos_token");
+            tok.add_eos_token = flag("add_eos_token");
+        }
+        Ok(tok)
+    }
+
+    /// Loads a `tokenizer.json` alone (no bos/eos information).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Load {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            inner: Arc::new(inner),
+            bos_id: None,
+            eos_id: None,
+            add_bos_token: false,
+            add_eos_token: false,
+        })
+    }
+
+    /// Encodes `text`. Added tokens written in the text (`<｜User｜>`, `<think>` …) become single
+    /// tokens whatever `add_special_tokens` says; `add_special_tokens` only controls the
+    /// post-processor and the config's `add_bos_token` / `add_eos_token` (a bos/eos is not
+    /// added twice).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let mut ids = encoding.get_ids().to_vec();
+        if add_special_tokens {
+            if let (true, Some(bos)) = (self.add_bos_token, self.bos_id) {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+            if let (true, Some(eos)) = (self.add_eos_token, self.eos_id) {
+                if ids.last() != Some(&eos) {
+                    ids.push(eos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Decodes `ids` to text. Unknown ids are skipped (as HF does).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        // The byte-level decoder cannot fail; keep a fallible variant for other decoders.
+        self.try_decode(ids, skip_special_tokens)
+            .unwrap_or_else(|_| String::new())
+    }
+
+    /// Decodes `ids` to text, reporting decoder errors.
+    pub fn try_decode(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// The id of a token string (model vocabulary or added token).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token string of an id (byte-level form, e.g. `Ġhello`), if the id exists.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Beginning-of-sequence id from `tokenizer_config.json`.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// End-of-sequence id from `tokenizer_config.json`.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// Whether `encode(_, true)` prepends the bos token (`add_bos_token` in the config).
+    pub fn add_bos_token(&self) -> bool {
+        self.add_bos_token
+    }
+
+    /// The wrapped HF tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
