@@ -252,6 +252,39 @@ fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
     assert!(matches!(err, EngineError::CacheTooSmall { .. }), "{err}");
 }
 
+#[test]
+fn invalid_engine_settings_are_startup_errors() {
+    for (s, field) in [
+        (sched(0, 64, None), "max_num_seqs"),
+        (sched(4, 0, None), "max_num_batched_tokens"),
+        (sched(4, 64, Some(0)), "prefill_chunk"),
+        (
+            SchedulerConfig {
+                max_model_len: 1,
+                ..sched(4, 64, None)
+            },
+            "max_model_len",
+        ),
+    ] {
+        let cache = CacheConfig {
+            budget: CacheBudget::Bytes(16 << 20),
+            max_seqs: 4,
+            rollback_slack: 0,
+            block_entries: 4,
+        };
+        let err = engine::start(
+            load("tiny-c", "official"),
+            EngineConfig {
+                scheduler: s,
+                cache,
+            },
+        )
+        .err()
+        .expect("must fail");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+}
+
 trait WithEos {
     fn with_eos(self) -> Self;
 }

@@ -27,12 +27,6 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     pub fn config(&self, model: &ModelConfig) -> anyhow::Result<EngineConfig> {
-        if self.prefill_chunk == Some(0) {
-            anyhow::bail!("--prefill-chunk must be at least 1");
-        }
-        if self.max_num_batched_tokens == 0 || self.max_num_seqs == 0 {
-            anyhow::bail!("--max-num-batched-tokens and --max-num-seqs must be at least 1");
-        }
         Ok(EngineConfig {
             scheduler: SchedulerConfig {
                 max_num_seqs: self.max_num_seqs,

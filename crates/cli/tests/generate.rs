@@ -183,7 +183,7 @@ fn bad_input_is_a_clear_error() {
             "--prefill-chunk",
             "0",
         ],
-        "--prefill-chunk",
+        "prefill_chunk",
     );
     assert_fails(
         &[

@@ -36,6 +36,8 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, max_model_len: usize },
     #[error("max_model_len {max_model_len} does not fit the cache, which holds at most {fits} tokens of one sequence; raise the cache budget or lower max_model_len")]
     CacheTooSmall { max_model_len: usize, fits: usize },
+    #[error("invalid engine setting {field}: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -134,6 +136,28 @@ pub fn start(
     model: Model,
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<Result<ModelRunner, EngineError>>), EngineError> {
+    let s = &config.scheduler;
+    let invalid = |field, reason: &str| {
+        Err(EngineError::InvalidConfig {
+            field,
+            reason: reason.into(),
+        })
+    };
+    if s.max_num_seqs == 0 {
+        return invalid("max_num_seqs", "must be at least 1");
+    }
+    if s.max_num_batched_tokens == 0 {
+        return invalid("max_num_batched_tokens", "must be at least 1");
+    }
+    if s.prefill_chunk == Some(0) {
+        return invalid("prefill_chunk", "must be at least 1");
+    }
+    if s.max_model_len < 2 {
+        return invalid(
+            "max_model_len",
+            "must leave room for a prompt token and an output token",
+        );
+    }
     let vocab = model.config.vocab_size;
     let eos = model.config.eos_token_ids.clone();
     let runner = ModelRunner::new(model, config.cache)?;
