@@ -3,7 +3,7 @@
 
 use safetensors::Dtype;
 
-use super::SynthSpec;
+use crate::config::{AttnKind, MlpKind, ModelConfig};
 
 /// How a tensor's values are drawn before they are rounded onto its storage format.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -122,7 +122,7 @@ impl Planner {
     }
 
     /// mHC parameters: `fn [(2+hc)·hc, hc·D]`, `base`, `scale [3]` (or `[1]` for the head).
-    fn hyper(&mut self, p: &str, rows: usize, s: &SynthSpec, scales: usize) {
+    fn hyper(&mut self, p: &str, rows: usize, s: &ModelConfig, scales: usize) {
         let hc_d = s.hc_mult * s.hidden_size;
         self.f32(format!("{p}_fn"), &[rows, hc_d], fan_in(hc_d));
         let base = Init::Normal {
@@ -136,7 +136,7 @@ impl Planner {
 
     /// A compressor of `ratio` producing `dim`-wide entries; overlapping (CSA) ones project
     /// to twice the width.
-    fn compressor(&mut self, p: &str, s: &SynthSpec, ratio: usize, dim: usize, overlap: bool) {
+    fn compressor(&mut self, p: &str, s: &ModelConfig, ratio: usize, dim: usize, overlap: bool) {
         let d = s.hidden_size;
         let width = if overlap { 2 * dim } else { dim };
         self.bf16(format!("{p}.wkv.weight"), &[width, d], fan_in(d));
@@ -149,7 +149,7 @@ impl Planner {
         self.bf16(format!("{p}.norm.weight"), &[dim], NORM);
     }
 
-    fn layer(&mut self, s: &SynthSpec, l: usize) {
+    fn layer(&mut self, s: &ModelConfig, l: usize) {
         let p = format!("layers.{l}");
         let (d, h, hd) = (s.hidden_size, s.num_attention_heads, s.head_dim);
         let hc_rows = (2 + s.hc_mult) * s.hc_mult;
@@ -172,10 +172,11 @@ impl Planner {
         let o = s.o_groups * s.o_lora_rank;
         self.fp8(&format!("{a}.wo_a"), o, h * hd / s.o_groups);
         self.fp8(&format!("{a}.wo_b"), d, o);
-        match s.compress_ratios[l] {
-            0 => {}
-            4 => {
-                self.compressor(&format!("{a}.compressor"), s, 4, hd, true);
+        match s.layer_types[l] {
+            AttnKind::Sliding => {}
+            AttnKind::Csa => {
+                let m = s.compress_rate_csa;
+                self.compressor(&format!("{a}.compressor"), s, m, hd, true);
                 let ix = format!("{a}.indexer");
                 let ihd = s.index_head_dim;
                 self.fp8(&format!("{ix}.wq_b"), s.index_n_heads * ihd, s.q_lora_rank);
@@ -184,15 +185,18 @@ impl Planner {
                     &[s.index_n_heads, d],
                     fan_in(d),
                 );
-                self.compressor(&format!("{ix}.compressor"), s, 4, ihd, true);
+                self.compressor(&format!("{ix}.compressor"), s, m, ihd, true);
             }
-            m => self.compressor(&format!("{a}.compressor"), s, m, hd, false),
+            AttnKind::Hca => {
+                let m = s.compress_rate_hca;
+                self.compressor(&format!("{a}.compressor"), s, m, hd, false);
+            }
         }
 
         let f = format!("{p}.ffn");
         let (e, inter) = (s.n_routed_experts, s.moe_intermediate_size);
         self.bf16(format!("{f}.gate.weight"), &[e, d], fan_in(d));
-        if l < s.num_hash_layers {
+        if s.mlp_layer_types[l] == MlpKind::Hash {
             let ids = Init::ExpertIds { n_experts: e };
             let shape = [s.vocab_size, s.num_experts_per_tok];
             self.push(format!("{f}.gate.tid2eid"), Dtype::I64, &shape, ids);
@@ -222,7 +226,8 @@ impl Planner {
 /// Every tensor the checkpoint holds, in file order (scales right after their weights).
 /// The embedding is drawn at unit scale like a trained one; every stream is RMS-normalised
 /// before use, so only relative scales matter for the forward pass.
-pub fn tensor_plan(s: &SynthSpec) -> Vec<PlannedTensor> {
+pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
+    let s = &spec.config;
     let mut p = Planner { out: Vec::new() };
     let (v, d) = (s.vocab_size, s.hidden_size);
     let unit = Init::Normal {
@@ -230,7 +235,7 @@ pub fn tensor_plan(s: &SynthSpec) -> Vec<PlannedTensor> {
         std: 1.0,
     };
     p.bf16("embed.weight".into(), &[v, d], unit);
-    for l in 0..s.num_hidden_layers() {
+    for l in 0..s.num_hidden_layers {
         p.layer(s, l);
     }
     p.bf16("norm.weight".into(), &[d], NORM);

@@ -96,18 +96,24 @@ fn tiny_loads_runs_and_stores_what_was_drawn() {
     }
 
     // Hash routing tables hold distinct valid experts per token.
-    let k = spec.num_experts_per_tok;
-    for l in 0..spec.num_hash_layers {
+    let k = spec.config.num_experts_per_tok;
+    let n_hash = spec
+        .config
+        .mlp_layer_types
+        .iter()
+        .filter(|t| **t == MlpKind::Hash)
+        .count();
+    for l in 0..n_hash {
         let ids = ck
             .tensor_i64(
                 &format!("layers.{l}.ffn.gate.tid2eid"),
-                &[spec.vocab_size, k],
+                &[spec.config.vocab_size, k],
             )
             .unwrap();
         for r in ids.chunks_exact(k) {
             assert!(r
                 .iter()
-                .all(|&e| (0..spec.n_routed_experts as i64).contains(&e)));
+                .all(|&e| (0..spec.config.n_routed_experts as i64).contains(&e)));
             assert!((1..k).all(|i| !r[..i].contains(&r[i])), "{r:?} repeats");
         }
     }
@@ -177,11 +183,11 @@ fn unwritable_specs_are_refused_before_any_file() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x");
     let mut spec = preset("tiny").unwrap();
-    spec.moe_intermediate_size = 48;
+    spec.config.moe_intermediate_size = 48;
     let e = write_checkpoint(&spec, &out, 0, |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("moe_intermediate_size"), "{e}");
     let mut spec = preset("tiny").unwrap();
-    spec.num_experts_per_tok = 9;
+    spec.config.num_experts_per_tok = 9;
     let e = write_checkpoint(&spec, &out, 0, |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("num_experts_per_tok"), "{e}");
     assert!(!out.exists());
