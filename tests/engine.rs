@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager};
+use deepinfer_engine::cache::CacheManager;
 use deepinfer_engine::engine::{self, EngineConfig, EngineError, EngineHandle};
 use deepinfer_engine::request::{FinishReason, RequestOutput};
 use deepinfer_engine::runner::ModelRunner;
@@ -22,12 +22,7 @@ fn start(
     budget: usize,
     max_seqs: usize,
 ) -> (EngineHandle, Join) {
-    let cache = CacheConfig {
-        budget: CacheBudget::Bytes(budget),
-        max_seqs,
-        rollback_slack: 0,
-        block_entries: 4,
-    };
+    let cache = cache_config(budget, max_seqs, 0);
     engine::start(
         load(config, "official"),
         EngineConfig {
@@ -122,12 +117,7 @@ fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
     let model = load(config, "official");
     let mut budget = 1 << 16;
     loop {
-        let cfg = CacheConfig {
-            budget: CacheBudget::Bytes(budget),
-            max_seqs,
-            rollback_slack: 0,
-            block_entries: 4,
-        };
+        let cfg = cache_config(budget, max_seqs, 0);
         if let Ok(m) = CacheManager::new(&model.config, cfg) {
             if m.max_tokens_per_seq() >= tokens {
                 return budget;
@@ -234,12 +224,7 @@ fn bad_requests_are_refused_up_front() {
 
 #[test]
 fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
-    let cache = CacheConfig {
-        budget: CacheBudget::Bytes(budget_for_one("tiny-a", 2, 100)),
-        max_seqs: 2,
-        rollback_slack: 0,
-        block_entries: 4,
-    };
+    let cache = cache_config(budget_for_one("tiny-a", 2, 100), 2, 0);
     let err = engine::start(
         load("tiny-a", "official"),
         EngineConfig {
@@ -266,12 +251,7 @@ fn invalid_engine_settings_are_startup_errors() {
             "max_model_len",
         ),
     ] {
-        let cache = CacheConfig {
-            budget: CacheBudget::Bytes(16 << 20),
-            max_seqs: 4,
-            rollback_slack: 0,
-            block_entries: 4,
-        };
+        let cache = cache_config(16 << 20, 4, 0);
         let err = engine::start(
             load("tiny-c", "official"),
             EngineConfig {

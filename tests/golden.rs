@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager};
+use deepinfer_engine::cache::CacheManager;
 use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::v4::Model;
@@ -164,13 +164,7 @@ fn tiny_c_layer_outputs_match_hf() {
 }
 
 fn cache_for(model: &Model, max_seqs: usize) -> CacheManager {
-    let cfg = CacheConfig {
-        budget: CacheBudget::Bytes(64 << 20),
-        max_seqs,
-        rollback_slack: 0,
-        block_entries: 8,
-    };
-    CacheManager::new(&model.config, cfg).unwrap()
+    CacheManager::new(&model.config, cache_config(64 << 20, max_seqs, 0)).unwrap()
 }
 
 /// Several prompts of different lengths in one flat batch give each exactly what it gives

@@ -27,15 +27,7 @@ fn cached_greedy(config: &str, layout: &str, chunk: usize) {
         let seq = r.add_sequence().unwrap();
         let mut last = Vec::new();
         for part in prompt.chunks(chunk) {
-            last = r
-                .step(&[SeqWork {
-                    seq,
-                    tokens: part,
-                    all_logits: false,
-                }])
-                .unwrap()
-                .row(0)
-                .to_vec();
+            last = feed(&mut r, seq, part, false).row(0).to_vec();
         }
         let mut got = Vec::new();
         for s in 0..greedy.len() {
@@ -49,15 +41,7 @@ fn cached_greedy(config: &str, layout: &str, chunk: usize) {
                 );
             }
             if s + 1 < greedy.len() {
-                last = r
-                    .step(&[SeqWork {
-                        seq,
-                        tokens: &[tok],
-                        all_logits: false,
-                    }])
-                    .unwrap()
-                    .row(0)
-                    .to_vec();
+                last = feed(&mut r, seq, &[tok], false).row(0).to_vec();
             }
         }
         assert_eq!(
@@ -186,40 +170,19 @@ fn truncation_is_exact() {
         let full = chunked_logits(&mut r, &tokens, tokens.len());
 
         let seq = r.add_sequence().unwrap();
-        r.step(&[SeqWork {
-            seq,
-            tokens: &tokens[..prefix],
-            all_logits: false,
-        }])
-        .unwrap();
+        feed(&mut r, seq, &tokens[..prefix], false);
         // A detour of k tokens that differ from the real continuation, in two steps.
         let detour: Vec<u32> = tokens[prefix..prefix + k]
             .iter()
             .map(|t| (t + 1) % r.model().config.vocab_size as u32)
             .collect();
-        r.step(&[SeqWork {
-            seq,
-            tokens: &detour[..k / 2],
-            all_logits: false,
-        }])
-        .unwrap();
+        feed(&mut r, seq, &detour[..k / 2], false);
         for t in &detour[k / 2..] {
-            r.step(&[SeqWork {
-                seq,
-                tokens: std::slice::from_ref(t),
-                all_logits: false,
-            }])
-            .unwrap();
+            feed(&mut r, seq, std::slice::from_ref(t), false);
         }
         r.truncate(seq, prefix).unwrap();
         for (c, part) in tokens[prefix..].chunks(5).enumerate() {
-            let l = r
-                .step(&[SeqWork {
-                    seq,
-                    tokens: part,
-                    all_logits: true,
-                }])
-                .unwrap();
+            let l = feed(&mut r, seq, part, true);
             for j in 0..part.len() {
                 let pos = prefix + c * 5 + j;
                 let d = max_abs_diff(l.row(j), &full[pos]);
@@ -235,12 +198,7 @@ fn truncation_beyond_the_rollback_slack_is_refused() {
     let mut r = runner(load("tiny-a", "official"), 1, 4);
     let seq = r.add_sequence().unwrap();
     let tokens: Vec<u32> = (0..30).collect();
-    r.step(&[SeqWork {
-        seq,
-        tokens: &tokens,
-        all_logits: false,
-    }])
-    .unwrap();
+    feed(&mut r, seq, &tokens, false);
     r.truncate(seq, 26).unwrap();
     let err = r.truncate(seq, 25).unwrap_err();
     assert!(matches!(err, RunnerError::TruncateTooFar { .. }), "{err}");

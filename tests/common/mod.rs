@@ -1,8 +1,9 @@
 //! Fixture access shared by the golden tests.
 #![allow(dead_code)]
 
-use deepinfer_engine::cache::{CacheBudget, CacheConfig};
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
+use deepinfer_model::batch::Logits;
 use deepinfer_model::v4::Model;
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -74,15 +75,30 @@ pub fn load(config: &str, layout: &str) -> Model {
     Model::load(&fixture(config).join(layout)).unwrap_or_else(|e| panic!("{config}/{layout}: {e}"))
 }
 
-/// A runner over `model` with room for `max_seqs` sequences and `slack` tokens of rollback.
-pub fn runner(model: Model, max_seqs: usize, slack: usize) -> ModelRunner {
-    let cache = CacheConfig {
-        budget: CacheBudget::Bytes(256 << 20),
+/// Cache settings for the tests: `budget` bytes, `max_seqs` state slots, `slack` tokens of
+/// rollback, small blocks so that entries cross block boundaries often.
+pub fn cache_config(budget: usize, max_seqs: usize, slack: usize) -> CacheConfig {
+    CacheConfig {
+        budget: CacheBudget::Bytes(budget),
         max_seqs,
         rollback_slack: slack,
-        block_entries: 8,
-    };
-    ModelRunner::new(model, cache).unwrap()
+        block_entries: 4,
+    }
+}
+
+/// A runner over `model` with room for `max_seqs` sequences and `slack` tokens of rollback.
+pub fn runner(model: Model, max_seqs: usize, slack: usize) -> ModelRunner {
+    ModelRunner::new(model, cache_config(256 << 20, max_seqs, slack)).unwrap()
+}
+
+/// Appends `tokens` to `seq` in one step; logits of every token or of the last.
+pub fn feed(r: &mut ModelRunner, seq: SeqId, tokens: &[u32], all_logits: bool) -> Logits {
+    r.step(&[SeqWork {
+        seq,
+        tokens,
+        all_logits,
+    }])
+    .unwrap()
 }
 
 /// Logits of every position of `tokens` fed to a fresh sequence in chunks of `chunk`.
@@ -90,13 +106,7 @@ pub fn chunked_logits(r: &mut ModelRunner, tokens: &[u32], chunk: usize) -> Vec<
     let seq = r.add_sequence().unwrap();
     let mut out = Vec::new();
     for part in tokens.chunks(chunk) {
-        let l = r
-            .step(&[SeqWork {
-                seq,
-                tokens: part,
-                all_logits: true,
-            }])
-            .unwrap();
+        let l = feed(r, seq, part, true);
         out.extend((0..l.rows()).map(|i| l.row(i).to_vec()));
     }
     r.free(seq).unwrap();

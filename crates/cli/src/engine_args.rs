@@ -26,8 +26,8 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn config(&self, model: &ModelConfig) -> anyhow::Result<EngineConfig> {
-        Ok(EngineConfig {
+    pub fn config(&self, model: &ModelConfig) -> EngineConfig {
+        EngineConfig {
             scheduler: SchedulerConfig {
                 max_num_seqs: self.max_num_seqs,
                 max_num_batched_tokens: self.max_num_batched_tokens,
@@ -40,6 +40,6 @@ impl EngineArgs {
                 rollback_slack: 0,
                 block_entries: 16,
             },
-        })
+        }
     }
 }
