@@ -28,6 +28,7 @@ fn start(
         EngineConfig {
             scheduler: sched,
             cache,
+            model_name: "test".into(),
         },
     )
     .unwrap()
@@ -230,6 +231,7 @@ fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
         EngineConfig {
             scheduler: sched(2, 64, None),
             cache,
+            model_name: "test".into(),
         },
     )
     .err()
@@ -257,6 +259,7 @@ fn invalid_engine_settings_are_startup_errors() {
             EngineConfig {
                 scheduler: s,
                 cache,
+                model_name: "test".into(),
             },
         )
         .err()
@@ -300,8 +303,9 @@ fn decodes_are_not_starved_by_a_long_prefill() {
             id,
             prompt_ids: vec![2; len],
             params: greedy(1000),
+            arrival: std::time::Instant::now(),
         };
-        seqs.insert(id, Sequence::new(req, tx.clone()));
+        seqs.insert(id, Sequence::new(req, Box::new(tx.clone())));
         sched.add(id);
     }
     let mut decode_steps = 0;

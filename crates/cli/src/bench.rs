@@ -97,7 +97,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         model.config.vocab_size,
         args.seed,
     );
-    let config = args.engine.config(&model.config);
+    let config = args.engine.config(&model.config, "deepinfer");
     let (handle, join) = engine::start(model, config)?;
     let bar = indicatif::ProgressBar::new(args.num_prompts as u64);
     bar.set_style(

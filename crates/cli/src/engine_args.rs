@@ -26,8 +26,9 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn config(&self, model: &ModelConfig) -> EngineConfig {
+    pub fn config(&self, model: &ModelConfig, model_name: &str) -> EngineConfig {
         EngineConfig {
+            model_name: model_name.into(),
             scheduler: SchedulerConfig {
                 max_num_seqs: self.max_num_seqs,
                 max_num_batched_tokens: self.max_num_batched_tokens,

@@ -3,6 +3,7 @@
 mod bench;
 mod engine_args;
 mod generate;
+mod serve;
 mod synth;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible API (default model: a small synthetic one).
+    Serve(serve::ServeArgs),
     /// Offline generation through the engine (greedy by default), one JSON line per prompt.
     Generate(generate::GenerateArgs),
     /// Run a workload through the engine and report latency and throughput like `vllm bench serve`.
@@ -37,6 +40,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),

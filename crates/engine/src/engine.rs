@@ -3,7 +3,8 @@
 //! path takes no locks.
 
 use crate::cache::CacheConfig;
-use crate::request::{FinishReason, Request, RequestId, RequestOutput, TokenLogprobs};
+use crate::metrics::{secs, EngineMetrics};
+use crate::request::{FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenLogprobs};
 use crate::runner::{ModelRunner, RunnerError, SeqWork};
 use crate::sampler::{SampleRow, Sampler};
 use crate::sampling_params::{ParamError, SamplingParams};
@@ -11,15 +12,18 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use deepinfer_model::v4::Model;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     pub cache: CacheConfig,
+    /// The `model_name` label of every metric (the served model name).
+    pub model_name: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +58,7 @@ pub struct EngineStats {
 }
 
 enum Command {
-    Add(Request, Sender<RequestOutput>),
+    Add(Request, Box<dyn OutputSink>),
     Abort(RequestId),
     /// Reply once nothing is waiting or running (tests, shutdown).
     Drain(Sender<()>),
@@ -68,7 +72,9 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     vocab: usize,
     max_model_len: usize,
+    alive: Arc<AtomicBool>,
     pub stats: Arc<EngineStats>,
+    pub metrics: Arc<EngineMetrics>,
 }
 
 impl EngineHandle {
@@ -79,6 +85,23 @@ impl EngineHandle {
         prompt_ids: Vec<u32>,
         params: SamplingParams,
     ) -> Result<(RequestId, Receiver<RequestOutput>), EngineError> {
+        let (tx, rx) = mpsc::channel();
+        let id = self.add_request_to(prompt_ids, params, Box::new(tx))?;
+        Ok((id, rx))
+    }
+
+    /// Like [`Self::add_request`], with the deltas going to any sink (the server's async
+    /// channels). If the sink is dropped without a final delta, the engine has stopped.
+    pub fn add_request_to(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        sink: Box<dyn OutputSink>,
+    ) -> Result<RequestId, EngineError> {
+        let arrival = Instant::now();
+        if !self.is_running() {
+            return Err(EngineError::Stopped);
+        }
         if prompt_ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -96,18 +119,18 @@ impl EngineHandle {
         }
         params.validate(self.vocab)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
         self.tx
             .send(Command::Add(
                 Request {
                     id,
                     prompt_ids,
                     params,
+                    arrival,
                 },
-                tx,
+                sink,
             ))
             .map_err(|_| EngineError::Stopped)?;
-        Ok((id, rx))
+        Ok(id)
     }
 
     /// Stops a request; its stream ends with `FinishReason::Abort` and its cache is freed in
@@ -127,6 +150,29 @@ impl EngineHandle {
 
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
+    }
+
+    /// False once the engine thread has ended (shut down, or a model step failed).
+    pub fn is_running(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Longest sequence (prompt + output) a request may reach.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+}
+
+/// Marks the engine stopped when the thread ends, however it ends (return, error, panic).
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -171,12 +217,17 @@ pub fn start(
     }
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(EngineStats::default());
+    let metrics = Arc::new(EngineMetrics::new(&config.model_name));
+    metrics.set_cache_usage(&runner.cache().usage());
+    let alive = Arc::new(AtomicBool::new(true));
     let handle = EngineHandle {
         tx,
         next_id: Arc::new(AtomicU64::new(0)),
         vocab,
         max_model_len,
+        alive: alive.clone(),
         stats: stats.clone(),
+        metrics: metrics.clone(),
     };
     let mut core = EngineCore {
         runner,
@@ -186,11 +237,19 @@ pub fn start(
         cfg: config.scheduler,
         eos,
         stats,
+        metrics,
         drains: Vec::new(),
     };
     let join = std::thread::Builder::new()
         .name("deepinfer-engine".into())
-        .spawn(move || core.run(rx).map(|()| core.runner))
+        .spawn(move || {
+            let _alive = AliveGuard(alive);
+            let result = core.run(rx);
+            if let Err(e) = &result {
+                tracing::error!("the engine stopped: {e}");
+            }
+            result.map(|()| core.runner)
+        })
         .expect("spawn the engine thread");
     Ok((handle, join))
 }
@@ -203,6 +262,7 @@ struct EngineCore {
     cfg: SchedulerConfig,
     eos: Vec<u32>,
     stats: Arc<EngineStats>,
+    metrics: Arc<EngineMetrics>,
     drains: Vec<Sender<()>>,
 }
 
@@ -273,8 +333,21 @@ impl EngineCore {
         self.stats
             .preemptions
             .fetch_add(sched.preempted.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .num_preemptions
+            .inc_by(sched.preempted.len() as u64);
         if sched.scheduled.is_empty() {
             return Ok(());
+        }
+        let now = Instant::now();
+        for &(id, _) in &sched.scheduled {
+            let s = self.seqs.get_mut(&id).expect("scheduled");
+            if s.first_scheduled.is_none() {
+                s.first_scheduled = Some(now);
+                self.metrics
+                    .request_queue_time
+                    .observe(secs(now - s.request.arrival));
+            }
         }
         let tokens: Vec<Vec<u32>> = sched
             .scheduled
@@ -343,9 +416,24 @@ impl EngineCore {
                 .collect();
             self.sampler.sample(&picked, vocab, &mut srows)
         };
+        let now = Instant::now();
         for (&(_, id), sample) in rows.iter().zip(samples) {
             let s = self.seqs.get_mut(&id).expect("sampled");
             s.output_ids.push(sample.token);
+            self.metrics.generation_tokens.inc();
+            match s.last_token_at {
+                None => {
+                    s.first_token_at = Some(now);
+                    self.metrics
+                        .time_to_first_token
+                        .observe(secs(now - s.request.arrival));
+                    self.metrics
+                        .prompt_tokens
+                        .inc_by(s.request.prompt_ids.len() as u64);
+                }
+                Some(prev) => self.metrics.inter_token_latency.observe(secs(now - prev)),
+            }
+            s.last_token_at = Some(now);
             let logprobs = s.request.params.logprobs.map(|_| {
                 vec![TokenLogprobs {
                     token: sample.token,
@@ -363,20 +451,24 @@ impl EngineCore {
                         finish_reason: None,
                         num_prompt_tokens: s.request.prompt_ids.len(),
                     };
-                    if s.out.send(out).is_err() {
+                    if !s.out.send(out) {
                         // The client went away: stop spending compute on it.
                         self.finish(id, FinishReason::Abort, Vec::new(), None);
                     }
                 }
             }
         }
-        self.stats
-            .running
-            .store(self.scheduler.running.len(), Ordering::Relaxed);
-        self.stats
-            .waiting
-            .store(self.scheduler.waiting.len(), Ordering::Relaxed);
+        self.update_gauges();
         Ok(())
+    }
+
+    fn update_gauges(&self) {
+        let (running, waiting) = (self.scheduler.running.len(), self.scheduler.waiting.len());
+        self.stats.running.store(running, Ordering::Relaxed);
+        self.stats.waiting.store(waiting, Ordering::Relaxed);
+        self.metrics.num_requests_running.set(running as i64);
+        self.metrics.num_requests_waiting.set(waiting as i64);
+        self.metrics.set_cache_usage(&self.runner.cache().usage());
     }
 
     /// Ends a request: last delta with the reason, cache freed now.
@@ -387,7 +479,7 @@ impl EngineCore {
         new_token_ids: Vec<u32>,
         logprobs: Option<Vec<TokenLogprobs>>,
     ) {
-        let Some(seq) = self.seqs.remove(&id) else {
+        let Some(mut seq) = self.seqs.remove(&id) else {
             return;
         };
         self.scheduler.remove(id);
@@ -404,5 +496,26 @@ impl EngineCore {
             num_prompt_tokens: seq.request.prompt_ids.len(),
         });
         self.stats.finished.fetch_add(1, Ordering::Relaxed);
+        self.record_finished(&seq, reason);
+        self.update_gauges();
+    }
+
+    fn record_finished(&self, seq: &Sequence, reason: FinishReason) {
+        let m = &self.metrics;
+        m.request_finished(reason);
+        m.request_prompt_tokens
+            .observe(seq.request.prompt_ids.len() as f64);
+        m.request_generation_tokens
+            .observe(seq.output_ids.len() as f64);
+        if let Some(last) = seq.last_token_at {
+            m.e2e_request_latency
+                .observe(secs(last - seq.request.arrival));
+        }
+        if let (Some(first), Some(last)) = (seq.first_token_at, seq.last_token_at) {
+            if seq.output_ids.len() > 1 {
+                let decode = secs(last - first) / (seq.output_ids.len() - 1) as f64;
+                m.request_time_per_output_token.observe(decode);
+            }
+        }
     }
 }

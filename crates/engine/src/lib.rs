@@ -2,6 +2,7 @@
 
 pub mod cache;
 pub mod engine;
+pub mod metrics;
 pub mod request;
 pub mod runner;
 pub mod sampler;

@@ -1,6 +1,7 @@
 //! What a client asks for and what it gets back, in vLLM's terms.
 
 use crate::sampling_params::SamplingParams;
+use std::time::Instant;
 
 pub type RequestId = u64;
 
@@ -10,6 +11,8 @@ pub struct Request {
     pub id: RequestId,
     pub prompt_ids: Vec<u32>,
     pub params: SamplingParams,
+    /// When the request reached the engine's handle: queue time and TTFT count from here.
+    pub arrival: Instant,
 }
 
 /// Why a request stopped generating.
@@ -51,4 +54,17 @@ pub struct RequestOutput {
     pub logprobs: Option<Vec<TokenLogprobs>>,
     pub finish_reason: Option<FinishReason>,
     pub num_prompt_tokens: usize,
+}
+
+/// Where a request's deltas go. The engine thread calls `send` and never blocks on it; a
+/// `false` return means the receiver is gone, and the engine aborts the request and frees
+/// its cache at once (a client that disconnected costs no more compute).
+pub trait OutputSink: Send + 'static {
+    fn send(&mut self, out: RequestOutput) -> bool;
+}
+
+impl OutputSink for std::sync::mpsc::Sender<RequestOutput> {
+    fn send(&mut self, out: RequestOutput) -> bool {
+        std::sync::mpsc::Sender::send(self, out).is_ok()
+    }
 }

@@ -1,9 +1,9 @@
 //! A request in flight: its tokens, how many of them the cache holds, its RNG stream.
 
 use crate::cache::SeqId;
-use crate::request::{FinishReason, Request, RequestOutput};
+use crate::request::{FinishReason, OutputSink, Request};
 use crate::sampler::SeqRng;
-use std::sync::mpsc::Sender;
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SeqStatus {
@@ -20,11 +20,16 @@ pub struct Sequence {
     pub cache: Option<SeqId>,
     pub status: SeqStatus,
     pub rng: SeqRng,
-    pub out: Sender<RequestOutput>,
+    pub out: Box<dyn OutputSink>,
+    /// First time the scheduler gave it a step (end of its queue time).
+    pub first_scheduled: Option<Instant>,
+    /// When its first and latest tokens were sampled (TTFT, inter-token latency, TPOT).
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
 }
 
 impl Sequence {
-    pub fn new(request: Request, out: Sender<RequestOutput>) -> Self {
+    pub fn new(request: Request, out: Box<dyn OutputSink>) -> Self {
         let rng = SeqRng::new(request.params.seed);
         Self {
             request,
@@ -34,6 +39,9 @@ impl Sequence {
             status: SeqStatus::Waiting,
             rng,
             out,
+            first_scheduled: None,
+            first_token_at: None,
+            last_token_at: None,
         }
     }
 
@@ -85,8 +93,9 @@ mod tests {
                 id: 0,
                 prompt_ids: vec![5, 6, 7],
                 params,
+                arrival: Instant::now(),
             },
-            tx,
+            Box::new(tx),
         );
         s.output_ids = out.to_vec();
         s

@@ -1,4 +1,14 @@
-//! deepinfer's serving layer: tokenizer (with incremental detokenizer and stop-string
-//! matching); HTTP, OpenAI types, chat rendering and output parsing come later.
+//! deepinfer's serving layer: the OpenAI-compatible HTTP API over the engine, with the
+//! tokenizer (incremental detokenizer, stop strings) and, for chat, DeepSeek-V4's prompt
+//! format and output parsing.
 
+pub mod generation;
+pub mod openai;
+mod routes;
+pub mod serve;
+pub mod state;
 pub mod tokenizer;
+
+pub use routes::router;
+pub use serve::{serve, shutdown_signal};
+pub use state::AppState;

@@ -1,0 +1,174 @@
+//! `deepinfer serve`: the OpenAI-compatible server. Without `--model` it serves a small
+//! synthetic model with the real tokenizer (written once into the cache directory), so the
+//! first command on a fresh machine works without downloading anything.
+
+use crate::engine_args::EngineArgs;
+use anyhow::{Context, Result};
+use clap::Args;
+use deepinfer_engine::engine;
+use deepinfer_model::synth::{preset, write_checkpoint};
+use deepinfer_model::v4::Model;
+use deepinfer_server::tokenizer::Tokenizer;
+use deepinfer_server::AppState;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The default model: the `tiny` preset at seed 0. Bump the suffix when the preset or the
+/// writer changes, so an old cached copy is not served as the new one.
+const DEFAULT_MODEL: &str = "tiny-seed0-v1";
+const DEFAULT_MODEL_NAME: &str = "deepinfer-tiny";
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Checkpoint directory (safetensors + config.json + tokenizer.json). Default: a small
+    /// synthetic model with the real tokenizer, built on first use in the cache directory.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to bind; loopback unless told otherwise.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Name clients put in `model` (default: the --model path as given, as vLLM does).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Most generations queued or running; beyond it requests get 503.
+    #[arg(long, default_value_t = 1024)]
+    max_pending_requests: usize,
+    /// Largest request body accepted, in MiB (larger ones get 413).
+    #[arg(long, default_value_t = 32)]
+    max_request_body_mib: usize,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// `$DEEPINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/deepinfer`, else `~/.cache/deepinfer`.
+fn cache_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("DEEPINFER_CACHE_DIR") {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(d).join("deepinfer"));
+    }
+    let home = std::env::var_os("HOME")
+        .context("cannot find a cache directory: set DEEPINFER_CACHE_DIR or HOME")?;
+    Ok(PathBuf::from(home).join(".cache/deepinfer"))
+}
+
+/// The default model's directory, written first if missing. It is built in a scratch
+/// directory and renamed into place, so an interrupted build never leaves a half model.
+fn default_model() -> Result<PathBuf> {
+    let dir = cache_dir()?.join("models").join(DEFAULT_MODEL);
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let parent = dir.parent().expect("has a parent");
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let tmp = parent.join(format!(".{DEFAULT_MODEL}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes}")?
+            .progress_chars("=> "),
+    );
+    bar.set_message("building the default model (once)");
+    write_checkpoint(&preset("tiny")?, &tmp, 0, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing the default model to {}", tmp.display()))?;
+    bar.finish_and_clear();
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => {}
+        // Another process won the race; use its copy.
+        Err(_) if dir.join("config.json").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot move the default model to {}", dir.display()))
+        }
+    }
+    Ok(dir)
+}
+
+fn load_model(dir: &Path) -> Result<Model> {
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
+    spinner.set_message(format!("loading {}", dir.display()));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let model = Model::load(dir).with_context(|| format!("loading {}", dir.display()));
+    spinner.finish_and_clear();
+    model
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let (dir, default_name) = match &args.model {
+        Some(d) => (d.clone(), d.display().to_string()),
+        None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),
+    };
+    let name = args.served_model_name.clone().unwrap_or(default_name);
+    let tokenizer = Tokenizer::from_dir(&dir)?;
+    let start = Instant::now();
+    let model = load_model(&dir)?;
+    if tokenizer.vocab_size() > model.config.vocab_size {
+        tracing::warn!(
+            tokenizer = tokenizer.vocab_size(),
+            model = model.config.vocab_size,
+            "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
+        );
+    }
+    let config = args.engine.config(&model.config, &name);
+    let (handle, join) = engine::start(model, config)?;
+    eprintln!(
+        "loaded {} in {:.1} s",
+        dir.display(),
+        start.elapsed().as_secs_f64()
+    );
+    let state = Arc::new(AppState::new(
+        handle.clone(),
+        tokenizer,
+        name.clone(),
+        dir.display().to_string(),
+        args.api_key.clone(),
+        args.max_pending_requests,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("serving `{name}` on http://{addr} (Ctrl-C to stop)");
+        deepinfer_server::serve(
+            listener,
+            state,
+            args.max_request_body_mib << 20,
+            deepinfer_server::shutdown_signal(),
+        )
+        .await
+        .context("serving HTTP")
+    });
+    handle.shutdown();
+    let engine_result = join.join();
+    served?;
+    match engine_result {
+        Ok(Ok(_)) => {
+            eprintln!("stopped");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e).context("the engine failed"),
+        Err(_) => anyhow::bail!("the engine thread panicked"),
+    }
+}

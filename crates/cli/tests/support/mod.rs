@@ -1,0 +1,167 @@
+//! A `deepinfer serve` process for tests: started on a free loopback port with the default
+//! model (built once per target directory), talked to with a real HTTP client.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+    /// Everything the server wrote to stderr after its "serving" line.
+    pub log: Arc<Mutex<String>>,
+}
+
+/// Shared across test binaries so the default model is written once.
+pub fn cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deepinfer-cache")
+}
+
+impl Server {
+    /// Starts the binary with `args` after `serve --port 0` and waits until it listens.
+    pub fn start(args: &[&str]) -> Server {
+        // One start at a time: the first writes the default model, the rest reuse it.
+        static STARTING: Mutex<()> = Mutex::new(());
+        let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .env("DEEPINFER_CACHE_DIR", cache_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        let base = loop {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                panic!("the server exited before listening:\n{seen}");
+            };
+            seen.push_str(&line);
+            seen.push('\n');
+            if let Some(at) = line.find(" on http://") {
+                let rest = &line[at + " on ".len()..];
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Server { child, base, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT (Ctrl-C) and waits for the exit status.
+    pub fn interrupt_and_wait(mut self) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "could not signal the server");
+        let status = self.child.wait().expect("wait");
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One metric's value from the Prometheus text, matching every label given.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Parsed JSON chunks of an SSE body (the final `[DONE]` is checked and dropped).
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("chunk is JSON"))
+        .collect()
+}
+
+/// Greedy tokens through the engine alone (`deepinfer generate`, no HTTP).
+pub fn engine_greedy(model: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Vec<u32>> {
+    let mut args = vec![
+        "generate".to_string(),
+        "--model".into(),
+        model.into(),
+        "--max-tokens".into(),
+        max_tokens.to_string(),
+        "--ignore-eos".into(),
+        "--json".into(),
+    ];
+    for p in prompts {
+        args.push("--prompt-ids".into());
+        args.push(
+            p.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        .args(&args)
+        .output()
+        .expect("generate runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}

@@ -1,0 +1,219 @@
+//! Serving metrics with vLLM's names under a `deepinfer:` prefix, so dashboards built for
+//! `vllm:*` work after a rename. The engine thread records them (it sees every scheduling
+//! and sampling event); the server renders them at `/metrics`.
+//!
+//! Each engine has its own registry (no global recorder), so several engines in one process
+//! (tests, benchmarks) never mix their numbers.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+use std::time::Duration;
+
+use crate::cache::PoolUsage;
+use crate::request::FinishReason;
+
+/// Latency buckets in seconds, from vLLM's TTFT/E2E histograms (ms-scale to minutes).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// Inter-token latency buckets in seconds (vLLM's ITL histogram).
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Token-count buckets (1, 2, 5 per decade), as vLLM builds them up to the context length.
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
+];
+
+pub struct EngineMetrics {
+    registry: Registry,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub request_time_per_output_token: Histogram,
+    pub e2e_request_latency: Histogram,
+    pub request_queue_time: Histogram,
+    pub request_prompt_tokens: Histogram,
+    pub request_generation_tokens: Histogram,
+    pub prompt_tokens: IntCounter,
+    pub generation_tokens: IntCounter,
+    pub num_preemptions: IntCounter,
+    request_success: IntCounterVec,
+    pub num_requests_running: IntGauge,
+    pub num_requests_waiting: IntGauge,
+    cache_usage: prometheus::GaugeVec,
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(format!("deepinfer:{name}"), help).buckets(buckets.to_vec())
+}
+
+impl EngineMetrics {
+    /// Every series carries `model_name`, as vLLM's do.
+    pub fn new(model_name: &str) -> Self {
+        let registry = Registry::new_custom(
+            None,
+            Some([("model_name".into(), model_name.into())].into()),
+        )
+        .expect("a constant label with a valid name");
+        let h = |opts: HistogramOpts| {
+            let m = Histogram::with_opts(opts).expect("valid histogram");
+            registry.register(Box::new(m.clone())).expect("unique name");
+            m
+        };
+        let c = |name: &str, help: &str| {
+            let m = IntCounter::new(format!("deepinfer:{name}"), help).expect("valid counter");
+            registry.register(Box::new(m.clone())).expect("unique name");
+            m
+        };
+        let g = |name: &str, help: &str| {
+            let m = IntGauge::new(format!("deepinfer:{name}"), help).expect("valid gauge");
+            registry.register(Box::new(m.clone())).expect("unique name");
+            m
+        };
+        let request_success = IntCounterVec::new(
+            Opts::new(
+                "deepinfer:request_success_total",
+                "Finished requests, by finish reason.",
+            ),
+            &["finished_reason"],
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(request_success.clone()))
+            .expect("unique name");
+        let cache_usage = prometheus::GaugeVec::new(
+            Opts::new(
+                "deepinfer:kv_cache_usage_perc",
+                "Share of each cache pool in use (1 = full).",
+            ),
+            &["pool"],
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(cache_usage.clone()))
+            .expect("unique name");
+        Self {
+            time_to_first_token: h(histogram(
+                "time_to_first_token_seconds",
+                "Time from arrival to the first output token.",
+                LATENCY_BUCKETS,
+            )),
+            inter_token_latency: h(histogram(
+                "inter_token_latency_seconds",
+                "Time between consecutive output tokens of a request.",
+                ITL_BUCKETS,
+            )),
+            request_time_per_output_token: h(histogram(
+                "request_time_per_output_token_seconds",
+                "Per request: decode time divided by output tokens after the first (TPOT).",
+                ITL_BUCKETS,
+            )),
+            e2e_request_latency: h(histogram(
+                "e2e_request_latency_seconds",
+                "Time from arrival to the last output token.",
+                LATENCY_BUCKETS,
+            )),
+            request_queue_time: h(histogram(
+                "request_queue_time_seconds",
+                "Time from arrival to the first scheduled step.",
+                LATENCY_BUCKETS,
+            )),
+            request_prompt_tokens: h(histogram(
+                "request_prompt_tokens",
+                "Prompt length of finished requests.",
+                TOKEN_BUCKETS,
+            )),
+            request_generation_tokens: h(histogram(
+                "request_generation_tokens",
+                "Output length of finished requests.",
+                TOKEN_BUCKETS,
+            )),
+            prompt_tokens: c("prompt_tokens_total", "Prompt tokens prefilled."),
+            generation_tokens: c("generation_tokens_total", "Output tokens generated."),
+            num_preemptions: c(
+                "num_preemptions_total",
+                "Sequences preempted (their cache freed, recomputed later).",
+            ),
+            request_success,
+            num_requests_running: g(
+                "num_requests_running",
+                "Requests holding a cache and being stepped.",
+            ),
+            num_requests_waiting: g("num_requests_waiting", "Requests queued for admission."),
+            cache_usage,
+            registry,
+        }
+    }
+
+    pub fn request_finished(&self, reason: FinishReason) {
+        self.request_success
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+
+    pub fn set_cache_usage(&self, pools: &[PoolUsage]) {
+        for p in pools {
+            let perc = if p.total_blocks == 0 {
+                0.0
+            } else {
+                p.used_blocks as f64 / p.total_blocks as f64
+            };
+            self.cache_usage.with_label_values(&[p.name]).set(perc);
+        }
+    }
+
+    /// Current usage of one pool (tests and the load test read it back).
+    pub fn cache_usage(&self, pool: &str) -> f64 {
+        self.cache_usage.with_label_values(&[pool]).get()
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding of gathered metrics");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+pub(crate) fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_with_the_model_label() {
+        let m = EngineMetrics::new("tiny");
+        m.time_to_first_token.observe(0.03);
+        m.prompt_tokens.inc_by(7);
+        m.request_finished(FinishReason::Length);
+        m.set_cache_usage(&[PoolUsage {
+            name: "csa_entries",
+            used_blocks: 1,
+            total_blocks: 4,
+            used_bytes: 10,
+            total_bytes: 40,
+        }]);
+        let text = m.render();
+        assert!(text.contains(
+            "deepinfer:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1"
+        ));
+        assert!(text.contains("deepinfer:prompt_tokens_total{model_name=\"tiny\"} 7"));
+        assert!(text.contains(
+            "deepinfer:request_success_total{finished_reason=\"length\",model_name=\"tiny\"} 1"
+        ));
+        assert!(text.contains(
+            "deepinfer:kv_cache_usage_perc{model_name=\"tiny\",pool=\"csa_entries\"} 0.25"
+        ));
+        assert_eq!(m.cache_usage("csa_entries"), 0.25);
+    }
+}

@@ -1,0 +1,209 @@
+//! One API request's generation: its choices submitted to the engine as sequences, their
+//! deltas gathered on one async channel, each turned into text (incremental detokenization,
+//! stop strings) before the endpoint formats it.
+//!
+//! Dropping a [`Generation`] (the client went away, or the handler returned early) aborts
+//! every choice still running, so the engine frees their caches in its next step.
+
+use crate::openai::{ApiError, OutputOptions};
+use crate::tokenizer::{IncrementalDetokenizer, StopStrings, Tokenizer};
+use deepinfer_engine::engine::EngineHandle;
+use deepinfer_engine::request::{
+    FinishReason, OutputSink, RequestId, RequestOutput, TokenLogprobs,
+};
+use deepinfer_engine::sampling_params::SamplingParams;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::OwnedSemaphorePermit;
+
+/// Routes one choice's deltas into the request's shared channel, tagged with the choice.
+struct ChoiceSink {
+    index: usize,
+    tx: UnboundedSender<(usize, RequestOutput)>,
+}
+
+impl OutputSink for ChoiceSink {
+    fn send(&mut self, out: RequestOutput) -> bool {
+        self.tx.send((self.index, out)).is_ok()
+    }
+}
+
+/// What one choice produced since its last delta.
+#[derive(Debug, Default, Clone)]
+pub struct ChoiceDelta {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
+    /// Set on the choice's last delta: OpenAI's finish reason.
+    pub finish_reason: Option<&'static str>,
+    /// vLLM's `stop_reason`: the stop string or stop token id that ended the choice.
+    pub stop_reason: Option<serde_json::Value>,
+}
+
+/// The text side of one choice.
+struct ChoiceText {
+    request_id: RequestId,
+    detok: IncrementalDetokenizer,
+    stops: StopStrings,
+    include_stop: bool,
+    stop_token_ids: Vec<u32>,
+    num_tokens: usize,
+    finished: bool,
+}
+
+impl ChoiceText {
+    /// Applies one engine delta. Returns the text delta and whether a stop string ended the
+    /// choice here (the engine does not know; the caller aborts the sequence).
+    fn apply(&mut self, out: RequestOutput) -> (ChoiceDelta, bool) {
+        let mut delta = ChoiceDelta {
+            logprobs: out.logprobs.unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut stop_hit = false;
+        for &id in &out.new_token_ids {
+            self.num_tokens += 1;
+            delta.token_ids.push(id);
+            let text = self.detok.push(id);
+            let (emit, matched) = self.stops.push(&text);
+            delta.text.push_str(&emit);
+            if let Some(i) = matched {
+                let stop = self.stops.stops()[i].clone();
+                if self.include_stop {
+                    delta.text.push_str(&stop);
+                }
+                delta.finish_reason = Some("stop");
+                delta.stop_reason = Some(stop.into());
+                stop_hit = true;
+                break;
+            }
+        }
+        if !stop_hit {
+            if let Some(reason) = out.finish_reason {
+                let rest = self.detok.flush();
+                let (emit, matched) = self.stops.push(&rest);
+                delta.text.push_str(&emit);
+                if let Some(i) = matched {
+                    let stop = self.stops.stops()[i].clone();
+                    if self.include_stop {
+                        delta.text.push_str(&stop);
+                    }
+                    delta.finish_reason = Some("stop");
+                    delta.stop_reason = Some(stop.into());
+                } else {
+                    delta.text.push_str(&self.stops.flush());
+                    delta.finish_reason = Some(reason.as_str());
+                    if reason == FinishReason::Stop {
+                        delta.stop_reason = out
+                            .new_token_ids
+                            .last()
+                            .filter(|id| self.stop_token_ids.contains(id))
+                            .map(|&id| id.into());
+                    }
+                }
+            }
+        }
+        self.finished = delta.finish_reason.is_some();
+        (delta, stop_hit)
+    }
+}
+
+/// The choices of one request in flight.
+pub struct Generation {
+    engine: EngineHandle,
+    rx: UnboundedReceiver<(usize, RequestOutput)>,
+    choices: Vec<ChoiceText>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Generation {
+    /// Submits one sequence per choice (a request's `n` samples of each of its prompts).
+    pub fn start(
+        engine: &EngineHandle,
+        tokenizer: &Tokenizer,
+        permit: OwnedSemaphorePermit,
+        choices: Vec<(Vec<u32>, SamplingParams)>,
+        opts: &OutputOptions,
+    ) -> Result<Self, ApiError> {
+        let (tx, rx) = unbounded_channel();
+        let mut gen = Generation {
+            engine: engine.clone(),
+            rx,
+            choices: Vec::with_capacity(choices.len()),
+            _permit: permit,
+        };
+        for (index, (prompt_ids, p)) in choices.into_iter().enumerate() {
+            let stop_token_ids = p.stop_token_ids.clone();
+            let detok = IncrementalDetokenizer::with_prompt(
+                tokenizer.clone(),
+                &prompt_ids,
+                opts.skip_special_tokens,
+            );
+            let sink = Box::new(ChoiceSink {
+                index,
+                tx: tx.clone(),
+            });
+            // On an error the choices already submitted are aborted by `Drop`.
+            let request_id = engine.add_request_to(prompt_ids, p, sink)?;
+            gen.choices.push(ChoiceText {
+                request_id,
+                detok,
+                stops: StopStrings::new(opts.stop.iter().cloned()),
+                include_stop: opts.include_stop_str_in_output,
+                stop_token_ids,
+                num_tokens: 0,
+                finished: false,
+            });
+        }
+        Ok(gen)
+    }
+
+    pub fn num_choices(&self) -> usize {
+        self.choices.len()
+    }
+
+    /// Tokens generated so far by choice `index`.
+    pub fn completion_tokens(&self, index: usize) -> usize {
+        self.choices[index].num_tokens
+    }
+
+    /// Tokens generated so far by all choices.
+    pub fn total_completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.num_tokens).sum()
+    }
+
+    /// The next delta of any choice; `None` once every choice has finished. An engine that
+    /// stops midway ends the generation with a 500.
+    pub async fn next(&mut self) -> Option<Result<(usize, ChoiceDelta), ApiError>> {
+        loop {
+            if self.choices.iter().all(|c| c.finished) {
+                return None;
+            }
+            let Some((index, out)) = self.rx.recv().await else {
+                // Every sink was dropped without a final delta: the engine thread ended.
+                for c in &mut self.choices {
+                    c.finished = true;
+                }
+                return Some(Err(ApiError::internal(
+                    "the engine stopped while generating this response",
+                )));
+            };
+            let choice = &mut self.choices[index];
+            if choice.finished {
+                // Deltas after a stop-string hit (the abort's last delta) carry nothing new.
+                continue;
+            }
+            let (delta, stop_hit) = choice.apply(out);
+            if stop_hit {
+                self.engine.abort(choice.request_id);
+            }
+            return Some(Ok((index, delta)));
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        for c in self.choices.iter().filter(|c| !c.finished) {
+            self.engine.abort(c.request_id);
+        }
+    }
+}

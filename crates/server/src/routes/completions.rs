@@ -1,0 +1,227 @@
+//! `POST /v1/completions`: text in, text out; one or several prompts (text or token ids),
+//! `n` choices each, streamed or whole.
+
+use super::{body_bytes, sse, Shared};
+use crate::generation::{ChoiceDelta, Generation};
+use crate::openai::{
+    body_object, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
+    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
+};
+use crate::state::{response_id, unix_now};
+use crate::tokenizer::Tokenizer;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use deepinfer_engine::request::TokenLogprobs;
+
+/// vLLM's (and OpenAI's) default output budget for completions.
+const DEFAULT_MAX_TOKENS: usize = 16;
+
+pub async fn completions(
+    State(st): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = body_object(&body_bytes(body)?)?;
+    let sf: SamplingFields = fields(&v)?;
+    let cf: CompletionFields = fields(&v)?;
+    st.check_model(sf.model.as_deref())?;
+    let opts = sf.output_options()?;
+    if cf.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let logprobs = match cf.logprobs {
+        None => None,
+        Some(n) if n < 0 => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` must be >= 0, got {n}"),
+            ))
+        }
+        Some(n) => Some(n as usize),
+    };
+    if cf.echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` together with `logprobs` (prompt logprobs) is not supported",
+        ));
+    }
+    let add_special = cf.add_special_tokens.unwrap_or(true);
+    let encode = |text: &str| {
+        st.tokenizer
+            .encode(text, add_special)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+    };
+    // (token ids, echo text) per prompt.
+    let prompts: Vec<(Vec<u32>, String)> = match cf.prompt {
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(PromptField::Text(t)) => vec![(encode(&t)?, t)],
+        Some(PromptField::Texts(ts)) => ts
+            .into_iter()
+            .map(|t| Ok((encode(&t)?, t)))
+            .collect::<Result<_, ApiError>>()?,
+        Some(PromptField::Ids(ids)) => vec![(ids.clone(), st.tokenizer.decode(&ids, false))],
+        Some(PromptField::IdBatches(b)) => b
+            .into_iter()
+            .map(|ids| {
+                let t = st.tokenizer.decode(&ids, false);
+                (ids, t)
+            })
+            .collect(),
+    };
+    if prompts.is_empty() || prompts.iter().any(|p| p.0.is_empty()) {
+        return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
+    }
+    let max_model_len = st.engine.max_model_len();
+    let mut choices = Vec::with_capacity(prompts.len() * opts.n);
+    for (ids, _) in &prompts {
+        let max_tokens = resolve_max_tokens(
+            sf.max_tokens,
+            "max_tokens",
+            "prompt",
+            Some(DEFAULT_MAX_TOKENS),
+            ids.len(),
+            max_model_len,
+        )?;
+        let params = sf.sampling_params(max_tokens, logprobs)?;
+        for j in 0..opts.n {
+            let mut p = params.clone();
+            // Distinct but reproducible streams for the n samples of one seeded request.
+            p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
+            choices.push((ids.clone(), p));
+        }
+    }
+    let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
+    let echo: Vec<String> = prompts
+        .iter()
+        .flat_map(|p| {
+            std::iter::repeat_n(if cf.echo { p.1.clone() } else { String::new() }, opts.n)
+        })
+        .collect();
+    let gen = Generation::start(&st.engine, &st.tokenizer, st.admit()?, choices, &opts)?;
+    let head = CompletionResponse {
+        id: response_id("cmpl"),
+        object: "text_completion",
+        created: unix_now(),
+        model: st.model_name.clone(),
+        choices: Vec::new(),
+        usage: None,
+    };
+    let tok = st.tokenizer.clone();
+    if opts.stream {
+        Ok(stream(
+            gen,
+            head,
+            tok,
+            echo,
+            prompt_tokens,
+            logprobs.is_some(),
+            opts.stream_options,
+        ))
+    } else {
+        whole(gen, head, &tok, echo, prompt_tokens, logprobs.is_some()).await
+    }
+}
+
+/// Builds OpenAI's per-token logprobs for one delta; `offset` is the choice's text length
+/// before it (advanced here).
+fn logprobs_of(tok: &Tokenizer, lps: &[TokenLogprobs], offset: &mut usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for lp in lps {
+        let s = tok.decode(&[lp.token], false);
+        out.text_offset.push(*offset);
+        *offset += s.chars().count();
+        out.tokens.push(s);
+        out.token_logprobs.push(lp.logprob);
+        out.top_logprobs.push(
+            lp.top
+                .iter()
+                .map(|&(id, l)| (tok.decode(&[id], false), l))
+                .collect(),
+        );
+    }
+    out
+}
+
+async fn whole(
+    mut gen: Generation,
+    mut resp: CompletionResponse,
+    tok: &Tokenizer,
+    echo: Vec<String>,
+    prompt_tokens: usize,
+    want_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let n = gen.num_choices();
+    resp.choices = (0..n)
+        .map(|i| CompletionChoice {
+            index: i,
+            text: echo[i].clone(),
+            logprobs: want_logprobs.then(CompletionLogprobs::default),
+            finish_reason: None,
+            stop_reason: None,
+        })
+        .collect();
+    let mut offsets = vec![0usize; n];
+    while let Some(item) = gen.next().await {
+        let (i, d) = item?;
+        let c = &mut resp.choices[i];
+        if let Some(acc) = &mut c.logprobs {
+            let lp = logprobs_of(tok, &d.logprobs, &mut offsets[i]);
+            acc.tokens.extend(lp.tokens);
+            acc.token_logprobs.extend(lp.token_logprobs);
+            acc.top_logprobs.extend(lp.top_logprobs);
+            acc.text_offset.extend(lp.text_offset);
+        }
+        c.text.push_str(&d.text);
+        if d.finish_reason.is_some() {
+            c.finish_reason = d.finish_reason;
+            c.stop_reason = d.stop_reason;
+        }
+    }
+    resp.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+    Ok(Json(resp).into_response())
+}
+
+fn stream(
+    mut gen: Generation,
+    head: CompletionResponse,
+    tok: Tokenizer,
+    mut echo: Vec<String>,
+    prompt_tokens: usize,
+    want_logprobs: bool,
+    so: crate::openai::StreamOptions,
+) -> Response {
+    let body = async_stream::stream! {
+        let mut offsets = vec![0usize; gen.num_choices()];
+        while let Some(item) = gen.next().await {
+            let (i, d): (usize, ChoiceDelta) = match item {
+                Ok(x) => x,
+                Err(e) => {
+                    yield sse::json_event(&e.body());
+                    break;
+                }
+            };
+            let mut chunk = head.clone();
+            let text = std::mem::take(&mut echo[i]) + &d.text;
+            chunk.choices.push(CompletionChoice {
+                index: i,
+                text,
+                logprobs: want_logprobs.then(|| logprobs_of(&tok, &d.logprobs, &mut offsets[i])),
+                finish_reason: d.finish_reason,
+                stop_reason: d.stop_reason,
+            });
+            if so.continuous_usage_stats {
+                chunk.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+            }
+            yield sse::json_event(&chunk);
+        }
+        if so.include_usage {
+            let mut last = head.clone();
+            last.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+            yield sse::json_event(&last);
+        }
+        yield sse::done_event();
+    };
+    sse::response(body)
+}

@@ -1,0 +1,85 @@
+//! The HTTP surface: vLLM's routes, OpenAI's shapes.
+
+mod completions;
+mod info;
+mod sse;
+mod tokenize;
+
+use crate::openai::ApiError;
+use crate::state::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+
+pub type Shared = Arc<AppState>;
+
+/// Every route. `/v1/*` needs the API key when one is set; `/health`, `/metrics`,
+/// `/version` and the tokenizer routes stay open, as in vLLM.
+pub fn router(state: Shared, max_body_bytes: usize) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(info::models))
+        .route("/v1/completions", post(completions::completions))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(info::health))
+        .route("/version", get(info::version))
+        .route("/metrics", get(info::metrics))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn require_api_key(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()));
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so response timing does not leak the key's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(
+        format!("no route for {} {}", req.method(), req.uri().path()),
+        None,
+    )
+}
+
+/// The raw body, with axum's plain-text rejections (too large, unreadable) turned into
+/// OpenAI error JSON.
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let mut err =
+            ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()));
+        err.status = e.status();
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            err.message =
+                "the request body is larger than the server's limit (--max-request-body-mib)"
+                    .into();
+        }
+        err
+    })
+}

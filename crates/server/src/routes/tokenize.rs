@@ -1,0 +1,79 @@
+//! `/tokenize` and `/detokenize` (vLLM's): the server's own tokenizer, so clients can count
+//! tokens exactly as generation will.
+
+use super::{body_bytes, Shared};
+use crate::openai::{body_object, fields, ApiError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+struct TokenizeFields {
+    model: Option<String>,
+    prompt: Option<String>,
+    add_special_tokens: Option<bool>,
+    #[serde(default)]
+    return_token_strs: bool,
+}
+
+pub async fn tokenize(
+    State(st): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let v = body_object(&body_bytes(body)?)?;
+    let f: TokenizeFields = fields(&v)?;
+    st.check_model(f.model.as_deref())?;
+    let ids = match f.prompt {
+        Some(p) => st
+            .tokenizer
+            .encode(&p, f.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+        None => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "`prompt` or `messages` is required",
+            ))
+        }
+    };
+    let token_strs = f.return_token_strs.then(|| {
+        ids.iter()
+            .map(|&id| st.tokenizer.id_to_token(id).unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
+    Ok(Json(json!({
+        "count": ids.len(),
+        "max_model_len": st.engine.max_model_len(),
+        "tokens": ids,
+        "token_strs": token_strs,
+    })))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeFields {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+pub async fn detokenize(
+    State(st): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let v = body_object(&body_bytes(body)?)?;
+    let f: DetokenizeFields = fields(&v)?;
+    st.check_model(f.model.as_deref())?;
+    let vocab = st.tokenizer.vocab_size();
+    if let Some(&id) = f.tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    let text = st
+        .tokenizer
+        .try_decode(&f.tokens, false)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(Json(json!({ "prompt": text })))
+}
