@@ -5,6 +5,8 @@
 //!   enables) choose thinking mode; with neither key the default is **thinking on**.
 //! * A request `reasoning_effort` sets `enable_thinking = (effort != "none")` unless the client
 //!   put `enable_thinking` in `chat_template_kwargs` itself (vLLM's `build_chat_params`).
+//! * The effort is the request's `reasoning_effort`, else a string
+//!   `chat_template_kwargs.reasoning_effort` (vLLM merges the two into one kwargs dict).
 //! * The encoder's effort: absent → `high` in thinking mode; `none` → chat mode;
 //!   `max` → `max`; `low`/`minimal`/`medium` → `low` (no preamble); anything else → `high`.
 //! * `chat_template_kwargs.drop_thinking` (default true) drops earlier turns' reasoning.
@@ -22,6 +24,22 @@ pub enum ReasoningEffort {
     High,
     Xhigh,
     Max,
+}
+
+impl ReasoningEffort {
+    /// The level a free-form name selects; names the encoder does not know mean `High`, as in
+    /// vLLM's mapping.
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "none" => Self::None,
+            "minimal" => Self::Minimal,
+            "low" => Self::Low,
+            "medium" => Self::Medium,
+            "xhigh" => Self::Xhigh,
+            "max" => Self::Max,
+            _ => Self::High,
+        }
+    }
 }
 
 /// The three effort levels the V4 encoder knows; each selects a preamble before the system
@@ -86,6 +104,11 @@ impl RenderOptions {
             (None, None) => true,
             (t, e) => t.is_some_and(python_truthy) || e.unwrap_or(false),
         };
+        let reasoning_effort = reasoning_effort.or_else(|| {
+            get("reasoning_effort")
+                .and_then(|v| v.as_str())
+                .map(ReasoningEffort::from_name)
+        });
         Self {
             thinking,
             reasoning_effort,
@@ -167,5 +190,15 @@ mod tests {
         assert!(!o(None, json!({"drop_thinking": false})).drop_thinking);
         assert!(o(None, json!({"thinking": "no"})).thinking); // Python truthiness
         assert!(!o(None, json!({"thinking": null})).thinking);
+        let k = o(None, json!({"reasoning_effort": "max"}));
+        assert!(k.thinking_mode());
+        assert_eq!(k.encoder_effort(), EncoderEffort::Max);
+        let k = o(None, json!({"reasoning_effort": "none"}));
+        assert!(!k.thinking_mode());
+        let k = o(
+            Some(ReasoningEffort::Low),
+            json!({"reasoning_effort": "max"}),
+        );
+        assert_eq!(k.encoder_effort(), EncoderEffort::Low);
     }
 }
