@@ -36,6 +36,6 @@ pub use messages::{
 };
 pub use options::{EncoderEffort, ReasoningEffort, RenderOptions};
 pub use parser::{
-    collect, parse_chat_output, ChatDelta, ChatOutputParser, ParsedOutput, ParsedToolCall,
+    collect_deltas, parse_chat_output, ChatDelta, ChatOutputParser, ParsedOutput, ParsedToolCall,
 };
 pub use render::render_chat;

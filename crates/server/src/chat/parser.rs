@@ -56,11 +56,11 @@ pub fn parse_chat_output(text: &str, thinking: bool, parse_tool_calls: bool) -> 
     let mut parser = ChatOutputParser::new(thinking, parse_tool_calls);
     let mut deltas = parser.push(text);
     deltas.extend(parser.finish());
-    collect(deltas)
+    collect_deltas(deltas)
 }
 
 /// Folds deltas into a [`ParsedOutput`].
-pub fn collect(deltas: impl IntoIterator<Item = ChatDelta>) -> ParsedOutput {
+pub fn collect_deltas(deltas: impl IntoIterator<Item = ChatDelta>) -> ParsedOutput {
     let mut out = ParsedOutput::default();
     for d in deltas {
         match d {

@@ -2,7 +2,7 @@
 
 use super::render::Request;
 use deepinfer_server::chat::{
-    collect, parse_chat_output, render_chat, ChatDelta, ChatOutputParser, ParsedOutput,
+    collect_deltas, parse_chat_output, render_chat, ChatDelta, ChatOutputParser, ParsedOutput,
 };
 
 const D: &str = "｜DSML｜";
@@ -30,7 +30,7 @@ fn stream(pieces: &[&str], thinking: bool, tools: bool) -> ParsedOutput {
     assert!(!deltas
         .iter()
         .any(|d| matches!(d, ChatDelta::Content(s) | ChatDelta::Reasoning(s) if s.is_empty())));
-    collect(deltas)
+    collect_deltas(deltas)
 }
 
 /// The whole-text parse equals every 2-piece split and the one-char-at-a-time feed.
@@ -288,7 +288,7 @@ fn unwrapped_invokes_respect_declared_tool_names() {
     let mut strict = ChatOutputParser::new(false, true).with_tool_names(["get_weather"]);
     let mut deltas = strict.push(&text);
     deltas.extend(strict.finish());
-    let out = collect(deltas);
+    let out = collect_deltas(deltas);
     assert_eq!(
         (out.content.as_str(), out.tool_calls.len()),
         (text.as_str(), 0)
@@ -297,7 +297,7 @@ fn unwrapped_invokes_respect_declared_tool_names() {
     let mut lax = ChatOutputParser::new(false, true).with_tool_names(["delete_all"]);
     let mut deltas = lax.push(&text);
     deltas.extend(lax.finish());
-    let out = collect(deltas);
+    let out = collect_deltas(deltas);
     assert_eq!((out.content.as_str(), out.tool_calls.len()), ("A", 1));
 }
 
