@@ -1,7 +1,8 @@
 //! deepinfer's serving layer: the OpenAI-compatible HTTP API over the engine, with the
-//! tokenizer (incremental detokenizer, stop strings) and, for chat, DeepSeek-V4's prompt
-//! format and output parsing.
+//! tokenizer (incremental detokenizer, stop strings) and DeepSeek-V4's chat format (prompt
+//! rendering, reasoning and DSML tool-call parsing).
 
+pub mod chat;
 pub mod generation;
 pub mod openai;
 mod routes;

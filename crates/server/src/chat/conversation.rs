@@ -1,0 +1,246 @@
+//! OpenAI messages → the turn list the V4 format renders.
+//!
+//! DeepSeek-V4 has no `tool` role: a tool result is a `<tool_result>` block inside a user
+//! turn. Following the reference encoder (after vLLM's request preprocessing):
+//! * a `tool` message joins the previous turn if that is a user turn, else starts one; a `user`
+//!   message likewise joins a preceding user turn as a text block (consecutive user messages
+//!   become one turn whose blocks are separated by a blank line);
+//! * within a user turn the tool results are reordered into the order of the calls of the last
+//!   assistant message that made calls (results whose id is unknown sort first, stably);
+//! * request-level tools attach to the first system message, or to an empty system message
+//!   put in front when there is none;
+//! * text content parts are joined with `"\n\n"`, except for `tool` messages where vLLM joins
+//!   them with `"\n"` before the encoder sees them.
+
+use super::error::ChatError;
+use super::json::Json;
+use super::messages::{ChatMessage, ContentPart, MessageContent, ToolCall};
+use std::collections::HashMap;
+
+/// A block of a user turn.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Block {
+    Text(String),
+    ToolResult { call_id: String, content: String },
+}
+
+/// A tool call with its arguments parsed (key order kept).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Call {
+    pub name: String,
+    pub arguments: Vec<(String, Json)>,
+}
+
+/// One turn of the V4 conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Turn {
+    /// `with_tools`: the request's tools are rendered after this system prompt.
+    System {
+        content: String,
+        with_tools: bool,
+    },
+    Developer {
+        content: String,
+    },
+    User {
+        blocks: Vec<Block>,
+    },
+    Assistant {
+        content: String,
+        reasoning: Option<String>,
+        calls: Vec<Call>,
+        call_ids: Vec<Option<String>>,
+    },
+}
+
+impl Turn {
+    pub fn is_user_like(&self) -> bool {
+        matches!(self, Turn::User { .. } | Turn::Developer { .. })
+    }
+}
+
+/// Validates `messages` and builds the turn list (tool results merged and ordered).
+pub(crate) fn build_turns(
+    messages: &[ChatMessage],
+    has_tools: bool,
+) -> Result<Vec<Turn>, ChatError> {
+    if messages.is_empty() {
+        return Err(ChatError::NoMessages);
+    }
+    let mut turns: Vec<Turn> = Vec::with_capacity(messages.len() + 1);
+    let mut tools_placed = false;
+    for (index, msg) in messages.iter().enumerate() {
+        match msg.role.as_str() {
+            "system" => {
+                let with_tools = has_tools && !tools_placed;
+                tools_placed |= with_tools;
+                turns.push(Turn::System {
+                    content: content_text(index, &msg.content, "\n\n")?,
+                    with_tools,
+                });
+            }
+            "developer" => {
+                let content = content_text(index, &msg.content, "\n\n")?;
+                if content.is_empty() {
+                    return Err(ChatError::EmptyDeveloperContent { index });
+                }
+                turns.push(Turn::Developer { content });
+            }
+            "user" => {
+                let block = Block::Text(content_text(index, &msg.content, "\n\n")?);
+                push_user_block(&mut turns, block);
+            }
+            "tool" => {
+                let block = Block::ToolResult {
+                    call_id: msg.tool_call_id.clone().unwrap_or_default(),
+                    content: content_text(index, &msg.content, "\n")?,
+                };
+                push_user_block(&mut turns, block);
+            }
+            "assistant" => turns.push(assistant_turn(index, msg)?),
+            other => {
+                return Err(ChatError::UnknownRole {
+                    index,
+                    role: other.to_owned(),
+                })
+            }
+        }
+    }
+    if has_tools && !tools_placed {
+        turns.insert(
+            0,
+            Turn::System {
+                content: String::new(),
+                with_tools: true,
+            },
+        );
+    }
+    order_tool_results(&mut turns);
+    Ok(turns)
+}
+
+fn push_user_block(turns: &mut Vec<Turn>, block: Block) {
+    match turns.last_mut() {
+        Some(Turn::User { blocks }) => blocks.push(block),
+        _ => turns.push(Turn::User {
+            blocks: vec![block],
+        }),
+    }
+}
+
+/// The text of a message's content; array parts are joined with `sep`.
+fn content_text(
+    index: usize,
+    content: &Option<MessageContent>,
+    sep: &str,
+) -> Result<String, ChatError> {
+    let parts = match content {
+        None => return Ok(String::new()),
+        Some(MessageContent::Text(s)) => return Ok(s.clone()),
+        Some(MessageContent::Parts(parts)) => parts,
+    };
+    let mut texts: Vec<&str> = Vec::with_capacity(parts.len());
+    for (part, p) in parts.iter().enumerate() {
+        match p {
+            ContentPart::Text(s) => texts.push(s),
+            ContentPart::Typed(t)
+                if matches!(t.kind.as_str(), "text" | "input_text" | "output_text") =>
+            {
+                // vLLM skips a text part whose text is null.
+                if let Some(s) = &t.text {
+                    texts.push(s);
+                }
+            }
+            ContentPart::Typed(t) => {
+                return Err(ChatError::UnsupportedContentPart {
+                    index,
+                    part,
+                    kind: t.kind.clone(),
+                })
+            }
+        }
+    }
+    Ok(texts.join(sep))
+}
+
+fn assistant_turn(index: usize, msg: &ChatMessage) -> Result<Turn, ChatError> {
+    let mut calls = Vec::with_capacity(msg.tool_calls.len());
+    let mut call_ids = Vec::with_capacity(msg.tool_calls.len());
+    for (call, tc) in msg.tool_calls.iter().enumerate() {
+        calls.push(parse_call(index, call, tc)?);
+        call_ids.push(tc.id.clone());
+    }
+    Ok(Turn::Assistant {
+        content: content_text(index, &msg.content, "\n\n")?,
+        reasoning: msg.reasoning_text().map(str::to_owned),
+        calls,
+        call_ids,
+    })
+}
+
+fn parse_call(index: usize, call: usize, tc: &ToolCall) -> Result<Call, ChatError> {
+    if let Some(kind) = tc.r#type.as_deref().filter(|k| *k != "function") {
+        return Err(ChatError::UnsupportedToolCallType {
+            index,
+            call,
+            kind: kind.to_owned(),
+        });
+    }
+    let invalid = |reason: String| ChatError::InvalidToolArguments {
+        index,
+        call,
+        reason,
+    };
+    // Empty arguments mean no arguments (vLLM turns "" into {}).
+    let arguments = if tc.function.arguments.is_empty() {
+        Vec::new()
+    } else {
+        match Json::parse(&tc.function.arguments) {
+            Ok(Json::Object(entries)) => entries,
+            Ok(_) => return Err(invalid("must be a JSON object".into())),
+            Err(e) => return Err(invalid(format!("invalid JSON: {e}"))),
+        }
+    };
+    Ok(Call {
+        name: tc.function.name.clone(),
+        arguments,
+    })
+}
+
+/// Reorders the tool results of each user turn into the call order of the most recent
+/// assistant turn with calls (only when a turn has several results and the calls had ids).
+fn order_tool_results(turns: &mut [Turn]) {
+    let mut order: HashMap<String, usize> = HashMap::new();
+    for turn in turns.iter_mut() {
+        match turn {
+            Turn::Assistant { call_ids, .. } if !call_ids.is_empty() => {
+                order.clear();
+                for (i, id) in call_ids.iter().enumerate() {
+                    if let Some(id) = id.as_deref().filter(|id| !id.is_empty()) {
+                        order.insert(id.to_owned(), i);
+                    }
+                }
+            }
+            Turn::User { blocks } => {
+                let is_result = |b: &Block| matches!(b, Block::ToolResult { .. });
+                if order.is_empty() || blocks.iter().filter(|b| is_result(b)).count() < 2 {
+                    continue;
+                }
+                let rank = |b: &Block| match b {
+                    Block::ToolResult { call_id, .. } => order.get(call_id).copied().unwrap_or(0),
+                    Block::Text(_) => 0,
+                };
+                let mut results: Vec<Block> =
+                    blocks.iter().filter(|b| is_result(b)).cloned().collect();
+                results.sort_by_key(rank); // stable, like Python's sorted
+                let mut results = results.into_iter();
+                for b in blocks.iter_mut().filter(|b| is_result(b)) {
+                    if let Some(r) = results.next() {
+                        *b = r;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}

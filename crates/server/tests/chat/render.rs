@@ -1,0 +1,214 @@
+//! `render_chat` against the reference encoder's output for the same OpenAI requests.
+
+use deepinfer_server::chat::{
+    render_chat, ChatError, ChatMessage, ReasoningEffort, RenderOptions, ToolDef,
+};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Deserialize)]
+struct Fixtures {
+    reference: Reference,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    version: String,
+    sha256: String,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    request: Request,
+    encoder_args: EncoderArgs,
+    prompt: Option<String>,
+    error: Option<String>,
+}
+
+/// The part of an OpenAI chat request the renderer reads.
+#[derive(Deserialize)]
+pub struct Request {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub tools: Vec<ToolDef>,
+    #[serde(default)]
+    pub reasoning_effort: Option<ReasoningEffort>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Value>,
+}
+
+impl Request {
+    pub fn options(&self) -> RenderOptions {
+        RenderOptions::from_openai(self.reasoning_effort, self.chat_template_kwargs.as_ref())
+    }
+}
+
+/// What vLLM passed to `encode_messages`.
+#[derive(Deserialize)]
+struct EncoderArgs {
+    thinking_mode: String,
+    drop_thinking: bool,
+    reasoning_effort: Option<String>,
+}
+
+fn fixtures() -> Fixtures {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_cases.json");
+    let text = std::fs::read_to_string(&path).expect("read fixtures");
+    // Straight from the text: a detour through serde_json::Value would sort schema keys.
+    serde_json::from_str(&text).expect("parse fixtures")
+}
+
+#[test]
+fn renders_like_the_reference_encoder() {
+    let fx = fixtures();
+    assert!(!fx.reference.version.is_empty() && fx.reference.sha256.len() == 64);
+    assert!(fx.cases.len() >= 30);
+    let mut failures = Vec::new();
+    for case in &fx.cases {
+        let opts = case.request.options();
+        // The options resolve to the encoder arguments vLLM used.
+        let want_mode = if opts.thinking_mode() {
+            "thinking"
+        } else {
+            "chat"
+        };
+        assert_eq!(
+            case.encoder_args.thinking_mode, want_mode,
+            "{}: mode",
+            case.name
+        );
+        assert_eq!(
+            case.encoder_args.drop_thinking, opts.drop_thinking,
+            "{}",
+            case.name
+        );
+        if opts.thinking_mode() {
+            let effort = case
+                .encoder_args
+                .reasoning_effort
+                .as_deref()
+                .unwrap_or("low");
+            assert_eq!(
+                effort,
+                opts.encoder_effort().as_str(),
+                "{}: effort",
+                case.name
+            );
+        }
+        let got = render_chat(&case.request.messages, &case.request.tools, &opts);
+        match (&case.prompt, &case.error, got) {
+            (Some(want), None, Ok(got)) if *want == got => {}
+            (None, Some(_), Err(_)) => {}
+            (want, err, got) => failures.push(format!(
+                "--- {}\nwant: {:?}\nerr:  {:?}\ngot:  {:?}",
+                case.name, want, err, got
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} case(s) differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn msgs(json: &str) -> Vec<ChatMessage> {
+    serde_json::from_str(json).expect("messages")
+}
+
+#[test]
+fn rejections_name_the_offending_field() {
+    let opts = RenderOptions::default();
+    let cases: Vec<(&str, ChatError)> = vec![
+        ("[]", ChatError::NoMessages),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"robot","content":"b"}]"#,
+            ChatError::UnknownRole {
+                index: 1,
+                role: "robot".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]"#,
+            ChatError::UnsupportedContentPart {
+                index: 0,
+                part: 1,
+                kind: "image_url".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"a\": 1"}}]},{"role":"tool","content":"r"}]"#,
+            ChatError::InvalidToolArguments {
+                index: 1,
+                call: 0,
+                reason: "invalid JSON: expected ',' or '}' at offset 7".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}},{"function":{"name":"g","arguments":"[1]"}}]},{"role":"tool","content":"r"}]"#,
+            ChatError::InvalidToolArguments {
+                index: 1,
+                call: 1,
+                reason: "must be a JSON object".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","tool_calls":[{"type":"custom","function":{"name":"f"}}]},{"role":"user","content":"b"}]"#,
+            ChatError::UnsupportedToolCallType {
+                index: 1,
+                call: 0,
+                kind: "custom".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"prefill"}]"#,
+            ChatError::TrailingAssistant { index: 1 },
+        ),
+        (
+            r#"[{"role":"developer","content":[]},{"role":"user","content":"a"}]"#,
+            ChatError::EmptyDeveloperContent { index: 0 },
+        ),
+    ];
+    for (json, want) in cases {
+        assert_eq!(
+            render_chat(&msgs(json), &[], &opts),
+            Err(want.clone()),
+            "{json}"
+        );
+        assert!(want.to_string().starts_with("messages"), "{want}");
+    }
+    let tools: Vec<ToolDef> =
+        serde_json::from_str(r#"[{"type":"function","function":{"name":"f"}},{"type":"web_search","function":{"name":"g"}}]"#)
+            .unwrap();
+    let err = render_chat(&msgs(r#"[{"role":"user","content":"a"}]"#), &tools, &opts).unwrap_err();
+    assert_eq!(
+        err,
+        ChatError::UnsupportedToolType {
+            index: 1,
+            kind: "web_search".into()
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "tools[1].type: \"web_search\" is not supported (only \"function\")"
+    );
+}
+
+#[test]
+fn lenient_message_shapes() {
+    // null tool_calls, unknown fields, an explicit null reasoning, numbers in schemas.
+    let m = msgs(
+        r#"[{"role":"user","content":"q","extra":{"x":1}},
+            {"role":"assistant","content":null,"tool_calls":null,"reasoning":null,"refusal":null},
+            {"role":"user","content":"q2","name":"bob"}]"#,
+    );
+    let opts = RenderOptions {
+        thinking: false,
+        ..RenderOptions::default()
+    };
+    let p = render_chat(&m, &[], &opts).unwrap();
+    assert!(p.ends_with("<｜User｜>q2<｜Assistant｜></think>"), "{p}");
+}
