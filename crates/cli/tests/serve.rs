@@ -550,3 +550,147 @@ async fn ctrl_c_lets_in_flight_streams_finish() {
     let status = waiter.await.unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// Chat: the prompt the server renders (seen through `/tokenize`), fed to the engine alone,
+/// parsed with the library parser, equals what `/v1/chat/completions` answers, whole and
+/// streamed; thinking mode splits reasoning from content.
+#[tokio::test]
+async fn chat_equals_the_engine_greedy_whole_and_streamed() {
+    use deepinfer_server::chat::parse_chat_output;
+    let server = Server::start(&[]);
+    let root = model_root(&server).await;
+    let tok = Tokenizer::from_dir(&root).unwrap();
+    let messages = json!([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime. 你好 🦀"},
+    ]);
+    for (effort, thinking) in [(None, true), (Some("none"), false)] {
+        let mut req =
+            json!({"messages": messages, "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+        if let Some(e) = effort {
+            req["reasoning_effort"] = json!(e);
+        }
+        let (status, t) = post(&server, "/tokenize", req.clone()).await;
+        assert_eq!(status, 200, "{t}");
+        let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone()).unwrap();
+        assert_eq!(ids[0], 0, "BOS first");
+        let out = &engine_greedy(&root, &[ids.clone()], 10)[0];
+        let want = parse_chat_output(&tok.decode(out, true), thinking, false);
+
+        let (status, v) = post(&server, "/v1/chat/completions", req.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        let msg = &v["choices"][0]["message"];
+        assert_eq!(msg["role"], "assistant");
+        assert_eq!(msg["content"].as_str().unwrap(), want.content);
+        assert_eq!(msg["reasoning_content"].as_str(), want.reasoning.as_deref());
+        assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+        assert_eq!(v["usage"]["completion_tokens"], 10);
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+        req["stream"] = json!(true);
+        let (status, text) = post_text(&server, "/v1/chat/completions", req).await;
+        assert_eq!(status, 200, "{text}");
+        let chunks = sse_chunks(&text);
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        for c in &chunks {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            let d = &c["choices"][0]["delta"];
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+            content.push_str(d["content"].as_str().unwrap_or(""));
+        }
+        assert_eq!(content, want.content);
+        assert_eq!(reasoning, want.reasoning.unwrap_or_default());
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "length"
+        );
+    }
+    wait_idle(&server).await;
+}
+
+#[tokio::test]
+async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
+    let server = Server::start(&[]);
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let round_trip = json!({
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+        ],
+        "tools": tools, "max_tokens": 4, "temperature": 0,
+    });
+    let (status, v) = post(&server, "/v1/chat/completions", round_trip.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let (_, t) = post(&server, "/tokenize", round_trip).await;
+    let text = Tokenizer::from_dir(model_root(&server).await)
+        .unwrap()
+        .decode(
+            &serde_json::from_value::<Vec<u32>>(t["tokens"].clone()).unwrap(),
+            false,
+        );
+    assert!(text.contains("## Tools"), "{text}");
+    assert!(
+        text.contains("<｜DSML｜invoke name=\"get_weather\">"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<tool_result>18 C, sunny</tool_result>"),
+        "{text}"
+    );
+
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"messages": []}), "messages", "empty"),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages",
+            "wizard",
+        ),
+        (
+            json!({"messages": [{"content": "x"}]}),
+            "messages[0]",
+            "role",
+        ),
+        (
+            json!({"messages": user, "tool_choice": "required", "tools": tools}),
+            "tool_choice",
+            "not supported",
+        ),
+        (
+            json!({"messages": user, "top_logprobs": 2}),
+            "top_logprobs",
+            "logprobs",
+        ),
+        (
+            json!({"messages": user, "response_format": {"type": "json_object"}}),
+            "response_format",
+            "text",
+        ),
+        (
+            json!({"messages": user, "max_completion_tokens": 0}),
+            "max_completion_tokens",
+            "at least 1",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "a", "type": "function",
+            "function": {"name": "f", "arguments": "{not json"}}]}, {"role": "user", "content": "y"}]}),
+            "messages",
+            "arguments",
+        ),
+    ];
+    for (body, param, msg) in cases {
+        let (status, v) = post(&server, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{body} -> {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(msg),
+            "{body} -> {v}"
+        );
+    }
+    wait_idle(&server).await;
+}

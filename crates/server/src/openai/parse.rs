@@ -21,15 +21,24 @@ pub fn body_object(bytes: &[u8]) -> Result<Value, ApiError> {
 
 /// Deserialises `v` into `T`, naming the offending field on failure.
 pub fn fields<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            ApiError::bad_request(inner.to_string())
-        } else {
-            ApiError::invalid(path.clone(), format!("invalid `{path}`: {inner}"))
-        }
-    })
+    serde_path_to_error::deserialize(v).map_err(path_error)
+}
+
+/// Like [`fields`], straight from the body bytes: object keys keep the client's order and
+/// integers their digits (chat tool schemas are rendered into the prompt as sent).
+pub fn fields_from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes))
+        .map_err(path_error)
+}
+
+fn path_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if path == "." || path.is_empty() {
+        ApiError::bad_request(inner.to_string())
+    } else {
+        ApiError::invalid(path.clone(), format!("invalid `{path}`: {inner}"))
+    }
 }
 
 #[cfg(test)]

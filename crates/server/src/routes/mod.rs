@@ -1,5 +1,6 @@
 //! The HTTP surface: vLLM's routes, OpenAI's shapes.
 
+mod chat;
 mod completions;
 mod info;
 mod sse;
@@ -25,6 +26,7 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(info::models))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

@@ -2,7 +2,7 @@
 //! tokens exactly as generation will.
 
 use super::{body_bytes, Shared};
-use crate::openai::{body_object, fields, ApiError};
+use crate::openai::{body_object, fields, fields_from_bytes, ApiError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -23,15 +23,18 @@ pub async fn tokenize(
     State(st): State<Shared>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = body_object(&body_bytes(body)?)?;
+    let bytes = body_bytes(body)?;
+    let v = body_object(&bytes)?;
     let f: TokenizeFields = fields(&v)?;
     st.check_model(f.model.as_deref())?;
-    let ids = match f.prompt {
-        Some(p) => st
+    let ids = match (f.prompt, v.get("messages")) {
+        (Some(p), _) => st
             .tokenizer
             .encode(&p, f.add_special_tokens.unwrap_or(true))
             .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
-        None => {
+        // The chat form renders the conversation exactly as /v1/chat/completions would.
+        (None, Some(_)) => super::chat::chat_prompt(&st, &fields_from_bytes(&bytes)?)?.ids,
+        (None, None) => {
             return Err(ApiError::invalid(
                 "prompt",
                 "`prompt` or `messages` is required",

@@ -1,0 +1,66 @@
+//! `/v1/chat/completions`: the fields beyond [`super::SamplingFields`] and the response shapes
+//! (whole responses and stream chunks share [`ChatCompletionResponse`]).
+
+use super::Usage;
+use crate::chat::{ChatMessage, ToolDef};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Read from the body bytes (not a `Value`), so tool schemas keep their key order.
+#[derive(Deserialize, Debug)]
+pub struct ChatFields {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub tools: Option<Vec<ToolDef>>,
+    pub tool_choice: Option<Value>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub reasoning_effort: Option<String>,
+    pub chat_template_kwargs: Option<Value>,
+    pub response_format: Option<Value>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatLogprob>,
+}
+
+/// One choice: `message` in a whole response, `delta` in a chunk (the other is absent).
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatChoice {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<Value>,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<Value>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
