@@ -574,7 +574,7 @@ async fn chat_equals_the_engine_greedy_whole_and_streamed() {
         assert_eq!(status, 200, "{t}");
         let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone()).unwrap();
         assert_eq!(ids[0], 0, "BOS first");
-        let out = &engine_greedy(&root, &[ids.clone()], 10)[0];
+        let out = &engine_greedy(&root, std::slice::from_ref(&ids), 10)[0];
         let want = parse_chat_output(&tok.decode(out, true), thinking, false);
 
         let (status, v) = post(&server, "/v1/chat/completions", req.clone()).await;
