@@ -368,7 +368,12 @@ async fn bad_requests_get_openai_errors() {
         v["error"]["message"].as_str().unwrap().contains("limit"),
         "{v}"
     );
-    let r = client.get(server.url("/v1/nothing")).send().await.unwrap();
+    // The 413 is sent before the body is read, so that connection closes: use a new one.
+    let r = reqwest::Client::new()
+        .get(server.url("/v1/nothing"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_object());
     wait_idle(&server).await;
