@@ -4,7 +4,7 @@
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use deepinfer_engine::engine;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_model::v4::Model;
@@ -14,10 +14,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
-    /// Checkpoint directory.
+    #[command(subcommand)]
+    what: Option<BenchWhat>,
+    /// Checkpoint directory (required for the serving benchmark).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     #[arg(long, default_value_t = 16)]
     num_prompts: usize,
     #[arg(long, default_value_t = 128)]
@@ -34,6 +37,45 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// Measure this machine's roofs: memory read bandwidth (the decode roof) and f32 FMA
+    /// throughput (the prefill roof), with 1 thread and with all threads.
+    Roofline {
+        /// Buffer size for the bandwidth test, in MiB (well above the last-level cache).
+        #[arg(long, default_value_t = 1024)]
+        buffer_mib: usize,
+        /// Passes per measurement; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
+}
+
+/// Prints the measured roofs, one thread and all threads.
+fn roofline(buffer_mib: usize, reps: usize) {
+    use deepinfer_kernels::roofline::{fma_peak, read_bandwidth};
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("{:=^50}", " Roofline ");
+    for threads in [1, all] {
+        let bw = read_bandwidth(buffer_mib << 20, threads, reps);
+        let fma = fma_peak(threads, reps);
+        println!(
+            "{:<40}{:>10.1}",
+            format!("Read bandwidth, {threads} thr (GB/s):"),
+            bw
+        );
+        println!(
+            "{:<40}{:>10.1}",
+            format!("f32 FMA peak, {threads} thr (GFLOP/s):"),
+            fma
+        );
+        if threads == all {
+            break;
+        }
+    }
+    println!("{}", "=".repeat(50));
 }
 
 #[derive(Serialize, Default)]
@@ -89,8 +131,14 @@ struct Timing {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    if let Some(BenchWhat::Roofline { buffer_mib, reps }) = args.what {
+        roofline(buffer_mib, reps);
+        return Ok(());
+    }
+    let Some(dir) = &args.model else {
+        anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");
+    };
+    let model = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
     let prompts = random_prompts(
         args.num_prompts,
         args.input_len,

@@ -3,5 +3,6 @@
 pub mod formats;
 pub mod linear;
 pub mod norm;
+pub mod roofline;
 pub mod rope;
 pub mod topk;
