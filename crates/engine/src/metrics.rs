@@ -211,8 +211,9 @@ mod tests {
         assert!(text.contains(
             "deepinfer:request_success_total{finished_reason=\"length\",model_name=\"tiny\"} 1"
         ));
+        // The registry's constant label is appended after the series' own labels.
         assert!(text.contains(
-            "deepinfer:kv_cache_usage_perc{model_name=\"tiny\",pool=\"csa_entries\"} 0.25"
+            "deepinfer:kv_cache_usage_perc{pool=\"csa_entries\",model_name=\"tiny\"} 0.25"
         ));
         assert_eq!(m.cache_usage("csa_entries"), 0.25);
     }
