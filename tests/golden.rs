@@ -96,8 +96,14 @@ fn check_config(config: &str) {
     for p in g.prompts() {
         let a = check_prompt(&mut official, &g, p, &format!("{config}/official"));
         let b = check_prompt(&mut hf, &g, p, &format!("{config}/hf"));
-        // Both layouts hold the same numbers, so they must agree exactly.
-        assert_eq!(a, b, "{config}: the two layouts disagree");
+        // Both layouts hold the same numbers in different formats (E8M0 vs F32 scales, FP4
+        // vs BF16 experts), so only the kernels' summation order may differ.
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(diff <= 1e-5, "{config}: the two layouts differ by {diff}");
     }
 }
 

@@ -339,6 +339,9 @@ impl EngineCore {
         if sched.scheduled.is_empty() {
             return Ok(());
         }
+        // Before any output of this step is sent: a client that sees its first token and
+        // then reads /metrics must find its request counted as running.
+        self.update_gauges();
         let now = Instant::now();
         for &(id, _) in &sched.scheduled {
             let s = self.seqs.get_mut(&id).expect("scheduled");

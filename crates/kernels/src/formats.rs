@@ -94,6 +94,21 @@ pub fn e8m0_to_f32(b: u8) -> f32 {
     }
 }
 
+/// The E8M0 byte of `s` if `s` is exactly a power of two in E8M0's range (or NaN → 255).
+pub fn f32_to_e8m0(s: f32) -> Option<u8> {
+    if s.is_nan() {
+        return Some(255);
+    }
+    let bits = s.to_bits();
+    match bits {
+        0x0040_0000 => Some(0),
+        _ if bits & 0x807F_FFFF == 0 && bits >> 23 != 0 && bits >> 23 != 255 => {
+            Some((bits >> 23) as u8)
+        }
+        _ => None,
+    }
+}
+
 const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 
 /// Decodes a 4-bit FP4 E2M1 code (bit 3 = sign); only the low nibble of `code` is read.
@@ -159,6 +174,16 @@ mod tests {
             sign * (man / 8.0) * 2f64.powi(-6)
         } else {
             sign * (1.0 + man / 8.0) * 2f64.powi(exp - 7)
+        }
+    }
+
+    #[test]
+    fn e8m0_encodes_exactly_its_own_values() {
+        for b in 0..=255u8 {
+            assert_eq!(f32_to_e8m0(e8m0_to_f32(b)), Some(b), "byte {b}");
+        }
+        for s in [0.0f32, -1.0, 0.75, 3.0, f32::INFINITY, 2f32.powi(-128)] {
+            assert_eq!(f32_to_e8m0(s), None, "{s}");
         }
     }
 

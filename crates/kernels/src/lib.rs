@@ -1,7 +1,10 @@
 //! Number formats and compute on plain slices.
 
+pub mod buffer;
+pub mod cpu;
 pub mod formats;
 pub mod linear;
+pub mod matrix;
 pub mod norm;
 pub mod roofline;
 pub mod rope;

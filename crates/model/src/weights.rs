@@ -1,17 +1,17 @@
 //! The model's weights, gathered from a checkpoint by their official names and shapes.
 //!
-//! In this first slice every tensor is held dequantised in f32; the quantised kernels will
-//! keep FP8/FP4 weights in their stored form behind the same [`Linear`] type.
+//! Matrices stay in their stored format ([`QMatrix`]: FP8 blocks, FP4 groups, BF16, F32) and
+//! the kernels compute on them directly; only small vectors (norm gains, biases, sinks, `ape`)
+//! are widened to f32.
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
+use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Linear {
-    pub out_dim: usize,
-    pub in_dim: usize,
-    pub w: Vec<f32>,
+    pub w: QMatrix,
 }
 
 impl Linear {
@@ -21,25 +21,41 @@ impl Linear {
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Self, CheckpointError> {
-        let w = ck.tensor_f32(&format!("{name}.weight"), &[out_dim, in_dim])?;
-        Ok(Self { out_dim, in_dim, w })
+        Ok(Self {
+            w: ck.matrix(&format!("{name}.weight"), &[out_dim, in_dim])?,
+        })
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.w.rows
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.w.cols
     }
 
     /// `x: [m, in]` → `[m, out]`.
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
-        deepinfer_kernels::linear::matmul_t(x, m, self.in_dim, &self.w, self.out_dim)
+        let mut y = vec![0.0f32; m * self.out_dim()];
+        self.forward_into(x, m, &mut y);
+        y
+    }
+
+    /// `x: [m, in]` → `y: [m, out]`.
+    pub fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        crate::profile::matmul(&self.w, x, m, y);
     }
 }
 
 /// mHC parameters of one use site: `fn [(2+hc)·hc, hc·D]`, `base`, `scale [3]`.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct HyperWeights {
     pub fn_: Linear,
     pub base: Vec<f32>,
     pub scale: Vec<f32>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct CompressorWeights {
     /// Window length `m` and whether windows overlap (CSA).
     pub ratio: usize,
@@ -53,14 +69,14 @@ pub struct CompressorWeights {
     pub norm: Vec<f32>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct IndexerWeights {
     pub wq_b: Linear,
     pub weights_proj: Linear,
     pub compressor: CompressorWeights,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct AttentionWeights {
     pub kind: AttnKind,
     pub wq_a: Linear,
@@ -76,14 +92,14 @@ pub struct AttentionWeights {
 }
 
 /// A SwiGLU expert: `w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, ±L))`.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ExpertWeights {
     pub w1: Linear,
     pub w2: Linear,
     pub w3: Linear,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Routing {
     /// Frozen token → experts table, `[vocab, k]`.
     Hash(Vec<u32>),
@@ -91,7 +107,7 @@ pub enum Routing {
     Scored { bias: Vec<f32> },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct MoeWeights {
     pub gate: Linear,
     pub routing: Routing,
@@ -99,7 +115,7 @@ pub struct MoeWeights {
     pub shared: Option<ExpertWeights>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     pub ffn_norm: Vec<f32>,
@@ -109,9 +125,10 @@ pub struct LayerWeights {
     pub ffn: MoeWeights,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ModelWeights {
-    pub embed: Vec<f32>,
+    /// `[vocab, D]`, rows looked up (and widened) per token.
+    pub embed: QMatrix,
     pub head: Linear,
     pub norm: Vec<f32>,
     pub hc_head_fn: Linear,
@@ -129,9 +146,7 @@ fn hyper(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<HyperWeights, Chec
     let mix = (2 + hc) * hc;
     Ok(HyperWeights {
         fn_: Linear {
-            out_dim: mix,
-            in_dim: hc * c.hidden_size,
-            w: ck.tensor_f32(&format!("{p}_fn"), &[mix, hc * c.hidden_size])?,
+            w: ck.matrix(&format!("{p}_fn"), &[mix, hc * c.hidden_size])?,
         },
         base: vec1(ck, &format!("{p}_base"), mix)?,
         scale: vec1(ck, &format!("{p}_scale"), 3)?,
@@ -303,13 +318,11 @@ impl ModelWeights {
             });
         }
         Ok(Self {
-            embed: ck.tensor_f32("embed.weight", &[c.vocab_size, d])?,
+            embed: ck.matrix("embed.weight", &[c.vocab_size, d])?,
             head: Linear::load(ck, "head", c.vocab_size, d)?,
             norm: vec1(ck, "norm.weight", d)?,
             hc_head_fn: Linear {
-                out_dim: hc,
-                in_dim: hc * d,
-                w: ck.tensor_f32("hc_head_fn", &[hc, hc * d])?,
+                w: ck.matrix("hc_head_fn", &[hc, hc * d])?,
             },
             hc_head_base: vec1(ck, "hc_head_base", hc)?,
             hc_head_scale: vec1(ck, "hc_head_scale", 1)?,

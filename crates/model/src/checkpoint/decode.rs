@@ -1,7 +1,7 @@
-//! Stored bytes → f32. Every decode is exact (each stored format is a subset of f32 and a
-//! block scale is a power of two or an f32), so a dequantised weight equals the reference's.
+//! Stored bytes → f32 for plain float tensors and block scales (exact: each stored format is
+//! a subset of f32). Quantised weights stay stored ([`deepinfer_kernels::matrix::QMatrix`]).
 
-use deepinfer_kernels::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f16_to_f32};
+use deepinfer_kernels::formats::{bf16_to_f32, e8m0_to_f32, f16_to_f32};
 use rayon::prelude::*;
 use safetensors::Dtype;
 
@@ -71,61 +71,6 @@ pub(super) fn block_size(dim: usize, scale_dim: usize) -> Option<usize> {
     }
     let smallest = dim.div_ceil(scale_dim);
     (blocks(smallest) == scale_dim).then_some(smallest)
-}
-
-/// Block-scaled weight layout shared by FP8 and FP4: `scale[(row / br) * scale_cols + col / bc]`
-/// multiplies element `(row, col)` of a matrix with `cols` logical columns.
-pub(super) struct Blocks<'a> {
-    pub cols: usize,
-    pub scale: &'a [f32],
-    pub scale_cols: usize,
-    pub br: usize,
-    pub bc: usize,
-}
-
-impl Blocks<'_> {
-    #[inline]
-    fn row_scales(&self, row: usize) -> &[f32] {
-        let r = row / self.br;
-        &self.scale[r * self.scale_cols..(r + 1) * self.scale_cols]
-    }
-}
-
-/// FP8 E4M3 rows `[row0, row0 + out.len() / cols)` of a block-scaled matrix; `w` holds exactly
-/// those rows. Row offsets matter because a stacked expert slice may start mid-block.
-pub(super) fn fp8(w: &[u8], row0: usize, blocks: &Blocks, out: &mut [f32]) {
-    let cols = blocks.cols;
-    if cols == 0 {
-        return;
-    }
-    out.par_chunks_mut(cols)
-        .zip(w.par_chunks(cols))
-        .enumerate()
-        .for_each(|(i, (o, w))| {
-            let s = blocks.row_scales(row0 + i);
-            for (j, (o, &q)) in o.iter_mut().zip(w).enumerate() {
-                *o = e4m3_to_f32(q) * s[j / blocks.bc];
-            }
-        });
-}
-
-/// Packed FP4 E2M1 matrix (two codes per byte, low nibble first) with block scales.
-pub(super) fn fp4(w: &[u8], blocks: &Blocks, out: &mut [f32]) {
-    let cols = blocks.cols;
-    if cols == 0 {
-        return;
-    }
-    out.par_chunks_mut(cols)
-        .zip(w.par_chunks(cols / 2))
-        .enumerate()
-        .for_each(|(i, (o, w))| {
-            let s = blocks.row_scales(i);
-            for (k, &b) in w.iter().enumerate() {
-                let j = 2 * k;
-                o[j] = e2m1_to_f32(b & 0xF) * s[j / blocks.bc];
-                o[j + 1] = e2m1_to_f32(b >> 4) * s[(j + 1) / blocks.bc];
-            }
-        });
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 mod decode;
 mod error;
+mod matrix;
 mod names;
 mod shard;
 #[cfg(test)]
@@ -90,10 +91,6 @@ fn shape_err(
         found: found.to_vec(),
         detail: detail.into(),
     }
-}
-
-fn numel(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
 
 impl Checkpoint {
@@ -328,6 +325,7 @@ impl Checkpoint {
     /// dequantising: F32/BF16/F16 as is; F8_E4M3 with its block scale (official `.scale`, HF
     /// `.weight_scale_inv`; E8M0, F32 or BF16; block size inferred from the two shapes); packed
     /// FP4 (I8/U8 `[out, in/2]`) with its scale (`[out, in/32]` when shipped) → `[out, in]`.
+    /// The engine loads weights with [`Checkpoint::matrix`] instead, which keeps them stored.
     pub fn tensor_f32(
         &self,
         official_name: &str,
@@ -338,14 +336,16 @@ impl Checkpoint {
                 stored,
                 shard,
                 info,
-            } => self.load_whole(official_name, stored, shard, info, shape),
-            Located::Expert {
-                stored,
-                shard,
-                info,
-                expert,
-                part,
-            } => self.load_expert(official_name, stored, shard, info, expert, part, shape),
+            } if matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) => {
+                let name = describe(official_name, stored);
+                if info.shape != shape {
+                    return Err(shape_err(name, shape, &info.shape, ""));
+                }
+                let mut out = vec![0.0; info.shape.iter().product()];
+                decode::floats(info.dtype, shard.bytes(info)?, &mut out);
+                Ok(out)
+            }
+            _ => Ok(self.matrix(official_name, shape)?.dequantize()),
         }
     }
 
@@ -391,80 +391,8 @@ impl Checkpoint {
         }
     }
 
-    fn load_whole(
-        &self,
-        official: &str,
-        stored: &str,
-        shard: &Shard,
-        info: &TensorInfo,
-        shape: &[usize],
-    ) -> Result<Vec<f32>, CheckpointError> {
-        let name = describe(official, stored);
-        let n = numel(shape).ok_or_else(|| {
-            shape_err(
-                name.clone(),
-                shape,
-                &info.shape,
-                "; element count overflows",
-            )
-        })?;
-        match info.dtype {
-            Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
-                if info.shape != shape {
-                    return Err(shape_err(name, shape, &info.shape, ""));
-                }
-                let mut out = vec![0.0; n];
-                decode::floats(info.dtype, shard.bytes(info)?, &mut out);
-                Ok(out)
-            }
-            Dtype::F8_E4M3 => {
-                if info.shape != shape || shape.len() != 2 {
-                    return Err(shape_err(name, shape, &info.shape, "; FP8 weights are 2-D [out, in]"));
-                }
-                let (scale, scale_shape, scale_name) = self.scale_for(official, &name)?;
-                let blocks = blocks_for(&name, shape, &scale, &scale_shape, &scale_name)?;
-                let mut out = vec![0.0; n];
-                decode::fp8(shard.bytes(info)?, 0, &blocks, &mut out);
-                Ok(out)
-            }
-            Dtype::I8 | Dtype::U8 => {
-                if shape.len() != 2 || !shape[1].is_multiple_of(2) {
-                    return Err(shape_err(
-                        name,
-                        shape,
-                        &info.shape,
-                        "; packed FP4 needs a 2-D logical shape [out, in] with even `in`",
-                    ));
-                }
-                let packed = [shape[0], shape[1] / 2];
-                if info.shape != packed {
-                    return Err(shape_err(
-                        name,
-                        &packed,
-                        &info.shape,
-                        format!("; packed FP4 [out, in/2] for logical shape {shape:?}"),
-                    ));
-                }
-                let (scale, scale_shape, scale_name) = self.scale_for(official, &name)?;
-                let blocks = blocks_for(&name, shape, &scale, &scale_shape, &scale_name)?;
-                let mut out = vec![0.0; n];
-                decode::fp4(shard.bytes(info)?, &blocks, &mut out);
-                Ok(out)
-            }
-            other => Err(CheckpointError::Dtype {
-                tensor: name,
-                found: format!("{other:?}"),
-                expected: "F32, BF16, F16, F8_E4M3 (with a block scale) or I8/U8 (packed FP4 with a block scale)".into(),
-            }),
-        }
-    }
-
-    /// The block scale of an FP8/FP4 weight, decoded, with its shape and display name.
-    fn scale_for(
-        &self,
-        official: &str,
-        weight: &str,
-    ) -> Result<(Vec<f32>, Vec<usize>, String), CheckpointError> {
+    /// The block scale of an FP8/FP4 weight as stored, with its shape and display name.
+    fn scale_for(&self, official: &str, weight: &str) -> Result<Scale<'_>, CheckpointError> {
         let scale_official = match official.strip_suffix(".weight") {
             Some(stem) => format!("{stem}.scale"),
             None => format!("{official}.scale"),
@@ -491,98 +419,26 @@ impl Checkpoint {
         };
         let name = describe(&scale_official, stored);
         check_scale_dtype(&name, info.dtype)?;
-        Ok((
-            decode::scales(info.dtype, shard.bytes(info)?),
-            info.shape.clone(),
+        Ok(Scale {
+            dtype: info.dtype,
+            bytes: shard.bytes(info)?,
+            shape: info.shape.clone(),
             name,
-        ))
+        })
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn load_expert(
-        &self,
-        official: &str,
-        stored: &str,
-        shard: &Shard,
-        info: &TensorInfo,
-        expert: usize,
-        part: ExpertPart,
-        shape: &[usize],
-    ) -> Result<Vec<f32>, CheckpointError> {
-        let name = describe(official, &format!("{stored}[{expert}]"));
-        let layout_hint = "; HF stacks experts as gate_up_proj [E, 2I, D] and down_proj [E, D, I]";
-        if shape.len() != 2 {
-            return Err(shape_err(
-                name,
-                shape,
-                &info.shape,
-                "; expert matrices are 2-D",
-            ));
-        }
-        let (rows, cols) = (shape[0], shape[1]);
-        let (rows_total, row0) = match part {
-            ExpertPart::Gate => (rows.saturating_mul(2), 0),
-            ExpertPart::Up => (rows.saturating_mul(2), rows),
-            ExpertPart::Down => (rows, 0),
-        };
-        let d = &info.shape;
-        let n_experts = d.first().copied().unwrap_or(0);
-        let want = [n_experts, rows_total, cols];
-        if d.len() != 3 || d[1..] != want[1..] {
-            return Err(shape_err(name, &want, d, layout_hint));
-        }
-        if expert >= n_experts {
-            return Err(CheckpointError::Missing {
-                tensor: official.to_string(),
-                looked_for: format!(
-                    "expert {expert} in `{stored}`, which stacks {n_experts} experts"
-                ),
-            });
-        }
-        let n = rows * cols;
-        let first = (expert * rows_total + row0) * cols;
-        let bytes = shard.bytes(info)?;
-        let mut out = vec![0.0; n];
-        match info.dtype {
-            Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
-                let w = info.dtype.bitsize() / 8;
-                decode::floats(info.dtype, &bytes[first * w..(first + n) * w], &mut out);
-            }
-            Dtype::F8_E4M3 => {
-                let scale_stored = format!("{stored}_scale_inv");
-                let (_, sshard, sinfo) =
-                    self.stored(&scale_stored)
-                        .ok_or_else(|| CheckpointError::MissingScale {
-                            weight: name.clone(),
-                            scale: format!("`{scale_stored}`"),
-                        })?;
-                let scale_name = format!("`{scale_stored}`");
-                check_scale_dtype(&scale_name, sinfo.dtype)?;
-                let s = &sinfo.shape;
-                if s.len() != 3 || s[0] != n_experts {
-                    return Err(CheckpointError::ScaleShape {
-                        weight: name,
-                        weight_shape: d.clone(),
-                        scale: scale_name,
-                        scale_shape: s.clone(),
-                    });
-                }
-                // Decode only this expert's scale grid, not all E of them.
-                let per = s[1] * s[2] * (sinfo.dtype.bitsize() / 8);
-                let all = sshard.bytes(sinfo)?;
-                let mine = decode::scales(sinfo.dtype, &all[expert * per..(expert + 1) * per]);
-                let blocks = blocks_for(&name, &[rows_total, cols], &mine, &s[1..], &scale_name)?;
-                decode::fp8(&bytes[first..first + n], row0, &blocks, &mut out);
-            }
-            other => {
-                return Err(CheckpointError::Dtype {
-                    tensor: name,
-                    found: format!("{other:?}"),
-                    expected: "F32, BF16, F16 or F8_E4M3 for stacked experts".into(),
-                })
-            }
-        }
-        Ok(out)
+/// A block-scale tensor as stored (E8M0, F32 or BF16).
+struct Scale<'a> {
+    dtype: Dtype,
+    bytes: &'a [u8],
+    shape: Vec<usize>,
+    name: String,
+}
+
+impl Scale<'_> {
+    fn decoded(&self) -> Vec<f32> {
+        decode::scales(self.dtype, self.bytes)
     }
 }
 
@@ -597,14 +453,13 @@ fn check_scale_dtype(name: &str, dtype: Dtype) -> Result<(), CheckpointError> {
     }
 }
 
-/// Pairs a 2-D weight shape with its scale grid, inferring the block size per dimension.
-fn blocks_for<'a>(
+/// The block size `(br, bc)` a `[sr, sc]` scale grid tiles a 2-D weight shape with.
+fn blocks_for(
     weight: &str,
     shape: &[usize],
-    scale: &'a [f32],
     scale_shape: &[usize],
     scale_name: &str,
-) -> Result<decode::Blocks<'a>, CheckpointError> {
+) -> Result<(usize, usize), CheckpointError> {
     let tiling = || CheckpointError::ScaleShape {
         weight: weight.to_string(),
         weight_shape: shape.to_vec(),
@@ -614,16 +469,7 @@ fn blocks_for<'a>(
     let [sr, sc] = *scale_shape else {
         return Err(tiling());
     };
-    if scale.len() != sr * sc {
-        return Err(tiling());
-    }
     let br = decode::block_size(shape[0], sr).ok_or_else(tiling)?;
     let bc = decode::block_size(shape[1], sc).ok_or_else(tiling)?;
-    Ok(decode::Blocks {
-        cols: shape[1],
-        scale,
-        scale_cols: sc,
-        br,
-        bc,
-    })
+    Ok((br, bc))
 }

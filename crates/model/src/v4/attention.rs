@@ -55,7 +55,7 @@ pub fn attention(
     }
     for (cw, stream) in compressors {
         let proj = project(cw, a, positions);
-        let width = 2 * cw.wkv.out_dim;
+        let width = 2 * cw.wkv.out_dim();
         for (s, span) in rows.spans.iter().enumerate() {
             let chunk = &proj[span.start * width..(span.start + span.len) * width];
             absorb(
@@ -154,16 +154,22 @@ fn sink_softmax_combine(scores: &[f32], values: &[&[f32]], sink: f32, o: &mut [f
 
 /// Block-diagonal `wo_a` (group `g` of heads → `R` values) then dense `wo_b`.
 fn grouped_output(o: &[f32], t: usize, groups: usize, wo_a: &Linear, wo_b: &Linear) -> Vec<f32> {
-    let gin = wo_a.in_dim;
-    let r = wo_a.out_dim / groups;
+    let gin = wo_a.in_dim();
+    let r = wo_a.out_dim() / groups;
     let mut z = vec![0.0f32; t * groups * r];
     for g in 0..groups {
         let xg: Vec<f32> = o
             .chunks_exact(groups * gin)
             .flat_map(|row| row[g * gin..(g + 1) * gin].iter().copied())
             .collect();
-        let wg = &wo_a.w[g * r * gin..(g + 1) * r * gin];
-        let yg = deepinfer_kernels::linear::matmul_t(&xg, t, gin, wg, r);
+        let mut yg = vec![0.0f32; t * r];
+        crate::profile::matmuls(&mut [deepinfer_kernels::linear::Matmul {
+            w: &wo_a.w,
+            rows: g * r..(g + 1) * r,
+            x: &xg,
+            m: t,
+            y: &mut yg,
+        }]);
         for i in 0..t {
             z[i * groups * r + g * r..i * groups * r + (g + 1) * r]
                 .copy_from_slice(&yg[i * r..(i + 1) * r]);

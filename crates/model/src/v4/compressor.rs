@@ -15,7 +15,7 @@ use deepinfer_kernels::rope::Rope;
 /// `[K | Z]` rows (`2·coff·c` wide) for every token of the batch, `a: [N, D]`.
 pub fn project(w: &CompressorWeights, a: &[f32], positions: &[usize]) -> Vec<f32> {
     let n = positions.len();
-    let width = w.wkv.out_dim;
+    let width = w.wkv.out_dim();
     let k = w.wkv.forward(a, n);
     let z = w.wgate.forward(a, n);
     let mut rows = vec![0.0f32; n * 2 * width];
@@ -48,7 +48,7 @@ pub fn absorb(
     rope: &Rope,
     eps: f32,
 ) {
-    let width = 2 * w.wkv.out_dim;
+    let width = 2 * w.wkv.out_dim();
     let slots = cache.pending_slots(layer);
     let mut entry = vec![0.0f32; w.dim];
     for (i, row) in rows.chunks_exact(width).enumerate() {
@@ -81,8 +81,8 @@ fn pool(
 ) {
     let (m, c) = (w.ratio, w.dim);
     let slots = cache.pending_slots(layer);
-    let half = w.wkv.out_dim; // coff·c: offset of Z in a row
-                              // (row, channel offset) of every slot feeding this entry.
+    let half = w.wkv.out_dim(); // coff·c: offset of Z in a row
+                                // (row, channel offset) of every slot feeding this entry.
     let mut sources: Vec<(&[f32], usize)> = Vec::with_capacity(2 * m);
     if w.overlap {
         if win > 0 {

@@ -12,7 +12,7 @@ fn sigmoid(x: f32) -> f32 {
 
 /// `(x · rsqrt(mean(x²)+eps)) · fnᵀ` for every token's flattened streams `[T, hc·D]`.
 fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32) -> Vec<f32> {
-    let width = f.in_dim;
+    let width = f.in_dim();
     let mut normed = x.to_vec();
     for row in normed.chunks_exact_mut(width) {
         let r = rms_factor(row, eps);

@@ -28,7 +28,7 @@ impl IndexerQueries {
         heads: usize,
     ) -> Self {
         let n = positions.len();
-        let head_dim = w.wq_b.out_dim / heads;
+        let head_dim = w.wq_b.out_dim() / heads;
         let mut q = w.wq_b.forward(qr, n);
         for (i, row) in q.chunks_exact_mut(heads * head_dim).enumerate() {
             for h in row.chunks_exact_mut(head_dim) {

@@ -199,9 +199,12 @@ impl Model {
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
         let mut x = vec![0.0f32; n * hc * d];
         for (i, &id) in batch.token_ids.iter().enumerate() {
-            let e = &self.weights.embed[id as usize * d..(id as usize + 1) * d];
-            for s in 0..hc {
-                x[(i * hc + s) * d..(i * hc + s + 1) * d].copy_from_slice(e);
+            let row = &mut x[i * hc * d..(i + 1) * hc * d];
+            self.weights
+                .embed
+                .dequantize_row(id as usize, &mut row[..d]);
+            for s in 1..hc {
+                row.copy_within(..d, s * d);
             }
         }
         for (l, lw) in self.weights.layers.iter().enumerate() {

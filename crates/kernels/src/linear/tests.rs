@@ -1,0 +1,217 @@
+//! Every kernel against an f64 product of the exactly dequantised weights, over shapes that
+//! hit every tail (rows, activation groups, chunk remainders) and every scale layout.
+
+use super::*;
+use crate::cpu::detected;
+use crate::formats::{f32_to_bf16, f32_to_e4m3};
+
+/// A small deterministic generator (no test-only dependency needed).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 56) as u8
+    }
+}
+
+/// `(n, k)` matrices in every format, with scales of the given kind.
+fn matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
+    let mut out = Vec::new();
+    let vals: Vec<f32> = (0..n * k).map(|_| rng.next()).collect();
+    out.push(("f32".into(), QMatrix::from_f32(n, k, &vals).unwrap()));
+    let bf: Vec<u8> = vals
+        .iter()
+        .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+        .collect();
+    out.push(("bf16".into(), QMatrix::bf16_from_bytes(n, k, &bf).unwrap()));
+    // Every byte except the NaN codes, so subnormals and ±448 are covered.
+    let codes: Vec<u8> = (0..n * k)
+        .map(|_| {
+            let b = rng.byte();
+            if b & 0x7F == 0x7F {
+                f32_to_e4m3(rng.next() * 448.0)
+            } else {
+                b
+            }
+        })
+        .collect();
+    for (br, bc, pow2) in [
+        (128, 128, true),
+        (32, 32, false),
+        (64, 256, true),
+        (1, 128, false),
+    ] {
+        let grid = n.div_ceil(br) * k.div_ceil(bc);
+        let scales: Vec<f32> = (0..grid)
+            .map(|_| {
+                let e = (rng.byte() % 16) as i32 - 12;
+                if pow2 {
+                    2f32.powi(e)
+                } else {
+                    2f32.powi(e) * (1.0 + rng.next().abs())
+                }
+            })
+            .collect();
+        out.push((
+            format!("fp8 {br}x{bc}"),
+            QMatrix::fp8(n, k, &codes, scales, k.div_ceil(bc), br, bc).unwrap(),
+        ));
+    }
+    if k.is_multiple_of(2) {
+        let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+        for group in [32, 64] {
+            let scales: Vec<u8> = (0..n * k.div_ceil(group))
+                .map(|_| 127 - 14 + rng.byte() % 20)
+                .collect();
+            out.push((
+                format!("fp4 /{group}"),
+                QMatrix::fp4(n, k, &packed, &scales, group).unwrap(),
+            ));
+        }
+    }
+    out
+}
+
+fn reference(w: &QMatrix, rows: Range<usize>, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+    let (k, n) = (w.cols, rows.len());
+    let d = w.dequantize();
+    let mut y = vec![0.0f64; m * n];
+    let mut mag = vec![0.0f64; m * n];
+    for i in 0..m {
+        for (j, r) in rows.clone().enumerate() {
+            for t in 0..k {
+                let p = d[r * k + t] as f64 * x[i * k + t] as f64;
+                y[i * n + j] += p;
+                mag[i * n + j] += p.abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+fn check(label: &str, got: &[f32], want: &[f64], mag: &[f64]) {
+    for (idx, ((&g, &w), &a)) in got.iter().zip(want).zip(mag).enumerate() {
+        let tol = 2e-6 * a + 1e-30;
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{label}: element {idx}: got {g}, want {w} (tolerance {tol:e})"
+        );
+    }
+}
+
+#[test]
+fn every_format_matches_the_reference_on_ragged_shapes() {
+    let mut rng = Lcg(7);
+    let shapes = [
+        (1, 1, 2),
+        (1, 3, 30),
+        (2, 5, 32),
+        (3, 2, 64),
+        (4, 7, 66),
+        (5, 65, 96),
+        (9, 130, 192),
+        (17, 64, 200),
+        (1, 300, 512),
+        (6, 129, 1088),
+    ];
+    for &(m, n, k) in &shapes {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.next() * 3.0).collect();
+        for (name, w) in matrices(n, k, &mut rng) {
+            let (want, mag) = reference(&w, 0..n, &x, m);
+            for isa in [Isa::Scalar, detected()] {
+                let mut y = vec![f32::NAN; m * n];
+                matmuls_on(&mut [Matmul::new(&w, &x, m, &mut y)], isa);
+                check(
+                    &format!("{name} {isa:?} m={m} n={n} k={k}"),
+                    &y,
+                    &want,
+                    &mag,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn row_ranges_and_several_products_in_one_pass() {
+    let mut rng = Lcg(11);
+    let (m, k) = (3, 256);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
+    let mats = matrices(300, k, &mut rng);
+    let ranges = [0..300, 37..200, 128..256, 5..6];
+    let mut ys: Vec<Vec<f32>> = Vec::new();
+    let mut jobs = Vec::new();
+    for ((_, w), r) in mats.iter().zip(ranges.iter().cycle()) {
+        ys.push(vec![f32::NAN; m * r.len()]);
+        let _ = w;
+    }
+    for (((_, w), r), y) in mats.iter().zip(ranges.iter().cycle()).zip(ys.iter_mut()) {
+        jobs.push(Matmul {
+            w,
+            rows: r.clone(),
+            x: &x,
+            m,
+            y,
+        });
+    }
+    matmuls(&mut jobs);
+    drop(jobs);
+    for (((name, w), r), y) in mats.iter().zip(ranges.iter().cycle()).zip(&ys) {
+        let (want, mag) = reference(w, r.clone(), &x, m);
+        check(&format!("{name} rows {r:?}"), y, &want, &mag);
+    }
+}
+
+#[test]
+fn scales_outside_the_fast_range_fall_back_exactly() {
+    let (n, k) = (4, 64);
+    let codes = vec![0x38u8; n * k]; // 1.0
+    let big = QMatrix::fp8(n, k, &codes, vec![2f32.powi(80)], 1, 128, 128).unwrap();
+    assert!(!fast_path(&big));
+    let x = vec![2f32.powi(-70); k];
+    let mut y = vec![0.0; n];
+    matmul(&big, &x, 1, &mut y);
+    assert_eq!(y, vec![64.0 * 2f32.powi(10); n]);
+    let tiny = QMatrix::fp4(1, 64, &[0x22; 32], &[7; 2], 32).unwrap();
+    assert!(!fast_path(&tiny));
+    let mut y = vec![0.0; 1];
+    matmul(&tiny, &vec![1.0; 64], 1, &mut y);
+    assert_eq!(y[0], 64.0 * 2f32.powi(-120));
+}
+
+#[test]
+fn shipped_layouts_take_the_fast_path() {
+    let mut rng = Lcg(3);
+    for (name, w) in matrices(256, 4096, &mut rng) {
+        assert!(fast_path(&w), "{name} should run the fused kernel");
+    }
+}
+
+#[test]
+fn a_row_does_not_depend_on_the_rest_of_the_batch() {
+    let mut rng = Lcg(5);
+    let (n, k) = (70, 320);
+    let x: Vec<f32> = (0..9 * k).map(|_| rng.next()).collect();
+    for (name, w) in matrices(n, k, &mut rng) {
+        let mut solo = vec![0.0; 9 * n];
+        for i in 0..9 {
+            matmul(&w, &x[i * k..(i + 1) * k], 1, &mut solo[i * n..(i + 1) * n]);
+        }
+        for m in [2, 3, 4, 5, 9] {
+            let mut y = vec![0.0; m * n];
+            matmul(&w, &x[..m * k], m, &mut y);
+            assert_eq!(y, solo[..m * n], "{name}: batch of {m}");
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! A weight matrix `[rows, cols]` (row-major, `rows` = outputs) held in its stored format.
+//!
+//! The kernels in [`crate::linear`] compute on these bytes directly; nothing is dequantised
+//! into a second copy. Block scales are kept as the checkpoint gives them (FP8: one f32 per
+//! `br × bc` block, decoded exactly from E8M0/F32/BF16 — at most a few KB per matrix; FP4:
+//! the E8M0 bytes themselves, one per `group` inputs, since at 1 × 32 they are a sixteenth of
+//! the weight bytes and f32 copies would add another eighth).
+
+use crate::buffer::WeightBytes;
+use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MatrixError {
+    #[error("{what} holds {found} bytes, a [{rows}, {cols}] matrix needs {expected}")]
+    Length {
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+        found: usize,
+        expected: usize,
+    },
+    #[error("a block scale grid of {scale_rows}×{scale_cols} does not tile a [{rows}, {cols}] matrix in {br}×{bc} blocks")]
+    ScaleGrid {
+        rows: usize,
+        cols: usize,
+        scale_rows: usize,
+        scale_cols: usize,
+        br: usize,
+        bc: usize,
+    },
+}
+
+/// The stored number format of a matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    F32,
+    Bf16,
+    /// FP8 E4M3FN with one scale per `br × bc` block.
+    Fp8,
+    /// FP4 E2M1, two codes per byte (low nibble first), one E8M0 scale per `group` inputs.
+    Fp4,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "f32",
+            Format::Bf16 => "bf16",
+            Format::Fp8 => "fp8",
+            Format::Fp4 => "fp4",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Data {
+    F32(WeightBytes),
+    Bf16(WeightBytes),
+    Fp8 {
+        codes: WeightBytes,
+        /// `[ceil(rows / br), scale_cols]`.
+        scales: Vec<f32>,
+        scale_cols: usize,
+        br: usize,
+        bc: usize,
+    },
+    Fp4 {
+        packed: WeightBytes,
+        /// E8M0 bytes, `[rows, ceil(cols / group)]`.
+        scales: Vec<u8>,
+        group: usize,
+    },
+}
+
+/// A `[rows, cols]` weight in its stored format.
+#[derive(Debug)]
+pub struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub(crate) data: Data,
+    /// Whether every scale keeps the fast kernels' rescaled products inside f32's normal
+    /// range (always true for real checkpoints); if not, the scalar path is used.
+    pub(crate) fast_ok: bool,
+}
+
+fn check_len(
+    what: &'static str,
+    rows: usize,
+    cols: usize,
+    found: usize,
+    expected: usize,
+) -> Result<(), MatrixError> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(MatrixError::Length {
+            what,
+            rows,
+            cols,
+            found,
+            expected,
+        })
+    }
+}
+
+/// Block scales within `[2^-60, 2^40]` keep `x · s · 2^64` and the partial sums of the FP8
+/// kernel finite and normal for any activation a model produces.
+fn fp8_scale_fast(s: f32) -> bool {
+    let a = s.abs();
+    a.is_finite() && (2f32.powi(-60)..=2f32.powi(40)).contains(&a)
+}
+
+/// E8M0 bytes in `[32, 158]` (scales `2^-95 … 2^31`) keep the FP4 kernel's `s · 2^96` finite
+/// and its products normal.
+fn fp4_scale_fast(b: u8) -> bool {
+    (32..=158).contains(&b)
+}
+
+impl QMatrix {
+    /// An f32 matrix from its values.
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, MatrixError> {
+        check_len("f32 data", rows, cols, values.len() * 4, rows * cols * 4)?;
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::F32(WeightBytes::copy_from(bytemuck::cast_slice(values))),
+            fast_ok: true,
+        })
+    }
+
+    /// An f32 matrix from little-endian bytes.
+    pub fn f32_from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatrixError> {
+        check_len("f32 data", rows, cols, bytes.len(), rows * cols * 4)?;
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::F32(WeightBytes::copy_from(bytes)),
+            fast_ok: true,
+        })
+    }
+
+    /// A BF16 matrix from little-endian bytes.
+    pub fn bf16_from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatrixError> {
+        check_len("bf16 data", rows, cols, bytes.len(), rows * cols * 2)?;
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::Bf16(WeightBytes::copy_from(bytes)),
+            fast_ok: true,
+        })
+    }
+
+    /// An FP8 E4M3 matrix: one code byte per element and a `[scale_rows, scale_cols]` grid of
+    /// decoded block scales, blocks `br × bc` (edge blocks may be partial).
+    pub fn fp8(
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        scales: Vec<f32>,
+        scale_cols: usize,
+        br: usize,
+        bc: usize,
+    ) -> Result<Self, MatrixError> {
+        check_len("fp8 codes", rows, cols, codes.len(), rows * cols)?;
+        let scale_rows = scales.len().checked_div(scale_cols).unwrap_or(0);
+        let tiles = br > 0
+            && bc > 0
+            && scale_rows * scale_cols == scales.len()
+            && scale_rows == rows.div_ceil(br)
+            && scale_cols == cols.div_ceil(bc);
+        if !tiles && rows * cols > 0 {
+            return Err(MatrixError::ScaleGrid {
+                rows,
+                cols,
+                scale_rows,
+                scale_cols,
+                br,
+                bc,
+            });
+        }
+        let fast_ok = scales.iter().all(|&s| fp8_scale_fast(s));
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::Fp8 {
+                codes: WeightBytes::copy_from(codes),
+                scales,
+                scale_cols,
+                br: br.max(1),
+                bc: bc.max(1),
+            },
+            fast_ok,
+        })
+    }
+
+    /// An FP4 E2M1 matrix: `[rows, cols / 2]` packed bytes and `[rows, ceil(cols / group)]`
+    /// E8M0 scale bytes.
+    pub fn fp4(
+        rows: usize,
+        cols: usize,
+        packed: &[u8],
+        scales: &[u8],
+        group: usize,
+    ) -> Result<Self, MatrixError> {
+        let groups = cols.div_ceil(group.max(1));
+        if !cols.is_multiple_of(2) {
+            return Err(MatrixError::Length {
+                what: "fp4 data (odd column count)",
+                rows,
+                cols,
+                found: packed.len(),
+                expected: rows * cols.div_ceil(2),
+            });
+        }
+        check_len("fp4 codes", rows, cols, packed.len(), rows * cols / 2)?;
+        if group == 0 || scales.len() != rows * groups {
+            return Err(MatrixError::ScaleGrid {
+                rows,
+                cols,
+                scale_rows: scales.len().checked_div(groups).unwrap_or(0),
+                scale_cols: groups,
+                br: 1,
+                bc: group,
+            });
+        }
+        let fast_ok = scales.iter().all(|&b| fp4_scale_fast(b));
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::Fp4 {
+                packed: WeightBytes::copy_from(packed),
+                scales: scales.to_vec(),
+                group,
+            },
+            fast_ok,
+        })
+    }
+
+    pub fn format(&self) -> Format {
+        match self.data {
+            Data::F32(_) => Format::F32,
+            Data::Bf16(_) => Format::Bf16,
+            Data::Fp8 { .. } => Format::Fp8,
+            Data::Fp4 { .. } => Format::Fp4,
+        }
+    }
+
+    /// Bytes a full pass over the matrix reads: weights plus scales, as stored.
+    pub fn stored_bytes(&self) -> usize {
+        match &self.data {
+            Data::F32(b) | Data::Bf16(b) => b.len(),
+            Data::Fp8 { codes, scales, .. } => codes.len() + scales.len(),
+            Data::Fp4 { packed, scales, .. } => packed.len() + scales.len(),
+        }
+    }
+
+    /// Row `r` dequantised exactly into `out` (`cols` values).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        assert!(
+            r < self.rows && out.len() == c,
+            "dequantize_row: bad row or length"
+        );
+        match &self.data {
+            Data::F32(b) => out.copy_from_slice(&b.as_f32()[r * c..(r + 1) * c]),
+            Data::Bf16(b) => {
+                for (o, &v) in out.iter_mut().zip(&b.as_u16()[r * c..(r + 1) * c]) {
+                    *o = bf16_to_f32(v);
+                }
+            }
+            Data::Fp8 {
+                codes,
+                scales,
+                scale_cols,
+                br,
+                bc,
+            } => {
+                let s = &scales[(r / br) * scale_cols..(r / br + 1) * scale_cols];
+                let row = &codes.as_bytes()[r * c..(r + 1) * c];
+                for (j, (o, &q)) in out.iter_mut().zip(row).enumerate() {
+                    *o = e4m3_to_f32(q) * s[j / bc];
+                }
+            }
+            Data::Fp4 {
+                packed,
+                scales,
+                group,
+            } => {
+                let groups = c.div_ceil(*group);
+                let s = &scales[r * groups..(r + 1) * groups];
+                let row = &packed.as_bytes()[r * c / 2..(r + 1) * c / 2];
+                for (k, &b) in row.iter().enumerate() {
+                    let j = 2 * k;
+                    out[j] = e2m1_to_f32(b & 0xF) * e8m0_to_f32(s[j / group]);
+                    out[j + 1] = e2m1_to_f32(b >> 4) * e8m0_to_f32(s[(j + 1) / group]);
+                }
+            }
+        }
+    }
+
+    /// The whole matrix in f32 (tests and tools; the engine never calls this).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.dequantize_row(r, row);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_lengths_and_grids() {
+        assert!(QMatrix::from_f32(2, 3, &[0.0; 5]).is_err());
+        assert!(QMatrix::bf16_from_bytes(2, 3, &[0; 11]).is_err());
+        assert!(QMatrix::fp8(4, 4, &[0; 16], vec![1.0; 3], 1, 2, 4).is_err());
+        assert!(QMatrix::fp8(4, 4, &[0; 16], vec![1.0; 2], 1, 2, 4).is_ok());
+        assert!(QMatrix::fp4(2, 64, &[0; 64], &[127; 4], 32).is_ok());
+        assert!(QMatrix::fp4(2, 64, &[0; 64], &[127; 3], 32).is_err());
+    }
+
+    #[test]
+    fn dequantises_each_format_exactly() {
+        let m = QMatrix::fp8(
+            2,
+            3,
+            &[0x38, 0xB8, 0x40, 0x30, 0, 1],
+            vec![2.0, 0.5],
+            2,
+            2,
+            2,
+        )
+        .unwrap();
+        assert_eq!(
+            m.dequantize(),
+            vec![2.0, -2.0, 1.0, 1.0, 0.0, 2f32.powi(-10)]
+        );
+        // 0x21: low nibble 1 (0.5) first, then 2 (1.0); 0xF9: 9 (-0.5), 15 (-6).
+        let m = QMatrix::fp4(1, 4, &[0x21, 0xF9], &[129], 32).unwrap();
+        assert_eq!(m.dequantize(), vec![2.0, 4.0, -2.0, -24.0]);
+        assert_eq!(m.stored_bytes(), 3);
+        let m = QMatrix::bf16_from_bytes(1, 2, &[0x80, 0x3F, 0x00, 0xC0]).unwrap();
+        assert_eq!(m.dequantize(), vec![1.0, -2.0]);
+    }
+}

@@ -1,0 +1,194 @@
+//! What a forward pass spends, by kind of work.
+//!
+//! Two sets of process-wide counters:
+//! * **traffic**, always on (one relaxed atomic add per matrix product): weight bytes read
+//!   and FLOPs done, from which benchmarks compute the share of the memory or FMA roof;
+//! * **time per op kind**, only with `DEEPINFER_PROFILE=1` (it reads the clock around every
+//!   op), printed by `deepinfer bench model` as a per-step table like an op census.
+//!
+//! Op kinds are disjoint: matrix products are timed by weight format and the rest of the
+//! model's work in its own kinds, so the columns add up to the step.
+
+use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::matrix::{Format, QMatrix};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A kind of work in the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    MatmulF32,
+    MatmulBf16,
+    MatmulFp8,
+    MatmulFp4,
+    /// Scores, softmax with the sink and the weighted sum over window and compressed keys.
+    Attention,
+    /// The lightning indexer's scoring and top-k.
+    Indexer,
+    /// Compressor pooling, norm and rope of new entries, and cache writes.
+    Compressor,
+    /// mHC: stream mixing weights, Sinkhorn, collapse and write-back.
+    Hyper,
+    /// RMS norms, rope and the q/kv post-processing around the projections.
+    NormRope,
+    /// Router scores, top-k, and the expert activation between the two products.
+    Moe,
+    /// Embedding lookup, head collapse, gathering rows.
+    Other,
+}
+
+impl Op {
+    pub const ALL: [Op; 11] = [
+        Op::MatmulF32,
+        Op::MatmulBf16,
+        Op::MatmulFp8,
+        Op::MatmulFp4,
+        Op::Attention,
+        Op::Indexer,
+        Op::Compressor,
+        Op::Hyper,
+        Op::NormRope,
+        Op::Moe,
+        Op::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::MatmulF32 => "matmul f32",
+            Op::MatmulBf16 => "matmul bf16",
+            Op::MatmulFp8 => "matmul fp8",
+            Op::MatmulFp4 => "matmul fp4",
+            Op::Attention => "attention",
+            Op::Indexer => "indexer",
+            Op::Compressor => "compressor",
+            Op::Hyper => "mHC",
+            Op::NormRope => "norm + rope",
+            Op::Moe => "moe routing",
+            Op::Other => "other",
+        }
+    }
+
+    fn matmul(f: Format) -> Op {
+        match f {
+            Format::F32 => Op::MatmulF32,
+            Format::Bf16 => Op::MatmulBf16,
+            Format::Fp8 => Op::MatmulFp8,
+            Format::Fp4 => Op::MatmulFp4,
+        }
+    }
+}
+
+const N: usize = Op::ALL.len();
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+static TIME_NS: [AtomicU64; N] = [ZERO; N];
+static CALLS: [AtomicU64; N] = [ZERO; N];
+static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
+static CACHE_BYTES: AtomicU64 = AtomicU64::new(0);
+static FLOPS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether `DEEPINFER_PROFILE` is set (to anything but `0`).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DEEPINFER_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty()))
+}
+
+/// Times the enclosing block as `op` when profiling (drop ends it).
+pub struct Scope {
+    op: Op,
+    start: Option<Instant>,
+}
+
+pub fn scope(op: Op) -> Scope {
+    Scope {
+        op,
+        start: enabled().then(Instant::now),
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if let Some(t) = self.start {
+            add_time(self.op, t.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
+fn add_time(op: Op, ns: u64) {
+    TIME_NS[op as usize].fetch_add(ns, Relaxed);
+    CALLS[op as usize].fetch_add(1, Relaxed);
+}
+
+/// Counts attention's reads of cached keys (a decode step's other stream from memory).
+pub fn cache_read(bytes: usize) {
+    CACHE_BYTES.fetch_add(bytes as u64, Relaxed);
+}
+
+fn weight_bytes(w: &QMatrix, rows: usize) -> u64 {
+    (w.stored_bytes() as u64 * rows as u64)
+        .checked_div(w.rows as u64)
+        .unwrap_or(0)
+}
+
+/// `y = x · Wᵀ`, counted.
+pub fn matmul(w: &QMatrix, x: &[f32], m: usize, y: &mut [f32]) {
+    matmuls(&mut [Matmul::new(w, x, m, y)]);
+}
+
+/// Several products in one parallel pass, counted; with profiling on, the pass's time is
+/// shared among the jobs' formats by the weight bytes each reads.
+pub fn matmuls(jobs: &mut [Matmul<'_>]) {
+    let mut bytes = [0u64; 4];
+    for j in jobs.iter() {
+        let b = weight_bytes(j.w, j.rows.len());
+        bytes[Op::matmul(j.w.format()) as usize] += b;
+        WEIGHT_BYTES.fetch_add(b, Relaxed);
+        FLOPS.fetch_add(2 * (j.m * j.rows.len() * j.w.cols) as u64, Relaxed);
+    }
+    let start = enabled().then(Instant::now);
+    deepinfer_kernels::linear::matmuls(jobs);
+    if let Some(t) = start {
+        let ns = t.elapsed().as_nanos() as u64;
+        let total: u64 = bytes.iter().sum::<u64>().max(1);
+        for (i, &b) in bytes.iter().enumerate() {
+            if b > 0 {
+                add_time(Op::ALL[i], ns * b / total);
+            }
+        }
+    }
+}
+
+/// A reading of every counter.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub time_ns: [u64; N],
+    pub calls: [u64; N],
+    pub weight_bytes: u64,
+    pub cache_bytes: u64,
+    pub flops: u64,
+}
+
+impl Snapshot {
+    pub fn now() -> Self {
+        Self {
+            time_ns: std::array::from_fn(|i| TIME_NS[i].load(Relaxed)),
+            calls: std::array::from_fn(|i| CALLS[i].load(Relaxed)),
+            weight_bytes: WEIGHT_BYTES.load(Relaxed),
+            cache_bytes: CACHE_BYTES.load(Relaxed),
+            flops: FLOPS.load(Relaxed),
+        }
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot {
+            time_ns: std::array::from_fn(|i| self.time_ns[i] - earlier.time_ns[i]),
+            calls: std::array::from_fn(|i| self.calls[i] - earlier.calls[i]),
+            weight_bytes: self.weight_bytes - earlier.weight_bytes,
+            cache_bytes: self.cache_bytes - earlier.cache_bytes,
+            flops: self.flops - earlier.flops,
+        }
+    }
+}
