@@ -134,7 +134,7 @@ fn check_intermediates(config: &str) {
     cache.ensure_capacity(seq, prompt.len()).unwrap();
     let batch = ForwardBatch::from_prompts(std::slice::from_ref(&prompt), false);
     model
-        .forward_traced(&batch, &mut cache.view(&[seq]).unwrap(), Some(&mut trace))
+        .forward_traced(&batch, &mut cache.view(&[seq]).unwrap(), &mut trace)
         .unwrap();
     assert_eq!(trace.len(), model.config.num_hidden_layers);
     // The fixture keeps the streams of the last few positions only.

@@ -99,6 +99,7 @@ pub fn feed(r: &mut ModelRunner, seq: SeqId, tokens: &[u32], all_logits: bool) -
         all_logits,
     }])
     .unwrap()
+    .clone()
 }
 
 /// Logits of every position of `tokens` fed to a fresh sequence in chunks of `chunk`.

@@ -12,7 +12,8 @@ use deepinfer_engine::cache::{CacheBudget, CacheConfig};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::batch::SeqSpan;
 use deepinfer_model::v4::block::block_forward;
-use deepinfer_model::v4::model::BatchRows;
+use deepinfer_model::v4::model::{Angles, BatchRows};
+use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
 use std::time::Instant;
 
@@ -113,7 +114,9 @@ fn time_layers(
         row_seq: vec![(0, ctx, 0)],
     };
     let mut out = Vec::new();
+    let mut ws = Workspace::default();
     for (l, lw) in model.weights.layers.iter().enumerate() {
+        let angles = Angles::new(model.rope_for(l), &positions, &mut ws);
         let mut x: Vec<f32> = (0..c.hc_mult * c.hidden_size)
             .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
             .collect();
@@ -129,9 +132,12 @@ fn time_layers(
                 &rows,
                 &mut view,
                 model.rope_for(l),
+                &angles,
+                &mut ws,
             );
         }
         out.push(t0.elapsed().as_secs_f64() * 1e6 / REPS as f64);
+        angles.recycle(&mut ws);
     }
     runner.truncate(seq, ctx)?;
     Ok(out)

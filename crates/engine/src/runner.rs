@@ -46,6 +46,10 @@ pub struct ModelRunner {
     model: Model,
     cache: CacheManager,
     seqs: HashMap<SeqId, SeqState>,
+    /// Reused every step, so a decode step's batch and logits allocate nothing.
+    batch: ForwardBatch,
+    logits: Logits,
+    ids: Vec<SeqId>,
 }
 
 /// One sequence's part of a step: the tokens to append at its current length.
@@ -59,10 +63,17 @@ pub struct SeqWork<'a> {
 impl ModelRunner {
     pub fn new(model: Model, cache: CacheConfig) -> Result<Self, RunnerError> {
         let cache = CacheManager::new(&model.config, cache)?;
+        let logits = Logits {
+            vocab: model.config.vocab_size,
+            data: Vec::new(),
+        };
         Ok(Self {
             model,
             cache,
             seqs: HashMap::new(),
+            batch: ForwardBatch::default(),
+            logits,
+            ids: Vec::new(),
         })
     }
 
@@ -108,10 +119,14 @@ impl ModelRunner {
     }
 
     /// Appends every item's tokens to its sequence in one forward and returns, per item, the
-    /// logits asked for. On error no sequence's length changes.
-    pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<Logits, RunnerError> {
-        let mut batch = ForwardBatch::default();
-        let mut ids = Vec::with_capacity(work.len());
+    /// logits asked for (valid until the next step). On error no sequence's length changes.
+    pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<&Logits, RunnerError> {
+        let (batch, ids) = (&mut self.batch, &mut self.ids);
+        batch.token_ids.clear();
+        batch.positions.clear();
+        batch.spans.clear();
+        batch.logits_rows.clear();
+        ids.clear();
         for item in work {
             let state = *self
                 .seqs
@@ -138,16 +153,17 @@ impl ModelRunner {
             self.cache
                 .ensure_capacity(item.seq, state.len + item.tokens.len())?;
         }
-        let logits = {
-            let mut view = self.cache.view(&ids)?;
-            self.model.forward(&batch, &mut view)?
-        };
+        {
+            let mut view = self.cache.view(ids)?;
+            self.model
+                .forward_into(batch, &mut view, &mut self.logits, None)?;
+        }
         for item in work {
             let s = self.seqs.get_mut(&item.seq).expect("checked above");
             s.len += item.tokens.len();
             s.high_water = s.high_water.max(s.len);
         }
-        Ok(logits)
+        Ok(&self.logits)
     }
 
     /// Shortens a sequence (rejected draft tokens, a rollback): the next step rewrites every

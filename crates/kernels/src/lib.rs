@@ -1,5 +1,6 @@
 //! Number formats and compute on plain slices.
 
+pub mod attention;
 pub mod buffer;
 pub mod cpu;
 pub mod formats;
@@ -9,3 +10,4 @@ pub mod norm;
 pub mod roofline;
 pub mod rope;
 pub mod topk;
+pub mod vector;

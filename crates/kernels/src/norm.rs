@@ -3,7 +3,7 @@
 /// `1 / sqrt(mean(x²) + eps)`.
 #[inline]
 pub fn rms_factor(x: &[f32], eps: f32) -> f32 {
-    let ss: f32 = crate::linear::dot(x, x);
+    let ss: f32 = crate::vector::dot(x, x);
     1.0 / (ss / x.len() as f32 + eps).sqrt()
 }
 

@@ -70,6 +70,33 @@ impl Rope {
         }
     }
 
+    /// `(cos, sin)` of every pair at each position, `[positions.len(), dim() / 2]` each: a
+    /// batch's angles once, shared by every head and layer using this table.
+    pub fn table(&self, positions: &[usize], cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.inv_freq.len();
+        for (i, &p) in positions.iter().enumerate() {
+            self.cos_sin(
+                p,
+                &mut cos[i * half..(i + 1) * half],
+                &mut sin[i * half..(i + 1) * half],
+            );
+        }
+    }
+
+    /// Rotates the trailing `2 · cos.len()` values of `x` by the angles of one row of a
+    /// [`Rope::table`] (backwards when `inverse`).
+    pub fn apply_with(x: &mut [f32], cos: &[f32], sin: &[f32], inverse: bool) {
+        let n = x.len();
+        let tail = &mut x[n - 2 * cos.len()..];
+        let sign = if inverse { -1.0 } else { 1.0 };
+        for (pair, (&c, &s)) in tail.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
+            let s = s * sign;
+            let (a, b) = (pair[0], pair[1]);
+            pair[0] = a * c - b * s;
+            pair[1] = b * c + a * s;
+        }
+    }
+
     /// Rotates the trailing `dim()` values of `x` by `pos` (or by `-pos` when `inverse`).
     pub fn apply(&self, x: &mut [f32], pos: usize, inverse: bool) {
         let rd = self.dim();
@@ -101,6 +128,27 @@ mod tests {
         rope.apply(&mut x, 17, true);
         for (a, b) in x.iter().zip(&orig) {
             assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn a_table_row_rotates_like_apply() {
+        let rope = Rope::new(8, 10000.0, None);
+        let (mut c, mut s) = (vec![0.0; 8], vec![0.0; 8]);
+        rope.table(&[3, 1000], &mut c, &mut s);
+        let orig: Vec<f32> = (0..10).map(|i| i as f32 - 4.5).collect();
+        for (row, pos) in [(0usize, 3usize), (1, 1000)] {
+            for inverse in [false, true] {
+                let (mut a, mut b) = (orig.clone(), orig.clone());
+                rope.apply(&mut a, pos, inverse);
+                Rope::apply_with(
+                    &mut b,
+                    &c[row * 4..row * 4 + 4],
+                    &s[row * 4..row * 4 + 4],
+                    inverse,
+                );
+                assert_eq!(a, b);
+            }
         }
     }
 

@@ -3,8 +3,16 @@
 
 /// Indices of the `k` largest values, best first; NaN-free input assumed (NaN sorts last).
 pub fn topk_indices(values: &[f32], k: usize) -> Vec<usize> {
+    let mut idx = Vec::new();
+    topk_into(values, k, &mut idx);
+    idx
+}
+
+/// [`topk_indices`] into a reused buffer (`idx` ends up holding exactly the `k` picks).
+pub fn topk_into(values: &[f32], k: usize, idx: &mut Vec<usize>) {
     let k = k.min(values.len());
-    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.clear();
+    idx.extend(0..values.len());
     let cmp = |a: &usize, b: &usize| {
         values[*b]
             .partial_cmp(&values[*a])
@@ -15,8 +23,9 @@ pub fn topk_indices(values: &[f32], k: usize) -> Vec<usize> {
         idx.select_nth_unstable_by(k - 1, cmp);
     }
     idx.truncate(k);
-    idx.sort_by(cmp);
-    idx
+    // The order is total (ties broken by index), so the unstable sort is exact and, unlike
+    // the stable one, allocates nothing.
+    idx.sort_unstable_by(cmp);
 }
 
 /// Index of the largest value, lowest index on ties (greedy decoding's argmax).

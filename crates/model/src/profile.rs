@@ -6,8 +6,9 @@
 //! * **time per op kind**, only with `DEEPINFER_PROFILE=1` (it reads the clock around every
 //!   op), printed by `deepinfer bench model` as a per-step table like an op census.
 //!
-//! Op kinds are disjoint: matrix products are timed by weight format and the rest of the
-//! model's work in its own kinds, so the columns add up to the step.
+//! Op kinds are disjoint: matrix products are timed by weight format, the rest of the
+//! model's work in its own kinds, each scope net of the scopes inside it, so the column
+//! adds up to the step.
 
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::matrix::{Format, QMatrix};
@@ -95,23 +96,34 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("DEEPINFER_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty()))
 }
 
-/// Times the enclosing block as `op` when profiling (drop ends it).
+thread_local! {
+    /// Time of the scopes that ended on this thread so far: an enclosing scope subtracts its
+    /// children's share, so every nanosecond is counted under exactly one op.
+    static CHILD_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Times the enclosing block as `op` when profiling (drop ends it), minus the scopes
+/// nested in it on the same thread. Parallel tasks open no scopes: the scope around the
+/// parallel loop counts its wall time.
 pub struct Scope {
     op: Op,
-    start: Option<Instant>,
+    start: Option<(Instant, u64)>,
 }
 
 pub fn scope(op: Op) -> Scope {
     Scope {
         op,
-        start: enabled().then(Instant::now),
+        start: enabled().then(|| (Instant::now(), CHILD_NS.get())),
     }
 }
 
 impl Drop for Scope {
     fn drop(&mut self) {
-        if let Some(t) = self.start {
-            add_time(self.op, t.elapsed().as_nanos() as u64);
+        if let Some((t, child0)) = self.start {
+            let total = t.elapsed().as_nanos() as u64;
+            let nested = CHILD_NS.get() - child0;
+            add_time(self.op, total.saturating_sub(nested));
+            CHILD_NS.set(child0 + total);
         }
     }
 }
@@ -147,9 +159,9 @@ pub fn matmuls(jobs: &mut [Matmul<'_>]) {
         WEIGHT_BYTES.fetch_add(b, Relaxed);
         FLOPS.fetch_add(2 * (j.m * j.rows.len() * j.w.cols) as u64, Relaxed);
     }
-    let start = enabled().then(Instant::now);
+    let start = enabled().then(|| (Instant::now(), CHILD_NS.get()));
     deepinfer_kernels::linear::matmuls(jobs);
-    if let Some(t) = start {
+    if let Some((t, child0)) = start {
         let ns = t.elapsed().as_nanos() as u64;
         let total: u64 = bytes.iter().sum::<u64>().max(1);
         for (i, &b) in bytes.iter().enumerate() {
@@ -157,6 +169,7 @@ pub fn matmuls(jobs: &mut [Matmul<'_>]) {
                 add_time(Op::ALL[i], ns * b / total);
             }
         }
+        CHILD_NS.set(child0 + ns);
     }
 }
 

@@ -1,6 +1,8 @@
 //! `deepinfer bench`: a workload through the engine, reported in the layout of
 //! `vllm bench serve` (TTFT, TPOT, ITL, E2E; mean, median, p90, p99), plus tokens per step.
 
+mod kernels;
+
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
 use anyhow::{Context, Result};
@@ -51,6 +53,8 @@ enum BenchWhat {
         #[arg(long, default_value_t = 5)]
         reps: usize,
     },
+    /// Each weight format's matrix product (decode and prefill shapes) against the roofs.
+    Kernels(kernels::KernelArgs),
 }
 
 /// Prints the measured roofs, one thread and all threads.
@@ -131,9 +135,16 @@ struct Timing {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    if let Some(BenchWhat::Roofline { buffer_mib, reps }) = args.what {
-        roofline(buffer_mib, reps);
-        return Ok(());
+    match args.what {
+        Some(BenchWhat::Roofline { buffer_mib, reps }) => {
+            roofline(buffer_mib, reps);
+            return Ok(());
+        }
+        Some(BenchWhat::Kernels(k)) => {
+            kernels::run(k);
+            return Ok(());
+        }
+        None => {}
     }
     let Some(dir) = &args.model else {
         anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");

@@ -9,9 +9,10 @@
 //!   the matching f32 fields, so the lane reads `value · 2^-120` (exact, subnormals too).
 //!   Activations arrive multiplied by their block scale and `2^64`; the sum is rescaled by
 //!   `2^56`.
-//! * **FP4 E2M1**: the same with nibbles, a lane reads `value · 2^-126`; it is multiplied by
-//!   the group's E8M0 scale times `2^96` (from a 256-entry table, so scale handling is two
-//!   broadcast loads and a blend) and the activations arrive times `2^30`.
+//! * **FP4 E2M1**: a `vpshufb` table turns each nibble into the E4M3 code of the same value,
+//!   then the FP8 decode applies (lanes read `value · 2^-120`, never subnormal); each vector
+//!   is multiplied by its group's E8M0 scale times `2^90` (from a 256-entry table) and the
+//!   activations arrive times `2^30`.
 //! * **BF16**: the top half of an f32, so a shift and a mask give the even and odd elements.
 
 use super::Plan;
@@ -24,12 +25,17 @@ use std::ops::Range;
 /// weight rows still in L1.
 pub(super) const M_GROUP: usize = 4;
 
-/// `2^96 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up).
+/// Bytes ahead of the current load that each weight stream prefetches: the hardware
+/// prefetcher re-trains at every row start (rows are a few KB), software prefetch does not.
+const PREFETCH: usize = 3072;
+
+/// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
+/// with the decode's `2^-120` and the activations' `2^30` the product is the true one.
 static FP4_SCALE: [f32; 256] = {
     let mut t = [0.0f32; 256];
     let mut b = 32;
     while b <= 158 {
-        t[b] = f32::from_bits(((b + 96) as u32) << 23);
+        t[b] = f32::from_bits(((b + 90) as u32) << 23);
         b += 1;
     }
     t
@@ -70,16 +76,13 @@ unsafe fn fp8_dots<const R: usize, const M: usize, const A: usize>(
     let mut acc = [[[_mm256_setzero_ps(); A]; M]; R];
     for c in 0..chunks {
         for r in 0..R {
-            // SAFETY: chunk c lies inside the row (caller's contract).
-            let v = unsafe { _mm256_loadu_si256(w[r].add(32 * c).cast()) };
-            let t = _mm256_srai_epi16(v, 4);
-            let t2 = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
-            let f = [
-                _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t2, 16), mask)),
-                _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t, 16), mask)),
-                _mm256_castsi256_ps(_mm256_and_si256(t2, mask)),
-                _mm256_castsi256_ps(_mm256_and_si256(t, mask)),
-            ];
+            // SAFETY: chunk c lies inside the row (caller's contract); a prefetch of any
+            // address is harmless.
+            let v = unsafe {
+                _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
+                _mm256_loadu_si256(w[r].add(32 * c).cast())
+            };
+            let f = e4m3_vectors(v, mask);
             for m in 0..M {
                 for (q, fq) in f.iter().enumerate() {
                     // SAFETY: as above, for the activation row.
@@ -108,6 +111,7 @@ unsafe fn bf16_dots<const R: usize, const M: usize, const A: usize>(
         for r in 0..R {
             // SAFETY: both halves of chunk c lie inside the row.
             let (v0, v1) = unsafe {
+                _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 2).cast(), _MM_HINT_T0);
                 (
                     _mm256_loadu_si256(w[r].add(32 * c).cast()),
                     _mm256_loadu_si256(w[r].add(32 * c + 16).cast()),
@@ -145,6 +149,7 @@ unsafe fn f32_dots<const R: usize, const M: usize, const A: usize>(
     for c in 0..chunks {
         for r in 0..R {
             // SAFETY: chunk c lies inside the row.
+            _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 4).cast(), _MM_HINT_T0);
             let f: [__m256; 4] =
                 std::array::from_fn(|q| unsafe { _mm256_loadu_ps(w[r].add(32 * c + 8 * q)) });
             for m in 0..M {
@@ -167,10 +172,41 @@ struct Fp4Scales {
     group_shift: u32,
 }
 
+/// E4M3 codes of the sixteen E2M1 values (every one is a normal E4M3 number), twice: one
+/// table per 128-bit lane for `vpshufb`.
+const E2M1_AS_E4M3: [u8; 32] = {
+    const MAG: [u8; 8] = [0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C];
+    let mut t = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = MAG[i % 8] | if i % 16 >= 8 { 0x80 } else { 0 };
+        i += 1;
+    }
+    t
+};
+
+/// The four f32 vectors of a 32-byte FP8 E4M3 load (vector `q` lane `j` = byte `4j + q`),
+/// each lane `value · 2^-120`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn e4m3_vectors(v: __m256i, mask: __m256i) -> [__m256; 4] {
+    let t = _mm256_srai_epi16(v, 4);
+    let t2 = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+    [
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t2, 16), mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t, 16), mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(t2, mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(t, mask)),
+    ]
+}
+
 /// # Safety
 /// Each `w[r]` points at `32 · chunks` readable bytes (64 codes a chunk), each
 /// `scales.rows[r]` at the row's E8M0 scales (every byte in the fast range), each `x[m]` at
 /// `64 · chunks` floats.
+///
+/// The nibbles go through a table to E4M3 codes, then take the FP8 path: FP4's subnormal
+/// `±0.5` would otherwise be an f32 subnormal, which costs a microcode assist per operand.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fp4_dots<const R: usize, const M: usize, const A: usize>(
     w: [*const u8; R],
@@ -179,41 +215,44 @@ unsafe fn fp4_dots<const R: usize, const M: usize, const A: usize>(
     scales: &Fp4Scales,
 ) -> [[f32; M]; R] {
     let (s, group_shift) = (scales.rows, scales.group_shift);
-    let mask = _mm256_set1_epi32(0x81C0_0000u32 as i32);
+    let mask = _mm256_set1_epi32(0x87F0_0000u32 as i32);
+    let nibble = _mm256_set1_epi8(0x0F);
+    // SAFETY: the table is 32 bytes.
+    let lut = unsafe { _mm256_loadu_si256(E2M1_AS_E4M3.as_ptr().cast()) };
     let mut acc = [[[_mm256_setzero_ps(); A]; M]; R];
     for c in 0..chunks {
         let (g0, g1) = ((64 * c) >> group_shift, (64 * c + 32) >> group_shift);
         for r in 0..R {
             // SAFETY: chunk c and its two groups' scales lie inside the row.
-            let (v, sv) = unsafe {
-                let lo = _mm256_broadcast_ss(&FP4_SCALE[*s[r].add(g0) as usize]);
-                let hi = _mm256_broadcast_ss(&FP4_SCALE[*s[r].add(g1) as usize]);
+            let (v, lo, hi) = unsafe {
+                _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
                 (
                     _mm256_loadu_si256(w[r].add(32 * c).cast()),
-                    _mm256_blend_ps(lo, hi, 0xF0),
+                    FP4_SCALE[*s[r].add(g0) as usize],
+                    FP4_SCALE[*s[r].add(g1) as usize],
                 )
             };
-            // t[q]: in every u16 the nibble of element 4i + q, sign at bit 15, e/m at 6..8.
-            let t = [
-                _mm256_srai_epi16(_mm256_slli_epi16(v, 12), 6),
-                _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 6),
-                _mm256_srai_epi16(_mm256_slli_epi16(v, 4), 6),
-                _mm256_srai_epi16(v, 6),
-            ];
-            for (q, tq) in t.iter().enumerate() {
-                // Vector q: the low u16 of each dword (element 8j + q); vector 4 + q the high.
-                let pair = [
-                    (q, _mm256_and_si256(_mm256_slli_epi32(*tq, 16), mask)),
-                    (4 + q, _mm256_and_si256(*tq, mask)),
-                ];
-                for (slot, bits) in pair {
-                    let wv = _mm256_mul_ps(_mm256_castsi256_ps(bits), sv);
-                    for m in 0..M {
+            let sv =
+                _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
+            // Even elements (low nibbles) and odd ones (high nibbles) as E4M3 bytes.
+            let even = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nibble));
+            let odd = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+            // This chunk's products, then scaled into the accumulators once per pair.
+            let mut part = [[_mm256_setzero_ps(); A]; M];
+            for (parity, codes) in [(0, even), (1, odd)] {
+                // Byte 4j + q of `codes` is element 2(4j + q) + parity = 8j + (2q + parity).
+                for (q, f) in e4m3_vectors(codes, mask).into_iter().enumerate() {
+                    let slot = 2 * q + parity;
+                    for (m, p) in part.iter_mut().enumerate() {
                         // SAFETY: as above, for the activation row.
                         let xv = unsafe { _mm256_loadu_ps(x[m].add(64 * c + 8 * slot)) };
-                        let a = &mut acc[r][m][slot % A];
-                        *a = _mm256_fmadd_ps(wv, xv, *a);
+                        p[slot % A] = _mm256_fmadd_ps(f, xv, p[slot % A]);
                     }
+                }
+            }
+            for (a, p) in acc[r].iter_mut().zip(&part) {
+                for (av, pv) in a.iter_mut().zip(p) {
+                    *av = _mm256_fmadd_ps(*pv, sv, *av);
                 }
             }
         }

@@ -3,19 +3,31 @@
 //! head, a sliding window, plus compressed entries (all of them for HCA, the indexer's
 //! top-k for CSA), and a grouped low-rank output projection.
 
-use super::compressor::{absorb, project};
+use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::IndexerQueries;
-use super::model::BatchRows;
+use super::model::{Angles, BatchRows};
+use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
-use crate::weights::{AttentionWeights, Linear};
-use deepinfer_kernels::linear::dot;
+use crate::profile::{self, scope, Op};
+use crate::weights::AttentionWeights;
+use deepinfer_kernels::attention::sink_attention;
+use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
 use rayon::prelude::*;
+use smallvec::SmallVec;
+use std::cell::RefCell;
+
+thread_local! {
+    /// Per-thread scratch of the parallel loops (scores, picked entries).
+    static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
 
 /// Attention of layer `layer` for every token of the batch; `a`: the normed sublayer input
-/// `[N, D]`. Reads earlier positions from `cache` and leaves this batch's state in it.
+/// `[N, D]`. Reads earlier positions from `cache`, leaves this batch's state in it, and
+/// returns `[N, D]` (a workspace buffer).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     w: &AttentionWeights,
     c: &ModelConfig,
@@ -24,103 +36,215 @@ pub fn attention(
     rows: &BatchRows,
     cache: &mut dyn CacheView,
     rope: &Rope,
+    angles: &Angles,
+    ws: &mut Workspace,
 ) -> Vec<f32> {
     let n = rows.positions.len();
     let (h, hd) = (c.num_attention_heads, c.head_dim);
     let eps = c.rms_norm_eps;
-    let positions = &rows.positions;
+    let positions = rows.positions;
 
-    let mut qr = w.wq_a.forward(a, n);
-    rms_norm_rows(&mut qr, &w.q_norm, eps);
-    let mut q = w.wq_b.forward(&qr, n);
-    for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
-        for head in row.chunks_exact_mut(hd) {
-            rms_norm_unweighted(head, eps);
-            rope.apply(head, positions[i], false);
+    // Every projection of `a` in one parallel pass.
+    let mut qr = ws.take(n * w.wq_a.out_dim());
+    let mut kv = ws.take(n * hd);
+    let comp = w.compressor.as_ref();
+    let icomp = w.indexer.as_ref().map(|iw| &iw.compressor);
+    let width =
+        |cw: Option<&crate::weights::CompressorWeights>| cw.map_or(0, |cw| cw.wkv.out_dim());
+    let (mut ck, mut cz) = (ws.take(n * width(comp)), ws.take(n * width(comp)));
+    let (mut ik, mut iz) = (ws.take(n * width(icomp)), ws.take(n * width(icomp)));
+    let mut iwt = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.weights_proj.out_dim()));
+    {
+        let mut jobs: SmallVec<[Matmul; 8]> = SmallVec::new();
+        jobs.push(Matmul::new(&w.wq_a.w, a, n, &mut qr));
+        jobs.push(Matmul::new(&w.wkv.w, a, n, &mut kv));
+        if let Some(cw) = comp {
+            jobs.push(Matmul::new(&cw.wkv.w, a, n, &mut ck));
+            jobs.push(Matmul::new(&cw.wgate.w, a, n, &mut cz));
         }
+        if let Some(iw) = &w.indexer {
+            jobs.push(Matmul::new(&iw.compressor.wkv.w, a, n, &mut ik));
+            jobs.push(Matmul::new(&iw.compressor.wgate.w, a, n, &mut iz));
+            jobs.push(Matmul::new(&iw.weights_proj.w, a, n, &mut iwt));
+        }
+        profile::matmuls(&mut jobs);
     }
-    let mut kv = w.wkv.forward(a, n);
-    rms_norm_rows(&mut kv, &w.kv_norm, eps);
-    for (i, row) in kv.chunks_exact_mut(hd).enumerate() {
-        rope.apply(row, positions[i], false);
+    {
+        let _p = scope(Op::NormRope);
+        rms_norm_rows(&mut qr, &w.q_norm, eps);
+    }
+    // Then every projection of the q-LoRA activations.
+    let mut q = ws.take(n * h * hd);
+    let mut iq = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.wq_b.out_dim()));
+    {
+        let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
+        jobs.push(Matmul::new(&w.wq_b.w, &qr, n, &mut q));
+        if let Some(iw) = &w.indexer {
+            jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+        }
+        profile::matmuls(&mut jobs);
+    }
+    {
+        let _p = scope(Op::NormRope);
+        for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
+            let (cos, sin) = angles.row(i);
+            for head in row.chunks_exact_mut(hd) {
+                rms_norm_unweighted(head, eps);
+                Rope::apply_with(head, cos, sin, false);
+            }
+        }
+        rms_norm_rows(&mut kv, &w.kv_norm, eps);
+        for (i, row) in kv.chunks_exact_mut(hd).enumerate() {
+            let (cos, sin) = angles.row(i);
+            Rope::apply_with(row, cos, sin, false);
+        }
     }
 
     // Compressed state first: entries closed by this batch's tokens are visible to them.
-    let mut compressors = Vec::new();
-    if let Some(cw) = &w.compressor {
-        compressors.push((cw, Stream::Attn));
-    }
-    if let Some(iw) = &w.indexer {
-        compressors.push((&iw.compressor, Stream::Indexer));
-    }
-    for (cw, stream) in compressors {
-        let proj = project(cw, a, positions);
-        let width = 2 * cw.wkv.out_dim();
-        for (s, span) in rows.spans.iter().enumerate() {
-            let chunk = &proj[span.start * width..(span.start + span.len) * width];
-            absorb(
-                cw,
-                chunk,
-                positions[span.start],
-                cache,
-                s,
-                layer,
-                stream,
-                rope,
-                eps,
-            );
+    {
+        let _p = scope(Op::Compressor);
+        let pairs = [
+            (comp, &ck, &cz, Stream::Attn),
+            (icomp, &ik, &iz, Stream::Indexer),
+        ];
+        for (cw, k, z, stream) in pairs {
+            let Some(cw) = cw else { continue };
+            let width = 2 * cw.wkv.out_dim();
+            let mut pending = ws.take(n * width);
+            pending_rows(cw, k, z, positions, &mut pending);
+            let mut scratch = ws.take(scratch_len(cw.dim));
+            for (s, span) in rows.spans.iter().enumerate() {
+                let chunk = &pending[span.start * width..(span.start + span.len) * width];
+                let p0 = positions[span.start];
+                absorb(
+                    cw,
+                    chunk,
+                    p0,
+                    cache,
+                    s,
+                    layer,
+                    stream,
+                    rope,
+                    eps,
+                    &mut scratch,
+                );
+            }
+            ws.give(scratch);
+            ws.give(pending);
         }
     }
-    let indexer = w
-        .indexer
-        .as_ref()
-        .map(|iw| IndexerQueries::new(iw, &qr, a, positions, rope, c.index_n_heads));
-    let ratio = w.compressor.as_ref().map_or(0, |cw| cw.ratio);
+    let ratio = comp.map_or(0, |cw| cw.ratio);
+    let topk = c.index_topk;
+
+    // The indexer's picks for every CSA query, `[N, topk]` with a count per row.
+    let mut picks = ws.take_idx(if w.indexer.is_some() { n * topk } else { 0 });
+    let mut n_picks = ws.take_idx(n);
+    if let Some(iw) = &w.indexer {
+        let _p = scope(Op::Indexer);
+        let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
+        for (i, row) in iq.chunks_exact_mut(ih * ihd).enumerate() {
+            let (cos, sin) = angles.row(i);
+            for head in row.chunks_exact_mut(ihd) {
+                Rope::apply_with(head, cos, sin, false);
+            }
+        }
+        let wscale = (ih as f32).powf(-0.5);
+        iwt.iter_mut().for_each(|v| *v *= wscale);
+        let queries = IndexerQueries {
+            heads: ih,
+            head_dim: ihd,
+            q: &iq,
+            weights: &iwt,
+        };
+        let cache: &dyn CacheView = &*cache;
+        picks
+            .par_chunks_mut(topk)
+            .zip(n_picks.par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (out, count))| {
+                let (s, _, _) = rows.row_seq[i];
+                let visible = (positions[i] + 1) / ratio;
+                SCRATCH.with(|cell| {
+                    let (scores, picked) = &mut *cell.borrow_mut();
+                    queries.select(i, cache, s, layer, visible, topk, scores, picked);
+                    out[..picked.len()].copy_from_slice(picked);
+                    *count = picked.len();
+                });
+            });
+    }
 
     let window = c.sliding_window;
     let ring = cache.window_slots();
-    let scale = (hd as f32).powf(-0.5);
-    let mut out = vec![0.0f32; n * h * hd];
+    let softmax_scale = (hd as f32).powf(-0.5);
+    let mut out = ws.take(n * h * hd);
     {
+        let _p = scope(Op::Attention);
+        // Small batches split each row's heads in two so both cores work on a decode step.
+        let head_groups = if n < 4 && h.is_multiple_of(2) { 2 } else { 1 };
+        let hg = h / head_groups;
         let cache: &dyn CacheView = &*cache;
-        out.par_chunks_mut(h * hd)
+        let (kv, q, picks, n_picks) = (&kv, &q, &picks, &n_picks);
+        let read: usize = out
+            .par_chunks_mut(hg * hd)
             .enumerate()
-            .for_each(|(i, o_row)| {
+            .map(|(t, o)| {
+                let (i, g) = (t / head_groups, t % head_groups);
                 let (s, p0, start) = rows.row_seq[i];
                 let p = positions[i];
-                // The index set: the window (own token included) — this batch's rows for its own
-                // chunk, the ring for earlier positions — then the visible compressed entries.
-                let mut keys: Vec<&[f32]> = (p.saturating_sub(window - 1)..=p)
-                    .map(|j| {
-                        if j >= p0 {
-                            &kv[(start + j - p0) * hd..(start + j - p0 + 1) * hd]
+                let lo = p.saturating_sub(window - 1);
+                let n_window = p + 1 - lo;
+                // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
+                let n_comp = match (ratio, w.indexer.is_some()) {
+                    (0, _) => 0,
+                    (_, true) => n_picks[i],
+                    (m, false) => (p + 1) / m,
+                };
+                // The index set: the window (own token included) — this batch's rows for its
+                // own chunk, the ring for earlier positions — then the compressed entries.
+                let key = |j: usize| -> &[f32] {
+                    if j < n_window {
+                        let pos = lo + j;
+                        if pos >= p0 {
+                            &kv[(start + pos - p0) * hd..(start + pos - p0 + 1) * hd]
                         } else {
-                            cache.window(s, layer, j % ring)
+                            cache.window(s, layer, pos % ring)
                         }
-                    })
-                    .collect();
-                // Entry w is complete (and visible) once token (w+1)·m−1 has been seen.
-                if let Some(visible) = (p + 1).checked_div(ratio) {
-                    let chosen: Vec<usize> = match &indexer {
-                        Some(iq) => iq.select(i, cache, s, layer, visible, c.index_topk),
-                        None => (0..visible).collect(),
-                    };
-                    keys.extend(
-                        chosen
-                            .iter()
-                            .map(|&e| cache.entry(s, layer, Stream::Attn, e)),
-                    );
-                }
-                let mut scores = vec![0.0f32; keys.len()];
-                for (hi, o) in o_row.chunks_exact_mut(hd).enumerate() {
-                    let qh = &q[(i * h + hi) * hd..(i * h + hi + 1) * hd];
-                    for (sc, k) in scores.iter_mut().zip(&keys) {
-                        *sc = dot(qh, k) * scale;
+                    } else {
+                        let e = j - n_window;
+                        let e = if w.indexer.is_some() {
+                            picks[i * topk + e]
+                        } else {
+                            e
+                        };
+                        cache.entry(s, layer, Stream::Attn, e)
                     }
-                    sink_softmax_combine(&scores, &keys, w.sink[hi], o);
-                    rope.apply(o, p, true);
+                };
+                let heads = g * hg..(g + 1) * hg;
+                SCRATCH.with(|cell| {
+                    let scores = &mut cell.borrow_mut().0;
+                    sink_attention(
+                        &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd],
+                        hd,
+                        n_window + n_comp,
+                        key,
+                        &w.sink[heads],
+                        softmax_scale,
+                        scores,
+                        o,
+                    );
+                });
+                let (cos, sin) = angles.row(i);
+                for head in o.chunks_exact_mut(hd) {
+                    Rope::apply_with(head, cos, sin, true);
                 }
-            });
+                if g == 0 {
+                    (n_window + n_comp) * hd * 4
+                } else {
+                    0
+                }
+            })
+            .sum();
+        profile::cache_read(read);
     }
     // Only now overwrite the ring: earlier queries of a long chunk still read old slots.
     for (s, span) in rows.spans.iter().enumerate() {
@@ -132,48 +256,64 @@ pub fn attention(
                 .copy_from_slice(row);
         }
     }
-    grouped_output(&out, n, c.o_groups, &w.wo_a, &w.wo_b)
-}
-
-/// `o = Σ_j softmax_j · v_j` where the softmax denominator also holds `exp(sink)`: the sink
-/// is a logit whose value vector is zero.
-fn sink_softmax_combine(scores: &[f32], values: &[&[f32]], sink: f32, o: &mut [f32]) {
-    let mx = scores.iter().cloned().fold(sink, f32::max);
-    let mut denom = (sink - mx).exp();
-    o.iter_mut().for_each(|v| *v = 0.0);
-    for (s, v) in scores.iter().zip(values) {
-        let p = (s - mx).exp();
-        denom += p;
-        for (a, b) in o.iter_mut().zip(v.iter()) {
-            *a += p * b;
-        }
+    let res = grouped_output(&out, n, c.o_groups, w, ws);
+    for v in [qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {
+        ws.give(v);
     }
-    let inv = 1.0 / denom;
-    o.iter_mut().for_each(|v| *v *= inv);
+    ws.give_idx(picks);
+    ws.give_idx(n_picks);
+    res
 }
 
-/// Block-diagonal `wo_a` (group `g` of heads → `R` values) then dense `wo_b`.
-fn grouped_output(o: &[f32], t: usize, groups: usize, wo_a: &Linear, wo_b: &Linear) -> Vec<f32> {
+/// Block-diagonal `wo_a` (group `g` of heads → `R` values, all groups in one pass) then
+/// dense `wo_b`.
+fn grouped_output(
+    o: &[f32],
+    t: usize,
+    groups: usize,
+    w: &AttentionWeights,
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let (wo_a, wo_b) = (&w.wo_a, &w.wo_b);
     let gin = wo_a.in_dim();
     let r = wo_a.out_dim() / groups;
-    let mut z = vec![0.0f32; t * groups * r];
-    for g in 0..groups {
-        let xg: Vec<f32> = o
-            .chunks_exact(groups * gin)
-            .flat_map(|row| row[g * gin..(g + 1) * gin].iter().copied())
-            .collect();
-        let mut yg = vec![0.0f32; t * r];
-        crate::profile::matmuls(&mut [deepinfer_kernels::linear::Matmul {
-            w: &wo_a.w,
-            rows: g * r..(g + 1) * r,
-            x: &xg,
-            m: t,
-            y: &mut yg,
-        }]);
-        for i in 0..t {
-            z[i * groups * r + g * r..i * groups * r + (g + 1) * r]
-                .copy_from_slice(&yg[i * r..(i + 1) * r]);
+    // [G, t, gin]: each group's inputs contiguous.
+    let mut xg = ws.take(groups * t * gin);
+    for (i, row) in o.chunks_exact(groups * gin).enumerate() {
+        for g in 0..groups {
+            xg[(g * t + i) * gin..(g * t + i + 1) * gin]
+                .copy_from_slice(&row[g * gin..(g + 1) * gin]);
         }
     }
-    wo_b.forward(&z, t)
+    let mut zg = ws.take(groups * t * r);
+    {
+        let mut jobs: SmallVec<[Matmul; 16]> = SmallVec::new();
+        for ((g, x), y) in xg
+            .chunks_exact(t * gin)
+            .enumerate()
+            .zip(zg.chunks_exact_mut(t * r))
+        {
+            jobs.push(Matmul {
+                w: &wo_a.w,
+                rows: g * r..(g + 1) * r,
+                x,
+                m: t,
+                y,
+            });
+        }
+        profile::matmuls(&mut jobs);
+    }
+    let mut z = ws.take(t * groups * r);
+    for g in 0..groups {
+        for i in 0..t {
+            z[i * groups * r + g * r..i * groups * r + (g + 1) * r]
+                .copy_from_slice(&zg[(g * t + i) * r..(g * t + i + 1) * r]);
+        }
+    }
+    let mut out = ws.take(t * wo_b.out_dim());
+    wo_b.forward_into(&z, t, &mut out);
+    ws.give(xg);
+    ws.give(zg);
+    ws.give(z);
+    out
 }

@@ -11,14 +11,18 @@ use crate::cache::{CacheView, Stream};
 use crate::weights::CompressorWeights;
 use deepinfer_kernels::norm::rms_norm;
 use deepinfer_kernels::rope::Rope;
+use deepinfer_kernels::vector::exp_in_place;
 
-/// `[K | Z]` rows (`2·coff·c` wide) for every token of the batch, `a: [N, D]`.
-pub fn project(w: &CompressorWeights, a: &[f32], positions: &[usize]) -> Vec<f32> {
-    let n = positions.len();
+/// Writes `[K | Z + ape]` rows (`2·coff·c` wide) for every token into `rows`, from the
+/// projections `k, z: [N, coff·c]`.
+pub fn pending_rows(
+    w: &CompressorWeights,
+    k: &[f32],
+    z: &[f32],
+    positions: &[usize],
+    rows: &mut [f32],
+) {
     let width = w.wkv.out_dim();
-    let k = w.wkv.forward(a, n);
-    let z = w.wgate.forward(a, n);
-    let mut rows = vec![0.0f32; n * 2 * width];
     for (i, row) in rows.chunks_exact_mut(2 * width).enumerate() {
         let slot = positions[i] % w.ratio;
         row[..width].copy_from_slice(&k[i * width..(i + 1) * width]);
@@ -31,7 +35,11 @@ pub fn project(w: &CompressorWeights, a: &[f32], positions: &[usize]) -> Vec<f32
             *o = z + b;
         }
     }
-    rows
+}
+
+/// Scratch floats [`absorb`] needs for a compressor of entry width `dim`.
+pub fn scratch_len(dim: usize) -> usize {
+    4 * dim
 }
 
 /// Stores the rows of one sequence's chunk (positions `p0..p0+n`, rows in order) and emits
@@ -47,10 +55,11 @@ pub fn absorb(
     stream: Stream,
     rope: &Rope,
     eps: f32,
+    scratch: &mut [f32],
 ) {
     let width = 2 * w.wkv.out_dim();
     let slots = cache.pending_slots(layer);
-    let mut entry = vec![0.0f32; w.dim];
+    let (entry, temps) = scratch.split_at_mut(w.dim);
     for (i, row) in rows.chunks_exact(width).enumerate() {
         let pos = p0 + i;
         cache
@@ -58,17 +67,18 @@ pub fn absorb(
             .copy_from_slice(row);
         if (pos + 1).is_multiple_of(w.ratio) {
             let win = pos / w.ratio;
-            pool(w, &*cache, seq, layer, stream, win, &mut entry);
-            rms_norm(&mut entry, &w.norm, eps);
-            rope.apply(&mut entry, win * w.ratio, false);
+            pool(w, &*cache, seq, layer, stream, win, entry, temps);
+            rms_norm(entry, &w.norm, eps);
+            rope.apply(entry, win * w.ratio, false);
             cache
                 .entry_mut(seq, layer, stream, win)
-                .copy_from_slice(&entry);
+                .copy_from_slice(entry);
         }
     }
 }
 
-/// Per channel, a softmax over the window's slots of the gate logits, weighting the values.
+/// Per channel, a softmax over the window's slots of the gate logits, weighting the values;
+/// vectorised across channels (`temps`: three scratch rows of `c`).
 #[allow(clippy::too_many_arguments)]
 fn pool(
     w: &CompressorWeights,
@@ -78,38 +88,54 @@ fn pool(
     stream: Stream,
     win: usize,
     out: &mut [f32],
+    temps: &mut [f32],
 ) {
     let (m, c) = (w.ratio, w.dim);
     let slots = cache.pending_slots(layer);
     let half = w.wkv.out_dim(); // coff·c: offset of Z in a row
-                                // (row, channel offset) of every slot feeding this entry.
-    let mut sources: Vec<(&[f32], usize)> = Vec::with_capacity(2 * m);
-    if w.overlap {
-        if win > 0 {
-            for p in (win - 1) * m..win * m {
-                sources.push((cache.pending(seq, layer, stream, p % slots), 0));
-            }
-        }
-        for p in win * m..(win + 1) * m {
-            sources.push((cache.pending(seq, layer, stream, p % slots), c));
-        }
-    } else {
-        for p in win * m..(win + 1) * m {
-            sources.push((cache.pending(seq, layer, stream, p % slots), 0));
+                                // (row, channel offset) of every slot feeding this entry: for CSA the previous window
+                                // through half A (none for the first window), then this window through half B.
+    let sources = || {
+        let prev = if w.overlap && win > 0 {
+            (win - 1) * m..win * m
+        } else {
+            0..0
+        };
+        let own_off = if w.overlap { c } else { 0 };
+        prev.map(|p| (p, 0))
+            .chain((win * m..(win + 1) * m).map(move |p| (p, own_off)))
+            .map(|(p, off)| (cache.pending(seq, layer, stream, p % slots), off))
+    };
+    let (mx, rest) = temps.split_at_mut(c);
+    let (den, e) = rest.split_at_mut(c);
+    mx.fill(f32::NEG_INFINITY);
+    for (r, off) in sources() {
+        for (a, &z) in mx.iter_mut().zip(&r[half + off..half + off + c]) {
+            *a = a.max(z);
         }
     }
-    for (ch, o) in out.iter_mut().enumerate() {
-        let mx = sources
-            .iter()
-            .map(|(r, off)| r[half + off + ch])
-            .fold(f32::NEG_INFINITY, f32::max);
-        let denom: f32 = sources
-            .iter()
-            .map(|(r, off)| (r[half + off + ch] - mx).exp())
-            .sum();
-        *o = sources
-            .iter()
-            .map(|(r, off)| r[off + ch] * ((r[half + off + ch] - mx).exp() / denom))
-            .sum();
+    den.fill(0.0);
+    out.fill(0.0);
+    for (r, off) in sources() {
+        for ((v, &z), &a) in e
+            .iter_mut()
+            .zip(&r[half + off..half + off + c])
+            .zip(mx.iter())
+        {
+            *v = z - a;
+        }
+        exp_in_place(&mut e[..c]);
+        for (((o, d), &p), &k) in out
+            .iter_mut()
+            .zip(den.iter_mut())
+            .zip(&e[..c])
+            .zip(&r[off..off + c])
+        {
+            *d += p;
+            *o += p * k;
+        }
+    }
+    for (o, d) in out.iter_mut().zip(den.iter()) {
+        *o /= d;
     }
 }

@@ -2,26 +2,39 @@
 //! token; each sublayer collapses them with learned weights and writes back through a
 //! Sinkhorn-normalised mixing matrix.
 
+use super::workspace::Workspace;
 use crate::config::ModelConfig;
+use crate::profile::{scope, Op};
 use crate::weights::{HyperWeights, Linear};
 use deepinfer_kernels::norm::rms_factor;
+use deepinfer_kernels::vector::{axpy, scale};
+
+/// Streams per token the fixed-size scratch below allows (shipped models use 4).
+const MAX_HC: usize = 16;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
 /// `(x · rsqrt(mean(x²)+eps)) · fnᵀ` for every token's flattened streams `[T, hc·D]`.
-fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32) -> Vec<f32> {
+fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32, ws: &mut Workspace) -> Vec<f32> {
     let width = f.in_dim();
-    let mut normed = x.to_vec();
-    for row in normed.chunks_exact_mut(width) {
-        let r = rms_factor(row, eps);
-        row.iter_mut().for_each(|v| *v *= r);
+    let mut normed = ws.take(t * width);
+    {
+        let _p = scope(Op::Hyper);
+        normed.copy_from_slice(&x[..t * width]);
+        for row in normed.chunks_exact_mut(width) {
+            scale(row, rms_factor(row, eps));
+        }
     }
-    f.forward(&normed, t)
+    let mut mix = ws.take(t * f.out_dim());
+    f.forward_into(&normed, t, &mut mix);
+    ws.give(normed);
+    mix
 }
 
-/// Per-token mixing weights of one sublayer.
+/// Per-token mixing weights of one sublayer (buffers from the workspace: hand them back
+/// with [`HyperMix::recycle`]).
 pub struct HyperMix {
     pub hc: usize,
     /// `[T, hc]`.
@@ -32,21 +45,36 @@ pub struct HyperMix {
     pub collapsed: Vec<f32>,
 }
 
+impl HyperMix {
+    pub fn recycle(self, ws: &mut Workspace) {
+        ws.give(self.post);
+        ws.give(self.comb);
+        ws.give(self.collapsed);
+    }
+}
+
 /// Computes `pre`, `post` and the Sinkhorn-projected `comb` from the streams `x: [T, hc, D]`
 /// and collapses the streams with `pre`.
-pub fn hc_mix(x: &[f32], t: usize, w: &HyperWeights, c: &ModelConfig) -> HyperMix {
+pub fn hc_mix(
+    x: &[f32],
+    t: usize,
+    w: &HyperWeights,
+    c: &ModelConfig,
+    ws: &mut Workspace,
+) -> HyperMix {
     let (d, hc, iters, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps);
-    let mix = normed_mix(x, t, &w.fn_, c.rms_norm_eps);
+    assert!(hc <= MAX_HC, "hc_mult {hc} is above {MAX_HC}");
+    let mix = normed_mix(x, t, &w.fn_, c.rms_norm_eps, ws);
+    let _p = scope(Op::Hyper);
     let m = (2 + hc) * hc;
-    let mut post = vec![0.0f32; t * hc];
-    let mut comb = vec![0.0f32; t * hc * hc];
-    let mut collapsed = vec![0.0f32; t * d];
+    let mut post = ws.take(t * hc);
+    let mut comb = ws.take(t * hc * hc);
+    let mut collapsed = ws.take(t * d);
     for i in 0..t {
         let mi = &mix[i * m..(i + 1) * m];
-        let pre: Vec<f32> = (0..hc)
-            .map(|j| sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps)
-            .collect();
+        let mut pre = [0.0f32; MAX_HC];
         for j in 0..hc {
+            pre[j] = sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps;
             post[i * hc + j] = 2.0 * sigmoid(mi[hc + j] * w.scale[1] + w.base[hc + j]);
         }
         let c = &mut comb[i * hc * hc..(i + 1) * hc * hc];
@@ -71,13 +99,11 @@ pub fn hc_mix(x: &[f32], t: usize, w: &HyperWeights, c: &ModelConfig) -> HyperMi
             normalise_columns(c, hc, hc_eps);
         }
         let out = &mut collapsed[i * d..(i + 1) * d];
-        for (s, p) in pre.iter().enumerate() {
-            let xs = &x[(i * hc + s) * d..(i * hc + s + 1) * d];
-            for (o, v) in out.iter_mut().zip(xs) {
-                *o += p * v;
-            }
+        for (s, &p) in pre[..hc].iter().enumerate() {
+            axpy(out, p, &x[(i * hc + s) * d..(i * hc + s + 1) * d]);
         }
     }
+    ws.give(mix);
     HyperMix {
         hc,
         post,
@@ -103,9 +129,10 @@ fn normalise_columns(c: &mut [f32], hc: usize, eps: f32) {
 }
 
 /// Writes the sublayer output back: `X'[k] = post[k]·f + Σ_j comb[j][k]·X[j]`.
-pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize) {
+pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize, ws: &mut Workspace) {
+    let _p = scope(Op::Hyper);
     let hc = mix.hc;
-    let mut next = vec![0.0f32; hc * d];
+    let mut next = ws.take(hc * d);
     for i in 0..t {
         let xs = &x[i * hc * d..(i + 1) * hc * d];
         let c = &mix.comb[i * hc * hc..(i + 1) * hc * hc];
@@ -117,36 +144,38 @@ pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize) {
                 *o = p * v;
             }
             for j in 0..hc {
-                let cj = c[j * hc + k];
-                for (o, v) in out.iter_mut().zip(&xs[j * d..(j + 1) * d]) {
-                    *o += cj * v;
-                }
+                axpy(out, c[j * hc + k], &xs[j * d..(j + 1) * d]);
             }
         }
         x[i * hc * d..(i + 1) * hc * d].copy_from_slice(&next);
     }
+    ws.give(next);
 }
 
-/// Final collapse of the streams (spec §3.10): sigmoid weights, no Sinkhorn.
+/// Final collapse of the streams (spec §3.10): sigmoid weights, no Sinkhorn. `[T, D]`.
 pub fn hc_head(
     x: &[f32],
     t: usize,
     f: &Linear,
     base: &[f32],
-    scale: f32,
+    scale_: f32,
     c: &ModelConfig,
+    ws: &mut Workspace,
 ) -> Vec<f32> {
     let (d, hc, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_eps);
-    let mix = normed_mix(x, t, f, c.rms_norm_eps);
-    let mut out = vec![0.0f32; t * d];
+    let mix = normed_mix(x, t, f, c.rms_norm_eps, ws);
+    let _p = scope(Op::Hyper);
+    let mut out = ws.take(t * d);
     for i in 0..t {
         for s in 0..hc {
-            let p = sigmoid(mix[i * hc + s] * scale + base[s]) + hc_eps;
-            let xs = &x[(i * hc + s) * d..(i * hc + s + 1) * d];
-            for (o, v) in out[i * d..(i + 1) * d].iter_mut().zip(xs) {
-                *o += p * v;
-            }
+            let p = sigmoid(mix[i * hc + s] * scale_ + base[s]) + hc_eps;
+            axpy(
+                &mut out[i * d..(i + 1) * d],
+                p,
+                &x[(i * hc + s) * d..(i * hc + s + 1) * d],
+            );
         }
     }
+    ws.give(mix);
     out
 }

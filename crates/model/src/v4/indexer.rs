@@ -2,52 +2,22 @@
 //! `Σ_h w_h · relu(q_h · K)` and keeps the top-k. CSA layers attend only to those.
 
 use crate::cache::{CacheView, Stream};
-use crate::weights::IndexerWeights;
-use deepinfer_kernels::linear::dot;
-use deepinfer_kernels::rope::Rope;
-use deepinfer_kernels::topk::topk_indices;
+use deepinfer_kernels::topk::topk_into;
+use deepinfer_kernels::vector::dot;
 
 /// Projected indexer queries and head weights for the tokens of a batch.
-pub struct IndexerQueries {
-    heads: usize,
-    head_dim: usize,
+pub struct IndexerQueries<'a> {
+    pub heads: usize,
+    pub head_dim: usize,
     /// `[N, heads, head_dim]`, rotated at each token's position.
-    q: Vec<f32>,
+    pub q: &'a [f32],
     /// `[N, heads]`, scaled by `heads^-½`.
-    weights: Vec<f32>,
+    pub weights: &'a [f32],
 }
 
-impl IndexerQueries {
-    /// `qr`: the attention's normed q-LoRA activations `[N, Q]`; `a`: the attention input.
-    pub fn new(
-        w: &IndexerWeights,
-        qr: &[f32],
-        a: &[f32],
-        positions: &[usize],
-        rope: &Rope,
-        heads: usize,
-    ) -> Self {
-        let n = positions.len();
-        let head_dim = w.wq_b.out_dim() / heads;
-        let mut q = w.wq_b.forward(qr, n);
-        for (i, row) in q.chunks_exact_mut(heads * head_dim).enumerate() {
-            for h in row.chunks_exact_mut(head_dim) {
-                rope.apply(h, positions[i], false);
-            }
-        }
-        let mut weights = w.weights_proj.forward(a, n);
-        let scale = (heads as f32).powf(-0.5);
-        weights.iter_mut().for_each(|v| *v *= scale);
-        Self {
-            heads,
-            head_dim,
-            q,
-            weights,
-        }
-    }
-
+impl IndexerQueries<'_> {
     /// Top-`k` of the first `visible` indexer keys of batch sequence `seq` for batch row `i`,
-    /// best first, lower index on ties.
+    /// best first, lower index on ties, into `picked` (`scores` is scratch).
     #[allow(clippy::too_many_arguments)]
     pub fn select(
         &self,
@@ -57,24 +27,27 @@ impl IndexerQueries {
         layer: usize,
         visible: usize,
         k: usize,
-    ) -> Vec<usize> {
+        scores: &mut Vec<f32>,
+        picked: &mut Vec<usize>,
+    ) {
+        picked.clear();
         if visible <= k {
-            return (0..visible).collect();
+            picked.extend(0..visible);
+            return;
         }
         let hd = self.head_dim;
         let softmax_scale = (hd as f32).powf(-0.5);
         let q = &self.q[i * self.heads * hd..(i + 1) * self.heads * hd];
         let wts = &self.weights[i * self.heads..(i + 1) * self.heads];
-        let scores: Vec<f32> = (0..visible)
-            .map(|e| {
-                let key = cache.entry(seq, layer, Stream::Indexer, e);
-                let mut s = 0.0f32;
-                for (h, wt) in wts.iter().enumerate() {
-                    s += dot(&q[h * hd..(h + 1) * hd], key).max(0.0) * softmax_scale * wt;
-                }
-                s
-            })
-            .collect();
-        topk_indices(&scores, k)
+        scores.clear();
+        scores.extend((0..visible).map(|e| {
+            let key = cache.entry(seq, layer, Stream::Indexer, e);
+            let mut s = 0.0f32;
+            for (h, wt) in wts.iter().enumerate() {
+                s += dot(&q[h * hd..(h + 1) * hd], key).max(0.0) * softmax_scale * wt;
+            }
+            s
+        }));
+        topk_into(scores, k, picked);
     }
 }

@@ -7,5 +7,6 @@ pub mod hyper;
 pub mod indexer;
 pub mod model;
 pub mod moe;
+pub mod workspace;
 
 pub use model::{Model, ModelError};

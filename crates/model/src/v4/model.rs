@@ -3,14 +3,17 @@
 
 use super::block::block_forward;
 use super::hyper::hc_head;
+use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits, SeqSpan};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
+use crate::profile::{scope, Op};
 use crate::weights::ModelWeights;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
+use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -55,11 +58,50 @@ pub struct BatchRows<'a> {
     pub row_seq: Vec<(usize, usize, usize)>,
 }
 
+/// One rope table's `(cos, sin)` at every row's position, `[N, rd/2]` each: computed once
+/// per forward and shared by every head and layer that uses the table.
+pub struct Angles {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Angles {
+    pub fn new(rope: &Rope, positions: &[usize], ws: &mut Workspace) -> Self {
+        let half = rope.dim() / 2;
+        let (mut cos, mut sin) = (
+            ws.take(positions.len() * half),
+            ws.take(positions.len() * half),
+        );
+        rope.table(positions, &mut cos, &mut sin);
+        Self { half, cos, sin }
+    }
+
+    pub fn row(&self, i: usize) -> (&[f32], &[f32]) {
+        let r = i * self.half..(i + 1) * self.half;
+        (&self.cos[r.clone()], &self.sin[r])
+    }
+
+    pub fn recycle(self, ws: &mut Workspace) {
+        ws.give(self.cos);
+        ws.give(self.sin);
+    }
+}
+
+/// Scratch kept between forwards (see [`Workspace`]).
+#[derive(Default)]
+struct Scratch {
+    ws: Workspace,
+    row_seq: Vec<(usize, usize, usize)>,
+}
+
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
     rope_main: Rope,
     rope_compress: Rope,
+    /// Locked for the length of a forward; a model runs one batch at a time.
+    scratch: Mutex<Scratch>,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -81,6 +123,7 @@ impl Model {
             weights,
             rope_main,
             rope_compress,
+            scratch: Mutex::default(),
         }
     }
 
@@ -105,6 +148,7 @@ impl Model {
         &self,
         batch: &'a ForwardBatch,
         cache: &dyn CacheView,
+        mut row_seq: Vec<(usize, usize, usize)>,
     ) -> Result<BatchRows<'a>, ModelError> {
         let (vocab, n) = (self.config.vocab_size, batch.num_tokens());
         if batch.positions.len() != n {
@@ -125,7 +169,8 @@ impl Model {
                 needed: self.config.sliding_window,
             });
         }
-        let mut row_seq = vec![(usize::MAX, 0, 0); n];
+        row_seq.clear();
+        row_seq.resize(n, (usize::MAX, 0, 0));
         for (s, span) in batch.spans.iter().enumerate() {
             if span.start + span.len > n {
                 return Err(ModelError::BadSpan {
@@ -183,7 +228,12 @@ impl Model {
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
     ) -> Result<Logits, ModelError> {
-        self.forward_traced(batch, cache, None)
+        let mut logits = Logits {
+            vocab: self.config.vocab_size,
+            data: Vec::new(),
+        };
+        self.forward_into(batch, cache, &mut logits, None)?;
+        Ok(logits)
     }
 
     /// [`Model::forward`], also recording the residual streams `[N, hc, D]` after every
@@ -192,12 +242,35 @@ impl Model {
         &self,
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
-        mut trace: Option<&mut Vec<Vec<f32>>>,
+        trace: &mut Vec<Vec<f32>>,
     ) -> Result<Logits, ModelError> {
-        let rows = self.rows(batch, &*cache)?;
+        let mut logits = Logits {
+            vocab: self.config.vocab_size,
+            data: Vec::new(),
+        };
+        self.forward_into(batch, cache, &mut logits, Some(trace))?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] into a reused `logits` (its buffer is kept when large enough): with
+    /// the model's workspace this is a forward that allocates nothing in steady state.
+    pub fn forward_into(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
+        mut trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<(), ModelError> {
+        let _p = scope(Op::Other);
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *guard;
+        let rows = self.rows(batch, &*cache, std::mem::take(&mut scratch.row_seq))?;
+        let ws = &mut scratch.ws;
         let c = &self.config;
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
-        let mut x = vec![0.0f32; n * hc * d];
+        let angles_main = Angles::new(&self.rope_main, rows.positions, ws);
+        let angles_compress = Angles::new(&self.rope_compress, rows.positions, ws);
+        let mut x = ws.take(n * hc * d);
         for (i, &id) in batch.token_ids.iter().enumerate() {
             let row = &mut x[i * hc * d..(i + 1) * hc * d];
             self.weights
@@ -208,6 +281,10 @@ impl Model {
             }
         }
         for (l, lw) in self.weights.layers.iter().enumerate() {
+            let angles = match c.layer_types[l] {
+                AttnKind::Sliding => &angles_main,
+                _ => &angles_compress,
+            };
             block_forward(
                 lw,
                 c,
@@ -217,6 +294,8 @@ impl Model {
                 &rows,
                 cache,
                 self.rope_for(l),
+                angles,
+                ws,
             );
             if let Some(tr) = trace.as_deref_mut() {
                 tr.push(x.clone());
@@ -225,11 +304,10 @@ impl Model {
         // Only the rows that want logits go through the head.
         let w = &self.weights;
         let m = batch.logits_rows.len();
-        let picked: Vec<f32> = batch
-            .logits_rows
-            .iter()
-            .flat_map(|&r| x[r * hc * d..(r + 1) * hc * d].iter().copied())
-            .collect();
+        let mut picked = ws.take(m * hc * d);
+        for (o, &r) in picked.chunks_exact_mut(hc * d).zip(&batch.logits_rows) {
+            o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
+        }
         let mut h = hc_head(
             &picked,
             m,
@@ -237,11 +315,22 @@ impl Model {
             &w.hc_head_base,
             w.hc_head_scale[0],
             c,
+            ws,
         );
-        rms_norm_rows(&mut h, &w.norm, c.rms_norm_eps);
-        Ok(Logits {
-            vocab: c.vocab_size,
-            data: w.head.forward(&h, m),
-        })
+        {
+            let _p = scope(Op::NormRope);
+            rms_norm_rows(&mut h, &w.norm, c.rms_norm_eps);
+        }
+        logits.vocab = c.vocab_size;
+        logits.data.clear();
+        logits.data.resize(m * c.vocab_size, 0.0);
+        w.head.forward_into(&h, m, &mut logits.data);
+        for v in [x, picked, h] {
+            ws.give(v);
+        }
+        angles_main.recycle(ws);
+        angles_compress.recycle(ws);
+        scratch.row_seq = rows.row_seq;
+        Ok(())
     }
 }

@@ -1,10 +1,23 @@
 //! Mixture of experts (spec §3.9): hash-routed (frozen token → experts table) or scored
 //! top-k with a selection-only bias, renormalised weights × routed_scaling_factor, clamped
 //! SwiGLU experts, plus the always-on shared expert.
+//!
+//! Tokens are grouped by expert, so each selected expert's `w1`/`w3`/`w2` stream through
+//! the cores once per step whatever the batch; the gate and up products of every selected
+//! expert (and the shared one) share one parallel pass, as do the down products. The
+//! routing weight scales the hidden activation before `w2`, as DeepSeek's reference does.
 
+use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
+use crate::profile::{self, scope, Op};
 use crate::weights::{ExpertWeights, MoeWeights, Routing};
-use deepinfer_kernels::topk::topk_indices;
+use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::topk::topk_into;
+use deepinfer_kernels::vector::{axpy, exp_in_place};
+use smallvec::SmallVec;
+
+/// Experts whose products share one parallel pass (bounds the stack-held job list).
+const EXPERTS_PER_PASS: usize = 16;
 
 fn softplus(x: f32) -> f32 {
     // torch's softplus switches to the identity above 20 (beta = 1).
@@ -15,64 +28,54 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// Router scores for one token's logits.
-fn scores(func: ScoringFunc, logits: &[f32]) -> Vec<f32> {
+/// Router scores for one token's logits, in place.
+fn scores(func: ScoringFunc, s: &mut [f32]) {
     match func {
-        ScoringFunc::SqrtSoftplus => logits.iter().map(|&x| softplus(x).sqrt()).collect(),
-        ScoringFunc::Sigmoid => logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect(),
+        ScoringFunc::SqrtSoftplus => s.iter_mut().for_each(|x| *x = softplus(*x).sqrt()),
+        ScoringFunc::Sigmoid => s.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
         ScoringFunc::Softmax => {
-            let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = logits.iter().map(|&x| (x - mx).exp()).collect();
-            let s: f32 = e.iter().sum();
-            e.iter().map(|v| v / s).collect()
+            let mx = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            s.iter_mut().for_each(|x| *x -= mx);
+            exp_in_place(s);
+            let sum: f32 = s.iter().sum();
+            s.iter_mut().for_each(|x| *x /= sum);
         }
     }
 }
 
-/// `w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, −L, L))` for `x: [n, D]`.
-fn expert_forward(e: &ExpertWeights, x: &[f32], n: usize, limit: f32) -> Vec<f32> {
-    let g = e.w1.forward(x, n);
-    let u = e.w3.forward(x, n);
-    let hidden: Vec<f32> = g
-        .iter()
-        .zip(&u)
-        .map(|(&g, &u)| silu(g.min(limit)) * u.clamp(-limit, limit))
-        .collect();
-    e.w2.forward(&hidden, n)
-}
-
-/// Routed experts and weights for every token: `(expert ids, weights)`, `k` per token.
+/// Routed experts and weights for every token into `ids`/`wts` (`k` per token).
 pub fn route(
     w: &MoeWeights,
     c: &ModelConfig,
     x: &[f32],
     token_ids: &[u32],
-) -> (Vec<usize>, Vec<f32>) {
+    ids: &mut [usize],
+    wts: &mut [f32],
+    ws: &mut Workspace,
+) {
     let t = token_ids.len();
-    let k = c.num_experts_per_tok;
-    let e = c.n_routed_experts;
-    let logits = w.gate.forward(x, t);
-    let mut ids = Vec::with_capacity(t * k);
-    let mut wts = Vec::with_capacity(t * k);
+    let (k, e) = (c.num_experts_per_tok, c.n_routed_experts);
+    let mut logits = ws.take(t * e);
+    w.gate.forward_into(x, t, &mut logits);
+    let _p = scope(Op::Moe);
+    let mut biased = ws.take(e);
+    let mut chosen = ws.take_idx(e);
     for i in 0..t {
-        let s = scores(c.scoring_func, &logits[i * e..(i + 1) * e]);
-        let chosen: Vec<usize> = match &w.routing {
+        let s = &mut logits[i * e..(i + 1) * e];
+        scores(c.scoring_func, s);
+        match &w.routing {
             Routing::Hash(table) => {
                 let tok = token_ids[i] as usize;
-                table[tok * k..(tok + 1) * k]
-                    .iter()
-                    .map(|&v| v as usize)
-                    .collect()
+                chosen.clear();
+                chosen.extend(table[tok * k..(tok + 1) * k].iter().map(|&v| v as usize));
             }
             Routing::Scored { bias } => {
-                let biased: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
-                topk_indices(&biased, k)
+                for ((b, &v), &bb) in biased.iter_mut().zip(s.iter()).zip(bias) {
+                    *b = v + bb;
+                }
+                topk_into(&biased, k, &mut chosen);
             }
-        };
+        }
         // HF always renormalises; DeepSeek's reference skips it for softmax scoring, which
         // its configs express as norm_topk_prob = false.
         let sum: f32 = if c.norm_topk_prob {
@@ -80,48 +83,191 @@ pub fn route(
         } else {
             1.0
         };
-        for j in chosen {
-            ids.push(j);
-            wts.push(s[j] / sum * c.routed_scaling_factor);
+        for (slot, &j) in chosen.iter().enumerate() {
+            ids[i * k + slot] = j;
+            wts[i * k + slot] = s[j] / sum * c.routed_scaling_factor;
         }
     }
-    (ids, wts)
+    ws.give(logits);
+    ws.give(biased);
+    ws.give_idx(chosen);
 }
 
-/// The MoE output for `x: [T, D]` (normed FFN input) of tokens `token_ids`.
-pub fn moe(w: &MoeWeights, c: &ModelConfig, x: &[f32], token_ids: &[u32]) -> Vec<f32> {
+/// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight.
+fn activate(
+    g: &mut [f32],
+    u: &[f32],
+    weights: impl Iterator<Item = f32>,
+    width: usize,
+    limit: f32,
+    tmp: &mut [f32],
+) {
+    for ((gr, ur), wt) in g
+        .chunks_exact_mut(width)
+        .zip(u.chunks_exact(width))
+        .zip(weights)
+    {
+        for (t, v) in tmp.iter_mut().zip(gr.iter_mut()) {
+            *v = v.min(limit);
+            *t = -*v;
+        }
+        exp_in_place(tmp);
+        for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
+            *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
+        }
+    }
+}
+
+/// The MoE output for `x: [T, D]` (normed FFN input) of tokens `token_ids`; `[T, D]`.
+pub fn moe(
+    w: &MoeWeights,
+    c: &ModelConfig,
+    x: &[f32],
+    token_ids: &[u32],
+    ws: &mut Workspace,
+) -> Vec<f32> {
     let d = c.hidden_size;
     let t = token_ids.len();
-    let k = c.num_experts_per_tok;
-    let (ids, wts) = route(w, c, x, token_ids);
-    let mut out = match &w.shared {
-        Some(s) => expert_forward(s, x, t, c.swiglu_limit),
-        None => vec![0.0f32; t * d],
-    };
-    let mut routed = vec![0.0f32; t * d];
-    // Gather the tokens of each expert so every expert runs once per step as a small GEMM.
-    for (ei, expert) in w.experts.iter().enumerate() {
-        let picks: Vec<(usize, f32)> = (0..t * k)
-            .filter(|&r| ids[r] == ei)
-            .map(|r| (r / k, wts[r]))
-            .collect();
-        if picks.is_empty() {
-            continue;
+    let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
+    let inter = c.moe_intermediate_size;
+    let mut ids = ws.take_idx(t * k);
+    let mut wts = ws.take(t * k);
+    route(w, c, x, token_ids, &mut ids, &mut wts, ws);
+
+    // Picks sorted by expert (stable: token order within an expert): `order[r]` is the pick
+    // (token · k + slot) in row r of the gathered batch; expert e owns rows
+    // `offsets[e]..offsets[e + 1]`.
+    let mut offsets = ws.take_idx(n_exp + 1);
+    let mut order = ws.take_idx(t * k);
+    let mut xs = ws.take(t * k * d);
+    {
+        let _p = scope(Op::Moe);
+        for &e in ids.iter() {
+            offsets[e + 1] += 1;
         }
-        let xs: Vec<f32> = picks
-            .iter()
-            .flat_map(|&(i, _)| x[i * d..(i + 1) * d].iter().copied())
-            .collect();
-        let y = expert_forward(expert, &xs, picks.len(), c.swiglu_limit);
-        for (r, &(i, wt)) in picks.iter().enumerate() {
-            for (o, v) in routed[i * d..(i + 1) * d]
-                .iter_mut()
-                .zip(&y[r * d..(r + 1) * d])
-            {
-                *o += v * wt;
+        for e in 0..n_exp {
+            offsets[e + 1] += offsets[e];
+        }
+        let mut fill = ws.take_idx(n_exp);
+        fill.copy_from_slice(&offsets[..n_exp]);
+        for (pick, &e) in ids.iter().enumerate() {
+            order[fill[e]] = pick;
+            fill[e] += 1;
+        }
+        ws.give_idx(fill);
+        for (r, &pick) in order.iter().enumerate() {
+            let tok = pick / k;
+            xs[r * d..(r + 1) * d].copy_from_slice(&x[tok * d..(tok + 1) * d]);
+        }
+    }
+    let shared_inter = w.shared.as_ref().map_or(0, |s| s.w1.out_dim());
+    let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
+    let (mut gs, mut us) = (ws.take(t * shared_inter), ws.take(t * shared_inter));
+    let mut y = ws.take(t * k * d);
+    let mut ys = ws.take(t * d);
+    let active: SmallVec<[usize; 256]> = (0..n_exp)
+        .filter(|&e| offsets[e + 1] > offsets[e])
+        .collect();
+
+    // Gate and up of every selected expert, a pass per group of experts (the shared expert
+    // rides with the first).
+    let rows_of = |e: usize| offsets[e]..offsets[e + 1];
+    for (gi, group) in active.chunks(EXPERTS_PER_PASS).enumerate() {
+        let mut jobs: SmallVec<[Matmul; 2 * EXPERTS_PER_PASS + 2]> = SmallVec::new();
+        let mut gr = &mut g[rows_of(group[0]).start * inter..];
+        let mut ur = &mut u[rows_of(group[0]).start * inter..];
+        for &e in group {
+            let m = rows_of(e).len();
+            let (gh, gt) = gr.split_at_mut(m * inter);
+            let (uh, ut) = ur.split_at_mut(m * inter);
+            (gr, ur) = (gt, ut);
+            let xe = &xs[rows_of(e).start * d..rows_of(e).end * d];
+            let ex: &ExpertWeights = &w.experts[e];
+            jobs.push(Matmul::new(&ex.w1.w, xe, m, gh));
+            jobs.push(Matmul::new(&ex.w3.w, xe, m, uh));
+        }
+        if let (0, Some(s)) = (gi, &w.shared) {
+            jobs.push(Matmul::new(&s.w1.w, x, t, &mut gs));
+            jobs.push(Matmul::new(&s.w3.w, x, t, &mut us));
+        }
+        profile::matmuls(&mut jobs);
+    }
+    if active.is_empty() {
+        if let Some(s) = &w.shared {
+            let mut jobs = [
+                Matmul::new(&s.w1.w, x, t, &mut gs),
+                Matmul::new(&s.w3.w, x, t, &mut us),
+            ];
+            profile::matmuls(&mut jobs);
+        }
+    }
+    {
+        let _p = scope(Op::Moe);
+        let mut tmp = ws.take(inter.max(shared_inter));
+        let limit = c.swiglu_limit;
+        activate(
+            &mut g,
+            &u,
+            order.iter().map(|&p| wts[p]),
+            inter,
+            limit,
+            &mut tmp[..inter],
+        );
+        if shared_inter > 0 {
+            activate(
+                &mut gs,
+                &us,
+                std::iter::repeat(1.0),
+                shared_inter,
+                limit,
+                &mut tmp[..shared_inter],
+            );
+        }
+        ws.give(tmp);
+    }
+    for (gi, group) in active.chunks(EXPERTS_PER_PASS).enumerate() {
+        let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
+        let mut yr = &mut y[rows_of(group[0]).start * d..];
+        for &e in group {
+            let m = rows_of(e).len();
+            let (yh, yt) = yr.split_at_mut(m * d);
+            yr = yt;
+            let he = &g[rows_of(e).start * inter..rows_of(e).end * inter];
+            jobs.push(Matmul::new(&w.experts[e].w2.w, he, m, yh));
+        }
+        if let (0, Some(s)) = (gi, &w.shared) {
+            jobs.push(Matmul::new(&s.w2.w, &gs, t, &mut ys));
+        }
+        profile::matmuls(&mut jobs);
+    }
+    if active.is_empty() {
+        if let Some(s) = &w.shared {
+            profile::matmul(&s.w2.w, &gs, t, &mut ys);
+        }
+    }
+    // Sum: the routed experts in expert order, then the shared expert.
+    let mut out = ws.take(t * d);
+    {
+        let _p = scope(Op::Moe);
+        for (r, &pick) in order.iter().enumerate() {
+            let tok = pick / k;
+            axpy(
+                &mut out[tok * d..(tok + 1) * d],
+                1.0,
+                &y[r * d..(r + 1) * d],
+            );
+        }
+        if w.shared.is_some() {
+            for (o, s) in out.iter_mut().zip(&ys) {
+                *o += s;
             }
         }
     }
-    out.iter_mut().zip(&routed).for_each(|(o, r)| *o += r);
+    for v in [wts, xs, g, u, gs, us, y, ys] {
+        ws.give(v);
+    }
+    for v in [ids, offsets, order] {
+        ws.give_idx(v);
+    }
     out
 }
