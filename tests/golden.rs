@@ -199,7 +199,10 @@ fn flat_batch_of_prompts_equals_one_at_a_time() {
     let mut r = runner(load("tiny-a", "official"), 1, 0);
     for (i, p) in prompts.iter().enumerate() {
         let alone = chunked_logits(&mut r, p, p.len());
-        assert_eq!(batched.row(i), &alone[p.len() - 1][..], "prompt {i}");
+        // Alone and batched, a prompt may take different kernel paths (the GEMM from 32
+        // rows, which sums in another order): equal to rounding, not bit for bit.
+        let d = max_abs_diff(batched.row(i), &alone[p.len() - 1]);
+        assert!(d <= 1e-5, "prompt {i}: batched and alone differ by {d}");
         let want = g.f32s(&format!("p{i}.last_logits"));
         assert!(max_abs_diff(batched.row(i), &want) <= LOGIT_TOL);
     }

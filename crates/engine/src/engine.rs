@@ -44,6 +44,8 @@ pub enum EngineError {
     InvalidConfig { field: &'static str, reason: String },
     #[error("the engine has stopped")]
     Stopped,
+    #[error("cannot start the compute threads: {0}")]
+    ThreadPool(String),
 }
 
 /// Counters the engine thread updates and anyone may read.
@@ -178,6 +180,19 @@ impl Drop for AliveGuard {
 
 /// Starts the engine thread. The returned join handle yields the runner back when the
 /// engine stops (so callers can inspect the pools).
+/// The compute threads of a model: one per core, the calling thread being one of them. Run
+/// the forward passes inside it (`pool.install`): the parallel loops of a step then start
+/// from a worker's own queue, with no cross-thread injection (which costs a wake-up and,
+/// now and then, an allocation per call).
+pub fn compute_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("deepinfer-compute-{i}"))
+        .use_current_thread()
+        .build()
+}
+
 pub fn start(
     model: Model,
     config: EngineConfig,
@@ -244,7 +259,10 @@ pub fn start(
         .name("deepinfer-engine".into())
         .spawn(move || {
             let _alive = AliveGuard(alive);
-            let result = core.run(rx);
+            let result = match compute_pool() {
+                Ok(pool) => pool.install(|| core.run(rx)),
+                Err(e) => Err(EngineError::ThreadPool(e.to_string())),
+            };
             if let Err(e) = &result {
                 tracing::error!("the engine stopped: {e}");
             }

@@ -53,8 +53,10 @@ fn sum_words(part: &[u64]) -> u64 {
 }
 
 /// f32 FMA throughput in GFLOP/s (2 flops per FMA lane) with `threads` threads, best of
-/// `reps` runs of about 50 ms each. Uses AVX2+FMA when the CPU has them, else a scalar loop
-/// (a much lower roof, honestly reported).
+/// `reps` runs of about 50 ms each, at the width of the kernel family in use
+/// ([`crate::cpu::isa`]: 512-bit with AVX-512, 256-bit with AVX2, else a scalar loop — a
+/// much lower roof, honestly reported), so kernels are always measured against the peak of
+/// the instructions they use.
 pub fn fma_peak(threads: usize, reps: usize) -> f64 {
     const ITERS: u64 = 20_000_000;
     let mut best = f64::INFINITY;
@@ -77,9 +79,13 @@ pub fn fma_peak(threads: usize, reps: usize) -> f64 {
 fn fma_loop(iters: u64) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { fma_loop_avx2(iters) };
+        use crate::cpu::{isa, Isa};
+        match isa() {
+            // SAFETY: `isa()` only reports a family the CPU supports.
+            Isa::Avx512 => return unsafe { fma_loop_avx512(iters / 2) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { fma_loop_avx2(iters) },
+            Isa::Scalar => {}
         }
     }
     fma_loop_scalar(iters / 16)
@@ -119,6 +125,26 @@ unsafe fn fma_loop_avx2(iters: u64) -> f64 {
     }
     std::hint::black_box(total);
     (iters * 12 * 8 * 2) as f64
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(iters: u64) -> f64 {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_ps(std::hint::black_box(0.999_999));
+    let b = _mm512_set1_ps(std::hint::black_box(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for x in &mut acc {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    let mut total = _mm512_setzero_ps();
+    for x in acc {
+        total = _mm512_add_ps(total, x);
+    }
+    std::hint::black_box(total);
+    (iters * 12 * 16 * 2) as f64
 }
 
 #[cfg(test)]

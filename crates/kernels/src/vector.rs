@@ -3,14 +3,14 @@
 //! matrix kernels: the build targets baseline x86-64, so without this the compiler would
 //! only use 128-bit SSE2 and no FMA for them.
 
-use crate::cpu::{isa, Isa};
+use crate::cpu::isa;
 
 /// `Σ a[i] · b[i]` (eight partial sums; the AVX2 path four vectors of eight).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 {
+    if isa().has_avx2() {
         // SAFETY: AVX2 and FMA are present (that is what `Isa::Avx2` means); lengths match.
         return unsafe { avx2::dot(a, b) };
     }
@@ -22,7 +22,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len(), "axpy: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 {
+    if isa().has_avx2() {
         // SAFETY: as in `dot`.
         return unsafe { avx2::axpy(y, alpha, x) };
     }
@@ -35,7 +35,7 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 #[inline]
 pub fn scale(y: &mut [f32], alpha: f32) {
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 {
+    if isa().has_avx2() {
         // SAFETY: as in `dot`.
         return unsafe { avx2::scale(y, alpha) };
     }
@@ -48,7 +48,7 @@ pub fn scale(y: &mut [f32], alpha: f32) {
 /// about -87.3 give about 1e-38 rather than 0, which no softmax or sigmoid can tell apart.
 pub fn exp_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 {
+    if isa().has_avx2() {
         // SAFETY: as in `dot`.
         return unsafe { avx2::exp_in_place(x) };
     }

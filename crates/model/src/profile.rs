@@ -12,7 +12,7 @@
 
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::matrix::{Format, QMatrix};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -90,10 +90,21 @@ static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
 static CACHE_BYTES: AtomicU64 = AtomicU64::new(0);
 static FLOPS: AtomicU64 = AtomicU64::new(0);
 
-/// Whether `DEEPINFER_PROFILE` is set (to anything but `0`).
+static FORCED: AtomicBool = AtomicBool::new(false);
+
+/// Whether op timing is on: `DEEPINFER_PROFILE` set (to anything but `0`), or
+/// [`set_enabled`] by a benchmark that wants the table for one pass.
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DEEPINFER_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty()))
+    static ENV: OnceLock<bool> = OnceLock::new();
+    FORCED.load(Relaxed)
+        || *ENV.get_or_init(|| {
+            std::env::var("DEEPINFER_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty())
+        })
+}
+
+/// Turns op timing on or off for the whole process (on top of `DEEPINFER_PROFILE`).
+pub fn set_enabled(on: bool) {
+    FORCED.store(on, Relaxed);
 }
 
 thread_local! {
@@ -133,9 +144,15 @@ fn add_time(op: Op, ns: u64) {
     CALLS[op as usize].fetch_add(1, Relaxed);
 }
 
-/// Counts attention's reads of cached keys (a decode step's other stream from memory).
+/// Counts reads of cached state (attention's keys, the indexer's keys): a decode step's
+/// other stream from memory.
 pub fn cache_read(bytes: usize) {
     CACHE_BYTES.fetch_add(bytes as u64, Relaxed);
+}
+
+/// Counts weight bytes read outside the matrix products (embedding rows).
+pub fn weight_read(bytes: usize) {
+    WEIGHT_BYTES.fetch_add(bytes as u64, Relaxed);
 }
 
 fn weight_bytes(w: &QMatrix, rows: usize) -> u64 {

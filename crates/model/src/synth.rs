@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use generate::draw_values;
 pub use plan::{tensor_plan, Init, PlannedTensor};
-pub use presets::{preset, SynthSpec, PRESETS};
+pub use presets::{preset, DenseFormat, SynthSpec, PRESETS};
 pub use writer::{write_checkpoint_sharded, SHARD_BYTES};
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,7 @@
 //! `vllm bench serve` (TTFT, TPOT, ITL, E2E; mean, median, p90, p99), plus tokens per step.
 
 mod kernels;
+mod model;
 
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
@@ -55,6 +56,8 @@ enum BenchWhat {
     },
     /// Each weight format's matrix product (decode and prefill shapes) against the roofs.
     Kernels(kernels::KernelArgs),
+    /// Decode and prefill speed of a checkpoint against the roofs, like `llama-bench`.
+    Model(model::ModelArgs),
 }
 
 /// Prints the measured roofs, one thread and all threads.
@@ -144,6 +147,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             kernels::run(k);
             return Ok(());
         }
+        Some(BenchWhat::Model(m)) => return model::run(m),
         None => {}
     }
     let Some(dir) = &args.model else {

@@ -11,12 +11,12 @@
 //! ([`matmuls`]): a layer's independent projections (q and kv, gate and up, every selected
 //! expert) share one parallel pass instead of paying for a fork-join each.
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
 mod prepare;
 mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::cpu::{isa, Isa};
 use crate::matrix::{Format, QMatrix};
@@ -86,6 +86,12 @@ pub(crate) struct Plan {
     /// Row 0 of the activations as the kernels read them (permuted for the fast path).
     x: *const f32,
     k: usize,
+    /// Floats from one activation row to the next.
+    ldx: usize,
+    /// For the GEMM path: the activations transposed in strips of `xw` columns,
+    /// `[m / xw][k][xw]` (columns past `m` zero), so a micro-kernel streams one strip.
+    xt: *const f32,
+    xw: usize,
     m: usize,
     y: *mut f32,
     row0: usize,
@@ -94,7 +100,8 @@ pub(crate) struct Plan {
     /// Tiles of the plans before this one: tile `t` of a call belongs to the last plan whose
     /// `tiles_before <= t`.
     tiles_before: usize,
-    fast: bool,
+    /// The kernel family this product runs on (its activations are laid out for it).
+    family: Isa,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -108,10 +115,20 @@ impl Plan {
         unsafe { &*self.w }
     }
 
+    fn ldx(&self) -> usize {
+        self.ldx
+    }
+
+    /// The transposed activations of the GEMM path and their strip width.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn xt(&self) -> (*const f32, usize) {
+        (self.xt, self.xw)
+    }
+
     fn x_row(&self, i: usize) -> &[f32] {
         debug_assert!(i < self.m);
-        // SAFETY: `x` holds `m · k` floats for the call's duration.
-        unsafe { std::slice::from_raw_parts(self.x.add(i * self.k), self.k) }
+        // SAFETY: `x` holds `m` rows `ldx` apart, `k` floats each, for the call's duration.
+        unsafe { std::slice::from_raw_parts(self.x.add(i * self.ldx), self.k) }
     }
 
     fn tiles(&self) -> usize {
@@ -122,7 +139,13 @@ impl Plan {
     ///
     /// # Safety
     /// Only the tile owning `rows` may call this, and `g0 + mg <= m`.
-    unsafe fn store(&self, g0: usize, mg: usize, rows: Range<usize>, out: &[[f32; 4]; 2]) {
+    unsafe fn store<const R: usize, const M: usize>(
+        &self,
+        g0: usize,
+        mg: usize,
+        rows: Range<usize>,
+        out: &[[f32; M]; R],
+    ) {
         for (ri, row) in rows.enumerate() {
             for (t, &v) in out[ri].iter().enumerate().take(mg) {
                 // SAFETY: (g0 + t, row - row0) is inside `y: [m, n]`, owned by this tile.
@@ -132,16 +155,16 @@ impl Plan {
     }
 
     /// Runs tile `t` (counted within this plan).
-    fn run_tile(&self, t: usize, isa: Isa) {
+    fn run_tile(&self, t: usize) {
         let r0 = self.row0 + t * self.tile_rows;
         let rows = r0..(r0 + self.tile_rows).min(self.row0 + self.n);
-        match isa {
+        match self.family {
+            // SAFETY (both arms): a family is only chosen when the CPU has it; the plan is
+            // valid for the call, laid out for that family, and tile `t` is run once.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 if self.fast => {
-                // SAFETY: `Isa::Avx2` is only chosen when the CPU has AVX2 and FMA; the plan
-                // is valid for the call and tile `t` is run once.
-                unsafe { avx2::tile(self, rows) }
-            }
+            Isa::Avx2 => unsafe { x86::tile::<x86::Avx2>(self, rows) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { x86::tile::<x86::Avx512>(self, rows) },
             _ => scalar::tile(self, rows),
         }
     }
@@ -150,17 +173,96 @@ impl Plan {
 #[derive(Default)]
 struct CallScratch {
     prepared: Vec<f32>,
+    transposed: Vec<f32>,
     plans: Vec<Plan>,
+}
+
+/// Inner-dimension columns per task of the transposition pass.
+const T_BLOCK: usize = 64;
+
+impl Plan {
+    /// Tasks of the transposition pass this plan needs (none off the GEMM path).
+    fn transpose_tasks(&self) -> usize {
+        if self.xt.is_null() {
+            0
+        } else {
+            self.k.div_ceil(T_BLOCK)
+        }
+    }
+
+    /// `xt[i / xw][kk][i % xw] = x[i][kk]` for the inner columns of task `b`; columns
+    /// past `m` zeroed.
+    fn transpose_block(&self, b: usize) {
+        let (k0, k1, xw) = (b * T_BLOCK, ((b + 1) * T_BLOCK).min(self.k), self.xw);
+        let strips = self.m.div_ceil(xw);
+        for s in 0..strips {
+            // SAFETY: the plan's xt buffer holds `strips` strips of k · xw floats; task b
+            // alone writes rows k0..k1 of each; nothing reads it before the pass ends.
+            let t = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.xt.cast_mut().add((s * self.k + k0) * xw),
+                    (k1 - k0) * xw,
+                )
+            };
+            let (i0, i1) = (s * xw, ((s + 1) * xw).min(self.m));
+            if i1 - i0 < xw {
+                t.fill(0.0);
+            }
+            for i in i0..i1 {
+                let x = &self.x_row(i)[k0..k1];
+                for (kk, &v) in x.iter().enumerate() {
+                    t[kk * xw + i - i0] = v;
+                }
+            }
+        }
+    }
 }
 
 thread_local! {
     static CALL: RefCell<CallScratch> = RefCell::default();
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TILE2: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TILE3: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with this thread's tile scratch, at least `len` floats (grown once, then reused).
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    TILE.with(|cell| match cell.try_borrow_mut() {
+    with_cell(&TILE, len, f)
+}
+
+/// A second scratch buffer, for code already holding the first.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn with_scratch2<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_cell(&TILE2, len, f)
+}
+
+/// A third scratch buffer, for code holding the first two.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn with_scratch3<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_cell(&TILE3, len, f)
+}
+
+/// Grows this thread's tile scratch to at least `floats` each, so later calls up to that
+/// size never allocate whichever thread their tiles land on. Run it on every compute thread
+/// once (the model does, with `rayon::broadcast`, before its first forward).
+pub fn reserve_scratch(floats: usize) {
+    for key in [&TILE, &TILE2, &TILE3] {
+        key.with(|cell| {
+            if let Ok(mut v) = cell.try_borrow_mut() {
+                if v.len() < floats {
+                    v.resize(floats, 0.0);
+                }
+            }
+        });
+    }
+}
+
+fn with_cell<R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut v) => {
             if v.len() < len {
                 v.resize(len, 0.0);
@@ -172,25 +274,50 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     })
 }
 
-/// Whether `w` can use the fused kernels: the scales keep the rescaled products in range,
-/// FP8 blocks are whole 32-chunks wide and FP4 groups are powers of two of at least 32.
-fn fast_path(w: &QMatrix) -> bool {
+/// Whether family `isa` can run `w`: the scales keep the rescaled products in range, FP8
+/// blocks are whole chunks wide (a chunk is `4 · lanes` elements) and FP4 groups are powers
+/// of two of at least 32.
+fn runs_on(w: &QMatrix, isa: Isa) -> bool {
     use crate::matrix::Data;
+    let lanes = match isa {
+        Isa::Scalar => return true,
+        Isa::Avx2 => 8,
+        Isa::Avx512 => 16,
+    };
     w.fast_ok
         && match &w.data {
-            Data::Fp8 { bc, .. } => bc % 32 == 0 || w.cols <= *bc,
+            Data::Fp8 { bc, .. } => bc % (4 * lanes) == 0 || w.cols <= *bc,
             Data::Fp4 { group, .. } => group.is_power_of_two() && *group >= 32,
             Data::F32(_) | Data::Bf16(_) => true,
         }
 }
 
-/// Weight rows per tile: about 64, a whole number of FP8 row blocks.
-fn tile_rows(w: &QMatrix) -> usize {
+/// The widest family up to `isa` that runs `w` (V4.1's 32-wide FP8 blocks, say, take the
+/// AVX2 kernels on an AVX-512 machine).
+fn family(w: &QMatrix, isa: Isa) -> Isa {
+    [Isa::Avx512, Isa::Avx2]
+        .into_iter()
+        .find(|&f| f <= isa && runs_on(w, f))
+        .unwrap_or(Isa::Scalar)
+}
+
+#[cfg(test)]
+fn fast_path(w: &QMatrix) -> bool {
+    family(w, crate::cpu::detected()) != Isa::Scalar
+}
+
+/// Weight rows per tile: about 64 (128 for prefill-sized batches, so the GEMM path packs
+/// more panels per activation block), a whole number of FP8 row blocks.
+fn tile_rows(w: &QMatrix, m: usize) -> usize {
+    let rows: usize = if m >= GEMM_M { 128 } else { 64 };
     match &w.data {
-        crate::matrix::Data::Fp8 { br, .. } => br * 64usize.div_ceil(*br),
-        _ => 64,
+        crate::matrix::Data::Fp8 { br, .. } => br * rows.div_ceil(*br),
+        _ => rows,
     }
 }
+
+/// Activation rows from which the SIMD families use their GEMM path.
+pub(crate) const GEMM_M: usize = 32;
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
@@ -215,9 +342,23 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
         let total: usize = s.plans.last().map_or(0, |p| p.tiles_before + p.tiles());
         let work: usize = jobs.iter().map(|j| j.m * j.rows.len() * j.w.cols).sum();
         let plans = &s.plans;
+        // The GEMM path's transposed activations, a pass of their own (every tile reads all
+        // of them).
+        let t_tasks: usize = plans.iter().map(Plan::transpose_tasks).sum();
+        if t_tasks > 0 {
+            let task = |mut b: usize| {
+                for p in plans.iter() {
+                    if b < p.transpose_tasks() {
+                        return p.transpose_block(b);
+                    }
+                    b -= p.transpose_tasks();
+                }
+            };
+            (0..t_tasks).into_par_iter().for_each(task);
+        }
         let one = |t: usize| {
             let p = plans.partition_point(|p| p.tiles_before <= t) - 1;
-            plans[p].run_tile(t - plans[p].tiles_before, isa);
+            plans[p].run_tile(t - plans[p].tiles_before);
         };
         if work < SERIAL_WORK || total == 1 {
             (0..total).for_each(one);
@@ -234,8 +375,9 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
 fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     s.plans.clear();
+    let lanes = |f: Isa| if f == Isa::Avx512 { 16 } else { 8 };
     let needs_prep =
-        |j: &Matmul| isa == Isa::Avx2 && fast_path(j.w) && j.w.format() != Format::F32 && j.m > 0;
+        |j: &Matmul| family(j.w, isa) != Isa::Scalar && j.w.format() != Format::F32 && j.m > 0;
     let prep_len: usize = jobs
         .iter()
         .filter(|j| needs_prep(j))
@@ -244,6 +386,20 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     if s.prepared.len() < prep_len {
         s.prepared.resize(prep_len, 0.0);
     }
+    // The GEMM path reads the activations transposed, columns padded to whole vectors pairs.
+    let gemm_cols = |j: &Matmul| {
+        let f = family(j.w, isa);
+        (f != Isa::Scalar && j.m >= GEMM_M)
+            .then(|| (j.m.next_multiple_of(2 * lanes(f)), 2 * lanes(f)))
+    };
+    let t_len: usize = jobs
+        .iter()
+        .filter_map(|j| gemm_cols(j).map(|(c, _)| c * j.w.cols))
+        .sum();
+    if s.transposed.len() < t_len {
+        s.transposed.resize(t_len, 0.0);
+    }
+    let mut t_offset = 0;
     let mut offset = 0;
     let mut tiles_before = 0;
     for j in jobs.iter_mut() {
@@ -261,24 +417,36 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
                 j.x.chunks_exact(k.max(1))
                     .zip(dst.chunks_exact_mut(k.max(1)))
             {
-                prepare::permute_row(format, src, out, mult);
+                prepare::permute_row(format, lanes(family(j.w, isa)), src, out, mult);
             }
             offset += j.m * k;
             dst.as_ptr()
         } else {
             j.x.as_ptr()
         };
+        // Filled by the transposition pass before any tile runs.
+        let (xt, xw) = match gemm_cols(j) {
+            Some((cols, xw)) => {
+                let t = &mut s.transposed[t_offset..t_offset + cols * k];
+                t_offset += cols * k;
+                (t.as_ptr(), xw)
+            }
+            None => (std::ptr::null(), 0),
+        };
         let p = Plan {
             w: j.w,
             x,
             k,
+            ldx: k,
+            xt,
+            xw,
             m: j.m,
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
-            tile_rows: tile_rows(j.w),
+            tile_rows: tile_rows(j.w, j.m),
             tiles_before,
-            fast: isa == Isa::Avx2 && fast_path(j.w),
+            family: family(j.w, isa),
         };
         if j.m > 0 && p.tiles() > 0 {
             tiles_before += p.tiles();

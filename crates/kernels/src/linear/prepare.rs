@@ -8,41 +8,42 @@
 
 use crate::matrix::Format;
 
-/// Elements per decoded chunk (one 32-byte weight load for BF16/FP8/FP4; four f32 loads).
-pub(crate) fn chunk(format: Format) -> usize {
+/// Elements per decoded chunk for vectors of `lanes` f32: four vectors (one weight load for
+/// FP8, two for BF16, four f32 loads), eight for FP4.
+pub(crate) fn chunk(format: Format, lanes: usize) -> usize {
     match format {
-        Format::F32 => 32,
-        Format::Bf16 => 32,
-        Format::Fp8 => 32,
-        Format::Fp4 => 64,
+        Format::Fp4 => 8 * lanes,
+        _ => 4 * lanes,
     }
 }
 
-/// Where element `e` of a chunk goes in the permuted chunk.
+/// Where element `e` of a chunk goes in the permuted chunk (`l` lanes).
 #[inline]
-fn slot(format: Format, e: usize) -> usize {
+fn slot(format: Format, l: usize, e: usize) -> usize {
     match format {
         Format::F32 => e,
-        // per 16 elements: lane j of the even vector is element 2j, of the odd one 2j + 1
-        Format::Bf16 => (e / 16) * 16 + (e % 2) * 8 + (e % 16) / 2,
+        // per 2l elements: lane j of the even vector is element 2j, of the odd one 2j + 1
+        Format::Bf16 => (e / (2 * l)) * 2 * l + (e % 2) * l + (e % (2 * l)) / 2,
         // vector q lane j is byte 4j + q
-        Format::Fp8 => (e % 4) * 8 + e / 4,
-        // vector s lane j is element 8j + s (an 8×8 transpose)
-        Format::Fp4 => (e % 8) * 8 + e / 8,
+        Format::Fp8 => (e % 4) * l + e / 4,
+        // lane j of the vector at position p is element 8j + s, s = 2(p mod 4) + p / 4
+        // (the even elements' vectors first): a transpose, rows reordered
+        Format::Fp4 => (4 * (e % 2) + (e % 8) / 2) * l + e / 8,
     }
 }
 
-/// Writes `x` (one activation row) in `format`'s kernel order into `out`, times `mult`.
-pub(crate) fn permute_row(format: Format, x: &[f32], out: &mut [f32], mult: f32) {
+/// Writes `x` (one activation row) in `format`'s kernel order for `lanes`-wide vectors
+/// into `out`, times `mult`.
+pub(crate) fn permute_row(format: Format, lanes: usize, x: &[f32], out: &mut [f32], mult: f32) {
     debug_assert_eq!(x.len(), out.len());
-    let c = chunk(format);
+    let c = chunk(format, lanes);
     let main = x.len() / c * c;
     for (src, dst) in x[..main]
         .chunks_exact(c)
         .zip(out[..main].chunks_exact_mut(c))
     {
         for (e, &v) in src.iter().enumerate() {
-            dst[slot(format, e)] = v * mult;
+            dst[slot(format, lanes, e)] = v * mult;
         }
     }
     for (o, &v) in out[main..].iter_mut().zip(&x[main..]) {
@@ -56,17 +57,20 @@ mod tests {
 
     #[test]
     fn every_layout_is_a_permutation_of_its_chunk() {
-        for f in [Format::F32, Format::Bf16, Format::Fp8, Format::Fp4] {
-            let c = chunk(f);
-            let mut seen = vec![false; c];
-            for e in 0..c {
-                assert!(!seen[slot(f, e)], "{f:?}: slot {} twice", slot(f, e));
-                seen[slot(f, e)] = true;
+        for lanes in [8, 16] {
+            for f in [Format::F32, Format::Bf16, Format::Fp8, Format::Fp4] {
+                let c = chunk(f, lanes);
+                let mut seen = vec![false; c];
+                for e in 0..c {
+                    let s = slot(f, lanes, e);
+                    assert!(s < c && !seen[s], "{f:?}/{lanes}: slot {s} twice");
+                    seen[s] = true;
+                }
             }
         }
         let x: Vec<f32> = (0..35).map(|i| i as f32).collect();
         let mut out = vec![0.0; 35];
-        permute_row(Format::Fp8, &x, &mut out, 2.0);
+        permute_row(Format::Fp8, 8, &x, &mut out, 2.0);
         assert_eq!(
             &out[..3],
             &[0.0, 8.0, 16.0],

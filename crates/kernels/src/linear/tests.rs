@@ -110,6 +110,14 @@ fn check(label: &str, got: &[f32], want: &[f64], mag: &[f64]) {
     }
 }
 
+/// Every kernel family this CPU can run.
+fn families() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&f| f <= detected())
+        .collect()
+}
+
 #[test]
 fn every_format_matches_the_reference_on_ragged_shapes() {
     let mut rng = Lcg(7);
@@ -124,12 +132,16 @@ fn every_format_matches_the_reference_on_ragged_shapes() {
         (17, 64, 200),
         (1, 300, 512),
         (6, 129, 1088),
+        // the GEMM path: full and partial strips, k-blocks and a tail
+        (64, 64, 256),
+        (70, 100, 192),
+        (131, 33, 600),
     ];
     for &(m, n, k) in &shapes {
         let x: Vec<f32> = (0..m * k).map(|_| rng.next() * 3.0).collect();
         for (name, w) in matrices(n, k, &mut rng) {
             let (want, mag) = reference(&w, 0..n, &x, m);
-            for isa in [Isa::Scalar, detected()] {
+            for isa in families() {
                 let mut y = vec![f32::NAN; m * n];
                 matmuls_on(&mut [Matmul::new(&w, &x, m, &mut y)], isa);
                 check(
@@ -198,20 +210,26 @@ fn shipped_layouts_take_the_fast_path() {
     }
 }
 
+/// Decode-sized batches (below the GEMM path, which sums in another order) give every row
+/// exactly what it gets alone.
 #[test]
 fn a_row_does_not_depend_on_the_rest_of_the_batch() {
     let mut rng = Lcg(5);
     let (n, k) = (70, 320);
-    let x: Vec<f32> = (0..9 * k).map(|_| rng.next()).collect();
+    let rows = super::GEMM_M - 1; // the largest batch below the GEMM path
+    let x: Vec<f32> = (0..rows * k).map(|_| rng.next()).collect();
     for (name, w) in matrices(n, k, &mut rng) {
-        let mut solo = vec![0.0; 9 * n];
-        for i in 0..9 {
-            matmul(&w, &x[i * k..(i + 1) * k], 1, &mut solo[i * n..(i + 1) * n]);
-        }
-        for m in [2, 3, 4, 5, 9] {
-            let mut y = vec![0.0; m * n];
-            matmul(&w, &x[..m * k], m, &mut y);
-            assert_eq!(y, solo[..m * n], "{name}: batch of {m}");
+        for isa in families() {
+            let mut solo = vec![0.0; rows * n];
+            for i in 0..rows {
+                let y = &mut solo[i * n..(i + 1) * n];
+                matmuls_on(&mut [Matmul::new(&w, &x[i * k..(i + 1) * k], 1, y)], isa);
+            }
+            for m in [2, 3, 4, 5, 9, 17, rows] {
+                let mut y = vec![0.0; m * n];
+                matmuls_on(&mut [Matmul::new(&w, &x[..m * k], m, &mut y)], isa);
+                assert_eq!(y, solo[..m * n], "{name} {isa:?}: batch of {m}");
+            }
         }
     }
 }

@@ -73,6 +73,7 @@ const NORM: Init = Init::Normal {
 
 struct Planner {
     out: Vec<PlannedTensor>,
+    dense: super::DenseFormat,
 }
 
 impl Planner {
@@ -93,8 +94,13 @@ impl Planner {
         self.push(name, Dtype::F32, shape, init);
     }
 
-    /// FP8 e4m3 weight `[out, in]` + E8M0 scale `[ceil(out/128), ceil(in/128)]`.
+    /// A dense projection: FP8 e4m3 weight `[out, in]` + E8M0 scale
+    /// `[ceil(out/128), ceil(in/128)]`, or BF16 for [`super::DenseFormat::Bf16`] specs.
     fn fp8(&mut self, stem: &str, out: usize, inp: usize) {
+        if self.dense == super::DenseFormat::Bf16 {
+            self.bf16(format!("{stem}.weight"), &[out, inp], fan_in(inp));
+            return;
+        }
         self.push(
             format!("{stem}.weight"),
             Dtype::F8_E4M3,
@@ -228,7 +234,10 @@ impl Planner {
 /// before use, so only relative scales matter for the forward pass.
 pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
     let s = &spec.config;
-    let mut p = Planner { out: Vec::new() };
+    let mut p = Planner {
+        out: Vec::new(),
+        dense: spec.dense,
+    };
     let (v, d) = (s.vocab_size, s.hidden_size);
     let unit = Init::Normal {
         mean: 0.0,

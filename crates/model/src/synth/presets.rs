@@ -6,7 +6,7 @@ use super::SynthError;
 use crate::config::{AttnKind, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn};
 
 /// Every preset [`preset`] knows, in the order error messages list them.
-pub const PRESETS: &[&str] = &["tiny", "bench"];
+pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16"];
 
 /// A named model shape. The shape is a [`ModelConfig`], the same type a loaded checkpoint
 /// gets, so presets cannot describe anything the engine would read differently.
@@ -14,6 +14,18 @@ pub const PRESETS: &[&str] = &["tiny", "bench"];
 pub struct SynthSpec {
     pub name: String,
     pub config: ModelConfig,
+    /// How the dense projections are stored (the routed experts are always FP4).
+    pub dense: DenseFormat,
+}
+
+/// The storage of the dense projections (attention, shared expert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseFormat {
+    /// FP8 e4m3 with 128×128 E8M0 block scales, as shipped.
+    Fp8,
+    /// BF16: what llama.cpp's converter takes next to FP4 experts, so both engines can run
+    /// the very same numbers.
+    Bf16,
 }
 
 /// The real tokenizer's vocabulary, so synthetic checkpoints run on real text.
@@ -106,7 +118,14 @@ fn flash_like() -> ModelConfig {
 ///   hash layers) with the real vocabulary; tens of MB, written in about a second.
 /// * `bench`: V4-Flash's architecture at a width this machine can run (hidden 2048, 12 layers,
 ///   64 experts), about 3.3 GB; the shape performance numbers are quoted for, so keep it fixed.
+/// * `bench-bf16`: `bench` with BF16 dense projections (experts still FP4), the layout the
+///   side-by-side comparison with llama.cpp loads into both engines.
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
+    let dense = if name == "bench-bf16" {
+        DenseFormat::Bf16
+    } else {
+        DenseFormat::Fp8
+    };
     let config = match name {
         "tiny" => {
             let ratios = [0, 4, 8, 4];
@@ -133,7 +152,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 ..flash_like()
             }
         }
-        "bench" => {
+        "bench" | "bench-bf16" => {
             // 2 SWA layers, then CSA/HCA alternating from CSA, as in V4-Flash.
             let ratios: Vec<usize> = [0, 0]
                 .into_iter()
@@ -164,6 +183,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     Ok(SynthSpec {
         name: name.to_string(),
         config,
+        dense,
     })
 }
 
@@ -287,7 +307,9 @@ impl SynthSpec {
             ("hidden_act", json!("silu")),
             ("torch_dtype", json!("bfloat16")),
             ("expert_dtype", json!("fp4")),
-            (
+        ];
+        if self.dense == DenseFormat::Fp8 {
+            pairs.push((
                 "quantization_config",
                 json!({
                     "quant_method": "fp8",
@@ -296,8 +318,8 @@ impl SynthSpec {
                     "scale_fmt": "ue8m0",
                     "weight_block_size": [128, 128],
                 }),
-            ),
-        ];
+            ));
+        }
         if let Some(y) = &c.rope_compress.yarn {
             let scaling = json!({
                 "type": "yarn",

@@ -20,8 +20,27 @@ use smallvec::SmallVec;
 use std::cell::RefCell;
 
 thread_local! {
-    /// Per-thread scratch of the parallel loops (scores, picked entries).
+    /// Per-thread scratch of the parallel loops (scores, picked entries): reserved up front
+    /// on every compute thread ([`reserve_scratch`]) so that no task, whichever thread it
+    /// lands on, grows it during a step.
     static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Reserves this thread's attention scratch for the largest index set `c` allows: the
+/// indexer scores every compressed entry of the longest sequence, attention scores every
+/// key (window plus all HCA entries, or the indexer's top-k) for every head.
+pub fn reserve_scratch(c: &ModelConfig) {
+    let max_pos = c.max_position_embeddings;
+    let indexed = max_pos / c.compress_rate_csa.max(1);
+    let keys = c.sliding_window + (max_pos / c.compress_rate_hca.max(1)).max(c.index_topk);
+    SCRATCH.with(|cell| {
+        if let Ok(mut s) = cell.try_borrow_mut() {
+            let (scores, picked) = &mut *s;
+            let floats = (c.num_attention_heads * keys).max(indexed);
+            scores.reserve(floats.saturating_sub(scores.len()));
+            picked.reserve(indexed.saturating_sub(picked.len()));
+        }
+    });
 }
 
 /// Attention of layer `layer` for every token of the batch; `a`: the normed sublayer input

@@ -48,6 +48,7 @@ impl IndexerQueries<'_> {
             }
             s
         }));
+        crate::profile::cache_read(visible * hd * 4);
         topk_into(scores, k, picked);
     }
 }

@@ -93,6 +93,8 @@ impl Angles {
 struct Scratch {
     ws: Workspace,
     row_seq: Vec<(usize, usize, usize)>,
+    /// The rayon pool whose threads have their scratch reserved (its id).
+    reserved_pool: Option<usize>,
 }
 
 pub struct Model {
@@ -264,6 +266,28 @@ impl Model {
         let _p = scope(Op::Other);
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *guard;
+        // Once per compute pool: every thread's scratch grown to what any step can need,
+        // so steady steps allocate nothing whichever thread runs which task.
+        let pool = rayon::current_thread_index().map(|_| rayon::current_num_threads());
+        if scratch.reserved_pool != pool {
+            let c = &self.config;
+            let widest = [
+                c.hidden_size,
+                c.num_attention_heads * c.head_dim,
+                c.o_groups * c.o_lora_rank,
+                c.hc_mult * c.hidden_size,
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+            // Two weight rows, or a decode-sized block of activations.
+            let floats = 16 * widest;
+            rayon::broadcast(|_| {
+                deepinfer_kernels::linear::reserve_scratch(floats);
+                super::attention::reserve_scratch(c);
+            });
+            scratch.reserved_pool = pool;
+        }
         let rows = self.rows(batch, &*cache, std::mem::take(&mut scratch.row_seq))?;
         let ws = &mut scratch.ws;
         let c = &self.config;
@@ -271,6 +295,7 @@ impl Model {
         let angles_main = Angles::new(&self.rope_main, rows.positions, ws);
         let angles_compress = Angles::new(&self.rope_compress, rows.positions, ws);
         let mut x = ws.take(n * hc * d);
+        crate::profile::weight_read(n * self.weights.embed.stored_bytes() / c.vocab_size);
         for (i, &id) in batch.token_ids.iter().enumerate() {
             let row = &mut x[i * hc * d..(i + 1) * hc * d];
             self.weights

@@ -1,0 +1,375 @@
+//! `deepinfer bench model`: the model's own speed, in the spirit of `llama-bench` — decode
+//! at given batch sizes and prefill at given prompt lengths, straight through the model
+//! runner (no scheduler, no HTTP) — against this machine's roofs measured in the same run.
+//!
+//! Decode steps are rolled back after each timing (truncation is free by design), so every
+//! repetition runs the same step on the same cache. Bytes and FLOPs come from the model's
+//! own counters: every weight byte a step reads (the stored format: FP8 codes and scales,
+//! packed FP4, BF16, …, experts only when selected), plus the cached keys attention and the
+//! indexer read.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
+use deepinfer_engine::runner::{ModelRunner, SeqWork};
+use deepinfer_model::kernels::cpu::isa;
+use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
+use deepinfer_model::profile::{self, Op, Snapshot};
+use deepinfer_model::v4::Model;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Decode batch sizes (sequences stepping together, one token each).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    batch: Vec<usize>,
+    /// Tokens already in each sequence's cache when decode is timed.
+    #[arg(long, default_value_t = 128)]
+    context: usize,
+    /// Prefill prompt lengths (one sequence, one step each).
+    #[arg(long, value_delimiter = ',', default_value = "128,512")]
+    prompt: Vec<usize>,
+    /// Repetitions per measurement; the median is reported.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    reps: usize,
+    /// Also print time per op kind for one decode step and one prefill.
+    #[arg(long)]
+    profile: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Serialize, Clone)]
+struct Roofs {
+    read_gbs: f64,
+    fma_gflops: f64,
+}
+
+#[derive(Serialize)]
+struct DecodeRow {
+    batch: usize,
+    context: usize,
+    ms_per_step: f64,
+    tokens_per_s: f64,
+    /// Weight and cache bytes one step reads.
+    bytes_per_step: u64,
+    bytes_per_token: f64,
+    gbs: f64,
+    pct_of_bandwidth: f64,
+    gflops: f64,
+    pct_of_fma: f64,
+    /// "bandwidth" or "fma": whichever roof gives the longer lower bound for the step.
+    binding_roof: &'static str,
+    pct_of_binding_roof: f64,
+}
+
+#[derive(Serialize)]
+struct PrefillRow {
+    tokens: usize,
+    ms: f64,
+    tokens_per_s: f64,
+    gflops: f64,
+    pct_of_fma: f64,
+    /// FLOP rate of the matrix products alone (from a profiled repetition).
+    matmul_gflops: f64,
+    matmul_pct_of_fma: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    isa: &'static str,
+    threads: usize,
+    roofs: Roofs,
+    decode: Vec<DecodeRow>,
+    prefill: Vec<PrefillRow>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn roofs(threads: usize) -> Roofs {
+    Roofs {
+        read_gbs: read_bandwidth(1 << 30, threads, 5),
+        fma_gflops: fma_peak(threads, 5),
+    }
+}
+
+/// Deterministic token ids spread over the vocabulary.
+fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+        .collect()
+}
+
+fn prefill(runner: &mut ModelRunner, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
+    for part in ids.chunks(chunk.max(1)) {
+        runner.step(&[SeqWork {
+            seq,
+            tokens: part,
+            all_logits: false,
+        }])?;
+    }
+    Ok(())
+}
+
+/// Prints one step's time per op kind (it must have run with profiling on).
+fn print_profile(title: &str, d: &Snapshot, steps: usize) {
+    let total: u64 = d.time_ns.iter().sum();
+    println!("{title} — time per op kind (per step, profiled run)");
+    println!("  {:<14} {:>10} {:>7} {:>8}", "op", "ms", "share", "calls");
+    for op in Op::ALL {
+        let (ns, calls) = (d.time_ns[op as usize], d.calls[op as usize]);
+        if calls == 0 {
+            continue;
+        }
+        println!(
+            "  {:<14} {:>10.3} {:>6.1}% {:>8}",
+            op.name(),
+            ns as f64 / 1e6 / steps as f64,
+            100.0 * ns as f64 / total.max(1) as f64,
+            calls / steps as u64
+        );
+    }
+    println!(
+        "  {:<14} {:>10.3}",
+        "total",
+        total as f64 / 1e6 / steps as f64
+    );
+}
+
+/// Runs inside a compute pool, as the engine does (the parallel loops start from a worker).
+pub fn run(args: ModelArgs) -> Result<()> {
+    deepinfer_engine::engine::compute_pool()?.install(|| bench(args))
+}
+
+fn bench(args: ModelArgs) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let t = Instant::now();
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    eprintln!(
+        "loaded {} in {:.1} s",
+        args.model.display(),
+        t.elapsed().as_secs_f64()
+    );
+    let vocab = model.config.vocab_size;
+    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
+    let max_len = (args.context + 1).max(args.prompt.iter().copied().max().unwrap_or(0) + 1);
+    let cache = CacheConfig {
+        budget: CacheBudget::Bytes(2 << 30),
+        max_seqs: max_batch.max(1),
+        rollback_slack: 1,
+        block_entries: 16,
+    };
+    let mut runner = ModelRunner::new(model, cache)?;
+    let reps = args.reps.max(1);
+    let r0 = roofs(threads);
+    println!(
+        "deepinfer bench model: {} ({} kernels, {threads} threads)",
+        args.model.display(),
+        isa().name()
+    );
+    println!(
+        "roofs measured now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s",
+        r0.read_gbs, r0.fma_gflops
+    );
+
+    let mut decode = Vec::new();
+    println!();
+    println!(
+        "{:>6} {:>8} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8} {:>14}",
+        "batch",
+        "context",
+        "ms/step",
+        "tok/s",
+        "MB/token",
+        "GB/s",
+        "% BW",
+        "GFLOP/s",
+        "% FMA",
+        "% binding roof"
+    );
+    for &b in &args.batch {
+        let seqs: Vec<SeqId> = (0..b)
+            .map(|_| runner.add_sequence())
+            .collect::<Result<_, _>>()?;
+        for (i, &s) in seqs.iter().enumerate() {
+            runner.reserve(s, max_len)?;
+            prefill(&mut runner, s, &tokens(args.context, vocab, i), 512)?;
+        }
+        let next: Vec<Vec<u32>> = (0..b).map(|i| tokens(1, vocab, 1000 + i)).collect();
+        let work: Vec<SeqWork> = seqs
+            .iter()
+            .zip(&next)
+            .map(|(&seq, t)| SeqWork {
+                seq,
+                tokens: t,
+                all_logits: false,
+            })
+            .collect();
+        let step = |runner: &mut ModelRunner| -> Result<(f64, Snapshot)> {
+            let before = Snapshot::now();
+            let t = Instant::now();
+            runner.step(&work)?;
+            let secs = t.elapsed().as_secs_f64();
+            let d = Snapshot::now().since(&before);
+            for &s in &seqs {
+                runner.truncate(s, args.context)?;
+            }
+            Ok((secs, d))
+        };
+        step(&mut runner)?; // warm-up: the workspace grows to this batch once
+        let mut times = Vec::new();
+        let mut counters = Snapshot::default();
+        for _ in 0..reps {
+            let (secs, d) = step(&mut runner)?;
+            times.push(secs);
+            counters = d;
+        }
+        let secs = median(times);
+        let bytes = counters.weight_bytes + counters.cache_bytes;
+        let flops = counters.flops as f64;
+        let gbs = bytes as f64 / secs / 1e9;
+        let gflops = flops / secs / 1e9;
+        let (t_bw, t_fma) = (
+            bytes as f64 / (r0.read_gbs * 1e9),
+            flops / (r0.fma_gflops * 1e9),
+        );
+        let row = DecodeRow {
+            batch: b,
+            context: args.context,
+            ms_per_step: secs * 1e3,
+            tokens_per_s: b as f64 / secs,
+            bytes_per_step: bytes,
+            bytes_per_token: bytes as f64 / b as f64,
+            gbs,
+            pct_of_bandwidth: 100.0 * gbs / r0.read_gbs,
+            gflops,
+            pct_of_fma: 100.0 * gflops / r0.fma_gflops,
+            binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
+            pct_of_binding_roof: 100.0 * t_bw.max(t_fma) / secs,
+        };
+        println!(
+            "{:>6} {:>8} {:>9.2} {:>9.2} {:>11.1} {:>8.1} {:>7.1}% {:>9.1} {:>7.1}% {:>8.1}% {}",
+            row.batch,
+            row.context,
+            row.ms_per_step,
+            row.tokens_per_s,
+            row.bytes_per_token / 1e6,
+            row.gbs,
+            row.pct_of_bandwidth,
+            row.gflops,
+            row.pct_of_fma,
+            row.pct_of_binding_roof,
+            row.binding_roof
+        );
+        decode.push(row);
+        if args.profile && b == args.batch[0] {
+            profile::set_enabled(true);
+            let before = Snapshot::now();
+            for _ in 0..reps {
+                step(&mut runner)?;
+            }
+            profile::set_enabled(false);
+            print_profile(
+                &format!("decode, batch {b}"),
+                &Snapshot::now().since(&before),
+                reps,
+            );
+        }
+        for s in seqs {
+            runner.free(s)?;
+        }
+    }
+
+    let mut prefill_rows = Vec::new();
+    println!();
+    println!(
+        "{:>8} {:>10} {:>10} {:>9} {:>7} {:>15} {:>8}",
+        "prompt", "ms", "tok/s", "GFLOP/s", "% FMA", "matmul GFLOP/s", "% FMA"
+    );
+    for &p in &args.prompt {
+        let ids = tokens(p, vocab, 7);
+        let once = |runner: &mut ModelRunner| -> Result<(f64, Snapshot)> {
+            let seq = runner.add_sequence()?;
+            runner.reserve(seq, p)?;
+            let before = Snapshot::now();
+            let t = Instant::now();
+            prefill(runner, seq, &ids, p)?;
+            let secs = t.elapsed().as_secs_f64();
+            let d = Snapshot::now().since(&before);
+            runner.free(seq)?;
+            Ok((secs, d))
+        };
+        once(&mut runner)?;
+        let mut times = Vec::new();
+        let mut counters = Snapshot::default();
+        for _ in 0..reps {
+            let (secs, d) = once(&mut runner)?;
+            times.push(secs);
+            counters = d;
+        }
+        let secs = median(times);
+        // One profiled repetition for the matrix products' own share of the time.
+        profile::set_enabled(true);
+        let (_, prof) = once(&mut runner)?;
+        profile::set_enabled(false);
+        let mm_ns: u64 = [Op::MatmulF32, Op::MatmulBf16, Op::MatmulFp8, Op::MatmulFp4]
+            .iter()
+            .map(|&o| prof.time_ns[o as usize])
+            .sum();
+        let gflops = counters.flops as f64 / secs / 1e9;
+        let mm_gflops = prof.flops as f64 / (mm_ns as f64).max(1.0);
+        let row = PrefillRow {
+            tokens: p,
+            ms: secs * 1e3,
+            tokens_per_s: p as f64 / secs,
+            gflops,
+            pct_of_fma: 100.0 * gflops / r0.fma_gflops,
+            matmul_gflops: mm_gflops,
+            matmul_pct_of_fma: 100.0 * mm_gflops / r0.fma_gflops,
+        };
+        println!(
+            "{:>8} {:>10.1} {:>10.1} {:>9.1} {:>6.1}% {:>15.1} {:>7.1}%",
+            row.tokens,
+            row.ms,
+            row.tokens_per_s,
+            row.gflops,
+            row.pct_of_fma,
+            row.matmul_gflops,
+            row.matmul_pct_of_fma
+        );
+        if args.profile && p == args.prompt[args.prompt.len() - 1] {
+            print_profile(&format!("prefill, {p} tokens"), &prof, 1);
+        }
+        prefill_rows.push(row);
+    }
+    let r1 = roofs(threads);
+    println!();
+    println!(
+        "roofs measured again after: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (the percentages use the first)",
+        r1.read_gbs, r1.fma_gflops
+    );
+    if let Some(path) = &args.json {
+        let report = Report {
+            model: args.model.display().to_string(),
+            isa: isa().name(),
+            threads,
+            roofs: r0,
+            decode,
+            prefill: prefill_rows,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! The AVX2 + FMA inner loops (eight f32 lanes): dots of `R` weight rows, decoded from their
+//! stored format in registers, with `M` activation rows; and the same decodes writing f32
+//! rows to a buffer.
+//!
+//! Decoding avoids lookups into memory and lane-crossing shuffles (on Zen 2 the vector
+//! shift/shuffle pipe is what binds); each format's trick leaves the lanes in a strided
+//! element order that [`super::super::prepare`] gives the activations too:
+//!
+//! * **FP8 E4M3**: arithmetic 16-bit shifts place each byte's sign, exponent and mantissa in
+//!   the matching f32 fields, so the lane reads `value · 2^-120` (exact, subnormals too).
+//!   Activations arrive multiplied by their block scale and `2^64`; the sum is rescaled by
+//!   `2^56`.
+//! * **FP4 E2M1**: a `vpshufb` table turns each nibble into the E4M3 code of the same value,
+//!   then the FP8 decode applies (lanes read `value · 2^-120`, never subnormal: FP4's `±0.5`
+//!   would otherwise be an f32 subnormal, which costs a microcode assist per operand); each
+//!   vector is multiplied (exactly) by its group's E8M0 scale times `2^90` and the
+//!   activations arrive times `2^30`.
+//! * **BF16**: the top half of an f32, so a shift and a mask give the even and odd elements.
+//!
+//! Every (weight row, activation row) pair accumulates into the same two registers in the
+//! same order whatever `R` and `M` are, so a row's result never depends on the rest of the
+//! batch.
+
+use super::{Fp4Scales, Kernels, RowFormat};
+use std::arch::x86_64::*;
+
+/// Bytes ahead of the current load that each weight stream prefetches: the hardware
+/// prefetcher re-trains at every row start (rows are a few KB), software prefetch does not.
+const PREFETCH: usize = 4096;
+
+/// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
+/// with the decode's `2^-120` and the activations' `2^30` the product is the true one.
+static FP4_SCALE: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut b = 32;
+    while b <= 158 {
+        t[b] = f32::from_bits(((b + 90) as u32) << 23);
+        b += 1;
+    }
+    t
+};
+
+/// E4M3 codes of the sixteen E2M1 values (every one is a normal E4M3 number), twice: one
+/// table per 128-bit lane for `vpshufb`.
+const E2M1_AS_E4M3: [u8; 32] = {
+    const MAG: [u8; 8] = [0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C];
+    let mut t = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = MAG[i % 8] | if i % 16 >= 8 { 0x80 } else { 0 };
+        i += 1;
+    }
+    t
+};
+
+/// Sign, exponent and mantissa of an E4M3 byte once shifted into an f32's fields.
+const E4M3_FIELDS: i32 = 0x87F0_0000u32 as i32;
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn reduce<const R: usize, const M: usize>(acc: [[[__m256; 2]; M]; R]) -> [[f32; M]; R] {
+    acc.map(|row| row.map(|[a, b]| hsum(_mm256_add_ps(a, b))))
+}
+
+/// The four f32 vectors of a 32-byte FP8 E4M3 load (vector `q` lane `j` = byte `4j + q`),
+/// each lane `value · 2^-120`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn e4m3_vectors(v: __m256i) -> [__m256; 4] {
+    let mask = _mm256_set1_epi32(E4M3_FIELDS);
+    let t = _mm256_srai_epi16(v, 4);
+    let t2 = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+    [
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t2, 16), mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(t, 16), mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(t2, mask)),
+        _mm256_castsi256_ps(_mm256_and_si256(t, mask)),
+    ]
+}
+
+/// The eight f32 vectors of a 32-byte FP4 load (64 codes), in the order the activations
+/// are laid out: position `p` holds element `8j + s` in lane `j`, `s = 2(p mod 4) + p / 4`
+/// (low nibbles, the even elements, first), each times the group scale (`sv`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn e2m1_vectors(v: __m256i, sv: __m256) -> [__m256; 8] {
+    // SAFETY: the table is 32 bytes.
+    let lut = unsafe { _mm256_loadu_si256(E2M1_AS_E4M3.as_ptr().cast()) };
+    let nibble = _mm256_set1_epi8(0x0F);
+    let even = e4m3_vectors(_mm256_shuffle_epi8(lut, _mm256_and_si256(v, nibble)));
+    let odd = e4m3_vectors(_mm256_shuffle_epi8(
+        lut,
+        _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble),
+    ));
+    // Byte 4j + q of the even codes is element 8j + 2q (of the odd ones 8j + 2q + 1);
+    // scaling by a power of two is exact.
+    std::array::from_fn(|p| _mm256_mul_ps(if p < 4 { even[p] } else { odd[p - 4] }, sv))
+}
+
+/// The group scales of chunk `c` of row `r` as one vector (lanes 0–3 the first 32
+/// elements' group, lanes 4–7 the second's).
+///
+/// # Safety
+/// Chunk `c`'s groups lie inside row `r`'s scales.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m256 {
+    let (g0, g1) = ((64 * c) >> s.group_shift, (64 * c + 32) >> s.group_shift);
+    // SAFETY: by the contract.
+    let (lo, hi) = unsafe {
+        (
+            FP4_SCALE[*s.rows[r].add(g0) as usize],
+            FP4_SCALE[*s.rows[r].add(g1) as usize],
+        )
+    };
+    _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1)
+}
+
+/// Every dot kernel's shape: `R` weight rows of `chunks` 32-element chunks (64 for FP4), `M`
+/// activation rows laid out for the format.
+macro_rules! dot_kernel {
+    ($name:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+        /// # Safety
+        /// Each `w[r]` points at `chunks` whole chunks of its row, each `x[m]` at as many
+        /// activations, and the extra arguments cover those rows.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $name<const R: usize, const M: usize>(
+            $w: [$ptr; R],
+            x: [*const f32; M],
+            chunks: usize,
+            $e: &$extra,
+        ) -> [[f32; M]; R] {
+            // Two accumulators per pair (even and odd vectors of a chunk) keep enough FMA
+            // chains in flight for one activation row.
+            let mut acc = [[[_mm256_setzero_ps(); 2]; M]; R];
+            for $c in 0..chunks {
+                for $r in 0..R {
+                    // SAFETY: chunk c lies inside row r (the caller's contract).
+                    let f = unsafe { $decode };
+                    for (m, a) in acc[$r].iter_mut().enumerate() {
+                        for (p, fp) in f.iter().enumerate() {
+                            // SAFETY: as above, for the activation row.
+                            let xv = unsafe { _mm256_loadu_ps(x[m].add($elems * $c + 8 * p)) };
+                            a[p % 2] = _mm256_fmadd_ps(*fp, xv, a[p % 2]);
+                        }
+                    }
+                }
+            }
+            reduce(acc)
+        }
+    };
+}
+
+dot_kernel!(fp8_dots, *const u8, (), 32, |w, r, c, _e| {
+    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
+    e4m3_vectors(_mm256_loadu_si256(w[r].add(32 * c).cast()))
+});
+
+dot_kernel!(bf16_dots, *const u16, (), 32, |w, r, c, _e| {
+    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 2).cast(), _MM_HINT_T0);
+    bf16_vectors(w[r].add(32 * c))
+});
+
+dot_kernel!(f32_dots, *const f32, (), 32, |w, r, c, _e| {
+    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 4).cast(), _MM_HINT_T0);
+    let p = w[r].add(32 * c);
+    [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ]
+});
+
+dot_kernel!(fp4_dots, *const u8, Fp4Scales, 64, |w, r, c, e| {
+    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
+    e2m1_vectors(
+        _mm256_loadu_si256(w[r].add(32 * c).cast()),
+        scale_vector(e, r, c),
+    )
+});
+
+/// The four f32 vectors of 32 BF16 values: per 16, the even elements then the odd ones.
+///
+/// # Safety
+/// `p` points at 32 readable values.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bf16_vectors(p: *const u16) -> [__m256; 4] {
+    let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    // SAFETY: by the contract.
+    let (v0, v1) = unsafe {
+        (
+            _mm256_loadu_si256(p.cast()),
+            _mm256_loadu_si256(p.add(16).cast()),
+        )
+    };
+    [
+        _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
+        _mm256_castsi256_ps(_mm256_and_si256(v0, hi)),
+        _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)),
+        _mm256_castsi256_ps(_mm256_and_si256(v1, hi)),
+    ]
+}
+
+/// Decodes the `chunks` whole chunks of one row into f32 in kernel order (as the dot
+/// kernels see them), for the decode-once path.
+///
+/// # Safety
+/// `w` points at the row, `out` has room for the chunks' elements, `scales` (FP4) covers
+/// the row as its row 0.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
+    // SAFETY (every arm): in bounds by the contract.
+    unsafe {
+        match format {
+            RowFormat::Fp8(w) => {
+                for c in 0..chunks {
+                    let f = e4m3_vectors(_mm256_loadu_si256(w.add(32 * c).cast()));
+                    store(out.add(32 * c), &f);
+                }
+            }
+            RowFormat::Bf16(w) => {
+                for c in 0..chunks {
+                    store(out.add(32 * c), &bf16_vectors(w.add(32 * c)));
+                }
+            }
+            RowFormat::Fp4(w, s) => {
+                for c in 0..chunks {
+                    let v = _mm256_loadu_si256(w.add(32 * c).cast());
+                    store(out.add(64 * c), &e2m1_vectors(v, scale_vector(&s, 0, c)));
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `out` has room for `8 · N` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn store<const N: usize>(out: *mut f32, v: &[__m256; N]) {
+    for (p, vp) in v.iter().enumerate() {
+        // SAFETY: by the contract.
+        unsafe { _mm256_storeu_ps(out.add(8 * p), *vp) };
+    }
+}
+
+/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times 16
+/// activation columns of the transposed activations (`xt`, rows `ldxt` apart: one strip), summed over
+/// `kc`, into `out[n][0..16]`.
+///
+/// # Safety
+/// The weight rows hold `kc` floats, `xt` `kc` rows of 16 readable floats, `out` room for
+/// `NW · 16` floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_micro<const NW: usize>(
+    w: *const f32,
+    ldw: usize,
+    xt: *const f32,
+    ldxt: usize,
+    kc: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; NW];
+    for kk in 0..kc {
+        // SAFETY (every block): in bounds by the contract.
+        let (x0, x1) = unsafe {
+            (
+                _mm256_loadu_ps(xt.add(kk * ldxt)),
+                _mm256_loadu_ps(xt.add(kk * ldxt + 8)),
+            )
+        };
+        for (n, a) in acc.iter_mut().enumerate() {
+            let wv = _mm256_set1_ps(unsafe { *w.add(n * ldw + kk) });
+            a[0] = _mm256_fmadd_ps(wv, x0, a[0]);
+            a[1] = _mm256_fmadd_ps(wv, x1, a[1]);
+        }
+    }
+    for (n, a) in acc.iter().enumerate() {
+        unsafe {
+            _mm256_storeu_ps(out.add(n * 16), a[0]);
+            _mm256_storeu_ps(out.add(n * 16 + 8), a[1]);
+        }
+    }
+}
+
+/// The AVX2 + FMA family.
+pub(crate) struct Avx2;
+
+impl Kernels for Avx2 {
+    const LANES: usize = 8;
+    const M_DECODED: usize = 3;
+    const GEMM_NW: usize = 6;
+    const GEMM_XW: usize = 16;
+
+    unsafe fn gemm(
+        w: *const f32,
+        ldw: usize,
+        nw: usize,
+        xt: *const f32,
+        ldxt: usize,
+        kc: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY: as above.
+        unsafe {
+            match nw {
+                1 => gemm_micro::<1>(w, ldw, xt, ldxt, kc, out),
+                2 => gemm_micro::<2>(w, ldw, xt, ldxt, kc, out),
+                3 => gemm_micro::<3>(w, ldw, xt, ldxt, kc, out),
+                4 => gemm_micro::<4>(w, ldw, xt, ldxt, kc, out),
+                5 => gemm_micro::<5>(w, ldw, xt, ldxt, kc, out),
+                _ => gemm_micro::<6>(w, ldw, xt, ldxt, kc, out),
+            }
+        }
+    }
+
+    unsafe fn fp8<const R: usize, const M: usize>(
+        w: [*const u8; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R] {
+        // SAFETY: the trait's contract is the kernel's.
+        unsafe { fp8_dots(w, x, chunks, e) }
+    }
+
+    unsafe fn bf16<const R: usize, const M: usize>(
+        w: [*const u16; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R] {
+        // SAFETY: as above.
+        unsafe { bf16_dots(w, x, chunks, e) }
+    }
+
+    unsafe fn f32<const R: usize, const M: usize>(
+        w: [*const f32; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R] {
+        // SAFETY: as above.
+        unsafe { f32_dots(w, x, chunks, e) }
+    }
+
+    unsafe fn fp4<const R: usize, const M: usize>(
+        w: [*const u8; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &Fp4Scales,
+    ) -> [[f32; M]; R] {
+        // SAFETY: as above.
+        unsafe { fp4_dots(w, x, chunks, e) }
+    }
+
+    unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {
+        // SAFETY: as above.
+        unsafe { decode_row(format, chunks, out) }
+    }
+}

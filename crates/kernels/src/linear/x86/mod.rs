@@ -1,0 +1,534 @@
+//! The x86 SIMD path of one tile — which kernel runs for which rows, activation blocking,
+//! the FP8 per-block activation scaling, the scalar tails — written once over a kernel
+//! family ([`Kernels`]: [`avx2::Avx2`], [`avx512::Avx512`]) that differ only in width.
+//!
+//! Small batches (up to [`M_FUSED`] activation rows) run the fused kernels, which decode
+//! every weight chunk in registers for each group of activation rows. Larger ones (prefill,
+//! batched decode) decode a pair of weight rows once into an f32 buffer and multiply it by
+//! groups of three activation rows, twelve accumulators in flight. Both accumulate every
+//! product in the same order, so which one runs never changes a result.
+
+mod avx2;
+mod avx512;
+mod gemm;
+
+pub(crate) use avx2::Avx2;
+pub(crate) use avx512::Avx512;
+
+use super::Plan;
+use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
+use crate::matrix::Data;
+use std::ops::Range;
+
+/// A kernel family: the dot kernels of every format and the row decode, for vectors of
+/// `LANES` f32. A chunk (one decode step) is `4 · LANES` elements, `8 · LANES` for FP4.
+///
+/// # Safety (every method)
+/// The CPU supports the family; each `w[r]` points at `chunks` whole chunks of its row,
+/// each `x[m]` at as many activations in the family's layout, `e` covers the rows.
+pub(super) trait Kernels {
+    const LANES: usize;
+    /// Activation rows per call on the decode-once path: as many as the register file
+    /// holds two accumulators each for, with two weight rows.
+    const M_DECODED: usize;
+    unsafe fn fp8<const R: usize, const M: usize>(
+        w: [*const u8; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R];
+    unsafe fn bf16<const R: usize, const M: usize>(
+        w: [*const u16; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R];
+    unsafe fn f32<const R: usize, const M: usize>(
+        w: [*const f32; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+    ) -> [[f32; M]; R];
+    unsafe fn fp4<const R: usize, const M: usize>(
+        w: [*const u8; R],
+        x: [*const f32; M],
+        chunks: usize,
+        e: &Fp4Scales,
+    ) -> [[f32; M]; R];
+    /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
+    /// FP4 chunks count twice).
+    unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
+    /// GEMM micro-tile: weight rows per call (broadcast) and activation columns (two
+    /// vectors).
+    const GEMM_NW: usize;
+    const GEMM_XW: usize;
+    /// `out[n][0..XW] = Σ_k w[n][k] · xt[k][0..XW]` for `nw ≤ NW` weight rows `ldw` apart
+    /// and the transposed activations `xt` (rows `ldxt` apart).
+    unsafe fn gemm(
+        w: *const f32,
+        ldw: usize,
+        nw: usize,
+        xt: *const f32,
+        ldxt: usize,
+        kc: usize,
+        out: *mut f32,
+    );
+}
+
+/// The scale rows of the (up to two) weight rows an FP4 call reads.
+#[derive(Clone, Copy)]
+pub(super) struct Fp4Scales {
+    pub rows: [*const u8; 2],
+    /// `log2(group)`; groups are powers of two of at least 32.
+    pub group_shift: u32,
+}
+
+/// Per-row arguments beside the weight pointers, re-based when a call takes a subset of
+/// the rows.
+pub(super) trait Extra: Copy {
+    fn at_row(&self, r0: usize) -> Self;
+}
+
+impl Extra for () {
+    fn at_row(&self, _: usize) -> Self {}
+}
+
+impl Extra for Fp4Scales {
+    fn at_row(&self, r0: usize) -> Self {
+        Fp4Scales {
+            rows: std::array::from_fn(|i| self.rows[(r0 + i).min(1)]),
+            group_shift: self.group_shift,
+        }
+    }
+}
+
+/// A row to decode: its bytes (and scales).
+#[derive(Clone, Copy)]
+pub(super) enum RowFormat {
+    Fp8(*const u8),
+    Bf16(*const u16),
+    Fp4(*const u8, Fp4Scales),
+}
+
+/// Activation rows the fused kernels take at once (and the most for which they are used).
+const M_FUSED: usize = 4;
+/// Weight rows per step of the loops: two read streams per core.
+const ROWS: usize = 2;
+
+/// The most activation rows any kernel call takes.
+const M_MAX: usize = 6;
+
+/// A kernel result: `[weight row][activation row]`.
+type Out = [[f32; M_MAX]; ROWS];
+
+#[inline(always)]
+fn take<T: Copy, const N: usize>(a: &[T]) -> [T; N] {
+    std::array::from_fn(|i| a[i])
+}
+
+/// Copies a `[R][M]` result into `out` at row `r0`.
+#[inline(always)]
+fn put<const R: usize, const M: usize>(out: &mut Out, r0: usize, v: [[f32; M]; R]) {
+    for (r, row) in v.iter().enumerate() {
+        out[r0 + r][..M].copy_from_slice(row);
+    }
+}
+
+/// Runs `$kernel` over `$n` (1 or 2) weight rows and `$mg` (≤ 4) activation rows: both rows
+/// at once for one or two activation rows, a row at a time (to stay in registers) beyond.
+macro_rules! fused {
+    ($K:ident :: $kernel:ident, $n:expr, $mg:expr, $w:expr, $x:expr, $chunks:expr, $extra:expr) => {{
+        let (n, mg, w, x, chunks, extra) = ($n, $mg, $w, $x, $chunks, $extra);
+        let mut out: Out = [[0.0; M_MAX]; ROWS];
+        macro_rules! sub {
+            ($r0:expr, $R:literal, $M:literal) => {{
+                let r0 = $r0;
+                put(
+                    &mut out,
+                    r0,
+                    $K::$kernel::<$R, $M>(take(&w[r0..]), take(&x), chunks, &extra.at_row(r0)),
+                )
+            }};
+        }
+        match (n, mg) {
+            (2, 1) => sub!(0, 2, 1),
+            (2, 2) => sub!(0, 2, 2),
+            (_, 1) => sub!(0, 1, 1),
+            (_, 2) => sub!(0, 1, 2),
+            (_, 3) => (0..n).for_each(|r| sub!(r, 1, 3)),
+            _ => (0..n).for_each(|r| sub!(r, 1, 4)),
+        }
+        out
+    }};
+}
+
+/// The f32 kernel over one or two decoded rows and up to [`M_MAX`] activation rows.
+///
+/// # Safety
+/// As the kernel's.
+#[inline(always)]
+unsafe fn decoded<K: Kernels>(
+    n: usize,
+    mg: usize,
+    w: [*const f32; ROWS],
+    x: [*const f32; M_MAX],
+    chunks: usize,
+) -> Out {
+    let mut out: Out = [[0.0; M_MAX]; ROWS];
+    macro_rules! rows {
+        ($M:literal) => {
+            if n == 2 {
+                put(&mut out, 0, K::f32::<2, $M>(w, take(&x), chunks, &()))
+            } else {
+                put(&mut out, 0, K::f32::<1, $M>([w[0]], take(&x), chunks, &()))
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        match mg {
+            1 => rows!(1),
+            2 => rows!(2),
+            3 => rows!(3),
+            4 => rows!(4),
+            5 => rows!(5),
+            _ => rows!(6),
+        }
+    }
+    out
+}
+
+/// Activation rows per cache block: the block stays in L2 while the tile's weight rows pass
+/// over it (at least one group, at most 64 rows).
+fn m_block(k: usize) -> usize {
+    ((256 << 10) / (4 * k.max(1)) / 12 * 12).clamp(12, 72)
+}
+
+/// An element `(row, j)` of a weight, decoded.
+type Element<'a> = &'a dyn Fn(usize, usize) -> f32;
+
+/// Multiplies a decoded row (by its index) in place: the FP8 GEMM's block scales.
+pub(super) type RowScale<'a> = &'a dyn Fn(usize, &mut [f32]);
+
+/// How a tile reads its rows.
+pub(super) struct Rows<'a> {
+    /// Fused dots of rows `r` (≤ 2) with `mg` activation rows.
+    fused: &'a dyn Fn(Range<usize>, usize, [*const f32; M_MAX]) -> Out,
+    /// Row `r` decoded into `out` (`chunks · 4 · LANES` floats, kernel order).
+    decode: &'a dyn Fn(usize, *mut f32),
+    /// F32 weights' own rows (no decode).
+    in_place: Option<&'a dyn Fn(usize) -> *const f32>,
+    /// Whole chunks per row (the kernels' part; the rest is the scalar tail).
+    chunks: usize,
+    /// What the kernels' sums are multiplied by (FP8: `2^56`).
+    post: f32,
+    /// Element `(row, j)` of the weight, decoded (the tail's scalar path).
+    weight: &'a dyn Fn(usize, usize) -> f32,
+    /// What the tail's products are multiplied by (undoing the activation layout's factor).
+    tail_mult: f32,
+    /// For the GEMM path, where activations carry no per-block scale: the exact element
+    /// and its multiplier, when they differ from `weight` and `tail_mult` (FP8).
+    exact: Option<(Element<'a>, f32)>,
+}
+
+impl Rows<'_> {
+    /// Elements per row the kernels cover.
+    fn main_elems<K: Kernels>(&self) -> usize {
+        self.chunks * 4 * K::LANES
+    }
+
+    /// The rescale and the scalar tail, applied to a dot result.
+    fn finish<K: Kernels>(
+        &self,
+        out: &mut Out,
+        r: Range<usize>,
+        mg: usize,
+        xs: [*const f32; M_MAX],
+        k: usize,
+    ) {
+        if self.post != 1.0 {
+            for row in out.iter_mut() {
+                row.iter_mut().for_each(|v| *v *= self.post);
+            }
+        }
+        tails(
+            out,
+            r,
+            mg,
+            xs,
+            self.main_elems::<K>(),
+            k,
+            self.tail_mult,
+            self.weight,
+        );
+    }
+
+    /// Pointers to rows `r`'s f32 values, decoding them into `buf` (`k` floats a row) if
+    /// they are not f32 already.
+    fn f32_rows<const N: usize>(
+        &self,
+        r: Range<usize>,
+        buf: &mut [f32],
+        k: usize,
+    ) -> [*const f32; N] {
+        match self.in_place {
+            Some(row) => std::array::from_fn(|t| row(r.start + t.min(r.len() - 1))),
+            None => {
+                for (t, row) in r.clone().enumerate() {
+                    (self.decode)(row, buf[t * k..].as_mut_ptr());
+                }
+                std::array::from_fn(|t| buf[t.min(r.len() - 1) * k..].as_ptr())
+            }
+        }
+    }
+}
+
+/// The loops of one tile for activation rows `i0..i1` whose pointers `x(i)` gives.
+///
+/// # Safety
+/// As [`tile`]; `buf` holds `ROWS · k` floats.
+unsafe fn run_rows<K: Kernels>(
+    plan: &Plan,
+    rows: Range<usize>,
+    (i0, i1): (usize, usize),
+    x: &dyn Fn(usize) -> *const f32,
+    how: &Rows,
+    buf: &mut [f32],
+) {
+    let k = plan.w().cols;
+    let fused = plan.m <= M_FUSED;
+    let group = if fused { M_FUSED } else { K::M_DECODED };
+    for r0 in rows.clone().step_by(ROWS) {
+        let r = r0..(r0 + ROWS).min(rows.end);
+        let wp: Option<[*const f32; ROWS]> = (!fused).then(|| how.f32_rows(r.clone(), buf, k));
+        for g0 in (i0..i1).step_by(group) {
+            let mg = (i1 - g0).min(group);
+            let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(g0 + t.min(mg - 1)));
+            let mut out = match wp {
+                None => (how.fused)(r.clone(), mg, xs),
+                // SAFETY: decoded rows and activation rows hold `32 · chunks` floats.
+                Some(wp) => unsafe { decoded::<K>(r.len(), mg, wp, xs, how.chunks) },
+            };
+            how.finish::<K>(&mut out, r.clone(), mg, xs, k);
+            // SAFETY: this tile owns the outputs of `r`.
+            unsafe { plan.store(g0, mg, r.clone(), &out) };
+        }
+    }
+}
+
+/// Runs one tile (`rows` of the plan's matrix) on kernel family `K`.
+///
+/// # Safety
+/// The CPU supports `K`, the plan's pointers are valid for its shapes, its activations are
+/// laid out for `K::LANES`, its matrix is on the fast path, and no other running tile of
+/// this plan overlaps `rows`.
+pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
+    let w = plan.w();
+    let k = w.cols;
+    let chunk = 4 * K::LANES;
+    let main = k / chunk;
+    let gemm = plan.m >= gemm::M_GEMM;
+    let mb = m_block(k);
+    let blocks = |f: &mut dyn FnMut(usize, usize)| {
+        for i0 in (0..plan.m).step_by(mb) {
+            f(i0, (i0 + mb).min(plan.m));
+        }
+    };
+    let x_plain = |i: usize| plan.x_row(i).as_ptr();
+    // SAFETY (every unsafe block below): rows, chunks and activation rows are in bounds by
+    // the plan's shapes; outputs of `rows` belong to this tile alone; the CPU has AVX2+FMA.
+    super::with_scratch(ROWS * k, |buf| match &w.data {
+        Data::F32(b) => {
+            let wf = b.as_f32();
+            let row = |r: usize| wf[r * k..].as_ptr();
+            let wp = |r: &Range<usize>| -> [*const f32; ROWS] {
+                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
+            };
+            let how = Rows {
+                fused: &|r, mg, xs| unsafe { fused!(K::f32, r.len(), mg, wp(&r), xs, main, ()) },
+                decode: &|_, _| {},
+                in_place: Some(&row),
+                chunks: main,
+                post: 1.0,
+                weight: &|row, j| wf[row * k + j],
+                tail_mult: 1.0,
+                exact: None,
+            };
+            if gemm {
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+            }
+            blocks(&mut |i0, i1| unsafe {
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+            });
+        }
+        Data::Bf16(b) => {
+            let wb = b.as_u16();
+            let row = |r: usize| wb[r * k..].as_ptr();
+            let wp = |r: &Range<usize>| -> [*const u16; ROWS] {
+                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
+            };
+            let how = Rows {
+                fused: &|r, mg, xs| unsafe { fused!(K::bf16, r.len(), mg, wp(&r), xs, main, ()) },
+                decode: &|r, out| unsafe { K::decode(RowFormat::Bf16(row(r)), main, out) },
+                in_place: None,
+                chunks: main,
+                post: 1.0,
+                weight: &|row, j| bf16_to_f32(wb[row * k + j]),
+                tail_mult: 1.0,
+                exact: None,
+            };
+            if gemm {
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+            }
+            blocks(&mut |i0, i1| unsafe {
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+            });
+        }
+        Data::Fp4 {
+            packed,
+            scales,
+            group,
+        } => {
+            let (wb, groups) = (packed.as_bytes(), k.div_ceil(*group));
+            let main64 = k / (2 * chunk);
+            let row = |r: usize| wb[r * k / 2..].as_ptr();
+            let scales_of = |r: &Range<usize>| Fp4Scales {
+                rows: std::array::from_fn(|t| {
+                    scales[(r.start + t.min(r.len() - 1)) * groups..].as_ptr()
+                }),
+                group_shift: group.trailing_zeros(),
+            };
+            let wp = |r: &Range<usize>| -> [*const u8; ROWS] {
+                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
+            };
+            let how = Rows {
+                fused: &|r, mg, xs| unsafe {
+                    fused!(K::fp4, r.len(), mg, wp(&r), xs, main64, scales_of(&r))
+                },
+                decode: &|r, out| unsafe {
+                    K::decode(RowFormat::Fp4(row(r), scales_of(&(r..r + 1))), main64, out)
+                },
+                in_place: None,
+                chunks: 2 * main64,
+                post: 1.0,
+                weight: &|row, j| {
+                    let byte = wb[(row * k + j) / 2];
+                    let code = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    e2m1_to_f32(code) * e8m0_to_f32(scales[row * groups + j / group])
+                },
+                // Tail activations carry the 2^30 of the layout.
+                tail_mult: 2f32.powi(-30),
+                exact: None,
+            };
+            if gemm {
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+            }
+            blocks(&mut |i0, i1| unsafe {
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+            });
+        }
+        Data::Fp8 {
+            codes,
+            scales,
+            scale_cols,
+            br,
+            bc,
+        } => {
+            let wb = codes.as_bytes();
+            let row = |r: usize| wb[r * k..].as_ptr();
+            let wp = |r: &Range<usize>| -> [*const u8; ROWS] {
+                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
+            };
+            let how = Rows {
+                fused: &|r, mg, xs| unsafe { fused!(K::fp8, r.len(), mg, wp(&r), xs, main, ()) },
+                decode: &|r, out| unsafe { K::decode(RowFormat::Fp8(row(r)), main, out) },
+                in_place: None,
+                chunks: main,
+                // The sums come back times 2^56 (the 2^120 of the decode is split so neither
+                // side leaves f32's range); the tail sums times 2^64.
+                post: 2f32.powi(56),
+                weight: &|row, j| e4m3_to_f32(wb[row * k + j]),
+                tail_mult: 2f32.powi(-64),
+                exact: Some((
+                    &|row, j| {
+                        e4m3_to_f32(wb[row * k + j]) * scales[(row / br) * scale_cols + j / bc]
+                    },
+                    1.0,
+                )),
+            };
+            if gemm {
+                // The GEMM's activations carry no block scale: the decoded rows get it
+                // (times 2^64, so the sums still come back times 2^56).
+                let scale = |r: usize, row: &mut [f32]| {
+                    let srow = &scales[(r / br) * scale_cols..(r / br + 1) * scale_cols];
+                    for (kb, &sc) in srow.iter().enumerate() {
+                        let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(row.len()));
+                        if j0 < j1 {
+                            row[j0..j1]
+                                .iter_mut()
+                                .for_each(|v| *v *= sc * 2f32.powi(64));
+                        }
+                    }
+                };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, Some(&scale)) };
+            }
+            let ldx = plan.ldx();
+            super::with_scratch2(mb * ldx, |xs_buf| {
+                let mut rb_start = rows.start;
+                while rb_start < rows.end {
+                    let rb = rb_start / br;
+                    let rb_end = ((rb + 1) * br).min(rows.end);
+                    let srow = &scales[rb * scale_cols..(rb + 1) * scale_cols];
+                    blocks(&mut |i0, i1| {
+                        // This block's activations times its scales and 2^64. Whole 32-chunks
+                        // never straddle a block (the fast path needs bc % 32 == 0), so
+                        // permuted positions keep their block.
+                        for (i, xs) in (i0..i1).zip(xs_buf.chunks_exact_mut(ldx)) {
+                            let xp = plan.x_row(i);
+                            for (kb, &sc) in srow.iter().enumerate() {
+                                let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(k));
+                                let sc = sc * 2f32.powi(64);
+                                for (o, &v) in xs[j0..j1].iter_mut().zip(&xp[j0..j1]) {
+                                    *o = v * sc;
+                                }
+                            }
+                        }
+                        let base = xs_buf.as_ptr();
+                        let x = |i: usize| base.wrapping_add((i - i0) * ldx);
+                        unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how, buf) };
+                    });
+                    rb_start = rb_end;
+                }
+            });
+        }
+    })
+}
+
+/// Adds the elements past the last whole chunk (`from..k`) in scalar code: `weight(row, j)`
+/// decoded, times the activation (which carries the layout's factor, undone by `mult`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tails(
+    out: &mut Out,
+    r: Range<usize>,
+    mg: usize,
+    xs: [*const f32; M_MAX],
+    from: usize,
+    k: usize,
+    mult: f32,
+    weight: impl Fn(usize, usize) -> f32,
+) {
+    if from == k {
+        return;
+    }
+    for (ri, row) in r.enumerate() {
+        for (mi, &xp) in xs.iter().enumerate().take(mg) {
+            let mut t = 0.0f32;
+            for j in from..k {
+                // SAFETY: every activation row holds k floats.
+                t += weight(row, j) * unsafe { *xp.add(j) };
+            }
+            out[ri][mi] += t * mult;
+        }
+    }
+}
