@@ -317,7 +317,7 @@ fn tile_rows(w: &QMatrix, m: usize) -> usize {
 }
 
 /// Activation rows from which the SIMD families use their GEMM path.
-pub(crate) const GEMM_M: usize = 32;
+pub(crate) const GEMM_M: usize = 16;
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {

@@ -228,6 +228,13 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
                     store(out.add(32 * c), &f);
                 }
             }
+            RowFormat::Fp8Scaled(w, scales, bc) => {
+                for c in 0..chunks {
+                    let sc = _mm256_set1_ps(*scales.add(32 * c / bc) * 2f32.powi(64));
+                    let f = e4m3_vectors(_mm256_loadu_si256(w.add(32 * c).cast()));
+                    store(out.add(32 * c), &f.map(|v| _mm256_mul_ps(v, sc)));
+                }
+            }
             RowFormat::Bf16(w) => {
                 for c in 0..chunks {
                     store(out.add(32 * c), &bf16_vectors(w.add(32 * c)));
@@ -254,41 +261,36 @@ unsafe fn store<const N: usize>(out: *mut f32, v: &[__m256; N]) {
     }
 }
 
-/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times 16
-/// activation columns of the transposed activations (`xt`, rows `ldxt` apart: one strip), summed over
-/// `kc`, into `out[n][0..16]`.
+/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times `V` vectors
+/// of activation columns of the transposed activations (`xt`, one strip of `8 · V`
+/// columns a row), summed over `kc`, into `out[n][0..8 · V]`.
 ///
 /// # Safety
-/// The weight rows hold `kc` floats, `xt` `kc` rows of 16 readable floats, `out` room for
-/// `NW · 16` floats.
+/// The weight rows hold `kc` floats, `xt` `kc` rows of `8 · V` floats, `out` room for
+/// `NW · 8 · V` floats.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemm_micro<const NW: usize>(
+unsafe fn gemm_micro<const NW: usize, const V: usize>(
     w: *const f32,
     ldw: usize,
     xt: *const f32,
-    ldxt: usize,
     kc: usize,
     out: *mut f32,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; NW];
+    let mut acc = [[_mm256_setzero_ps(); V]; NW];
     for kk in 0..kc {
         // SAFETY (every block): in bounds by the contract.
-        let (x0, x1) = unsafe {
-            (
-                _mm256_loadu_ps(xt.add(kk * ldxt)),
-                _mm256_loadu_ps(xt.add(kk * ldxt + 8)),
-            )
-        };
+        let x: [_; V] =
+            std::array::from_fn(|v| unsafe { _mm256_loadu_ps(xt.add((kk * V + v) * 8)) });
         for (n, a) in acc.iter_mut().enumerate() {
             let wv = _mm256_set1_ps(unsafe { *w.add(n * ldw + kk) });
-            a[0] = _mm256_fmadd_ps(wv, x0, a[0]);
-            a[1] = _mm256_fmadd_ps(wv, x1, a[1]);
+            for (av, xv) in a.iter_mut().zip(&x) {
+                *av = _mm256_fmadd_ps(wv, *xv, *av);
+            }
         }
     }
     for (n, a) in acc.iter().enumerate() {
-        unsafe {
-            _mm256_storeu_ps(out.add(n * 16), a[0]);
-            _mm256_storeu_ps(out.add(n * 16 + 8), a[1]);
+        for (v, av) in a.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(out.add((n * V + v) * 8), *av) };
         }
     }
 }
@@ -299,27 +301,43 @@ pub(crate) struct Avx2;
 impl Kernels for Avx2 {
     const LANES: usize = 8;
     const M_DECODED: usize = 3;
-    const GEMM_NW: usize = 6;
-    const GEMM_XW: usize = 16;
+    const GEMM_NW: [usize; 2] = [12, 6];
 
     unsafe fn gemm(
         w: *const f32,
         ldw: usize,
         nw: usize,
         xt: *const f32,
-        ldxt: usize,
+        xw: usize,
         kc: usize,
         out: *mut f32,
     ) {
         // SAFETY: as above.
         unsafe {
-            match nw {
-                1 => gemm_micro::<1>(w, ldw, xt, ldxt, kc, out),
-                2 => gemm_micro::<2>(w, ldw, xt, ldxt, kc, out),
-                3 => gemm_micro::<3>(w, ldw, xt, ldxt, kc, out),
-                4 => gemm_micro::<4>(w, ldw, xt, ldxt, kc, out),
-                5 => gemm_micro::<5>(w, ldw, xt, ldxt, kc, out),
-                _ => gemm_micro::<6>(w, ldw, xt, ldxt, kc, out),
+            if xw == 8 {
+                match nw {
+                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out),
+                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out),
+                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out),
+                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out),
+                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out),
+                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out),
+                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out),
+                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out),
+                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out),
+                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out),
+                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out),
+                    _ => gemm_micro::<12, 1>(w, ldw, xt, kc, out),
+                }
+            } else {
+                match nw {
+                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out),
+                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out),
+                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out),
+                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out),
+                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out),
+                    _ => gemm_micro::<6, 2>(w, ldw, xt, kc, out),
+                }
             }
         }
     }

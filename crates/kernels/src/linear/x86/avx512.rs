@@ -199,6 +199,13 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
                     store(out.add(64 * c), &f);
                 }
             }
+            RowFormat::Fp8Scaled(w, scales, bc) => {
+                for c in 0..chunks {
+                    let sc = _mm512_set1_ps(*scales.add(64 * c / bc) * 2f32.powi(64));
+                    let f = e4m3_vectors(_mm512_loadu_si512(w.add(64 * c).cast()));
+                    store(out.add(64 * c), &f.map(|v| _mm512_mul_ps(v, sc)));
+                }
+            }
             RowFormat::Bf16(w) => {
                 for c in 0..chunks {
                     store(out.add(64 * c), &bf16_vectors(w.add(64 * c)));
@@ -214,41 +221,36 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
     }
 }
 
-/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times 32
-/// activation columns of the transposed activations (`xt`, rows `ldxt` apart: one strip), summed over
-/// `kc`, into `out[n][0..32]`.
+/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times `V` vectors
+/// of activation columns of the transposed activations (`xt`, one strip of `16 · V`
+/// columns a row), summed over `kc`, into `out[n][0..16 · V]`.
 ///
 /// # Safety
-/// The weight rows hold `kc` floats, `xt` `kc` rows of 32 readable floats, `out` room for
-/// `NW · 32` floats.
+/// The weight rows hold `kc` floats, `xt` `kc` rows of `16 · V` floats, `out` room for
+/// `NW · 16 · V` floats.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn gemm_micro<const NW: usize>(
+unsafe fn gemm_micro<const NW: usize, const V: usize>(
     w: *const f32,
     ldw: usize,
     xt: *const f32,
-    ldxt: usize,
     kc: usize,
     out: *mut f32,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; NW];
+    let mut acc = [[_mm512_setzero_ps(); V]; NW];
     for kk in 0..kc {
         // SAFETY (every block): in bounds by the contract.
-        let (x0, x1) = unsafe {
-            (
-                _mm512_loadu_ps(xt.add(kk * ldxt)),
-                _mm512_loadu_ps(xt.add(kk * ldxt + 16)),
-            )
-        };
+        let x: [_; V] =
+            std::array::from_fn(|v| unsafe { _mm512_loadu_ps(xt.add((kk * V + v) * 16)) });
         for (n, a) in acc.iter_mut().enumerate() {
             let wv = _mm512_set1_ps(unsafe { *w.add(n * ldw + kk) });
-            a[0] = _mm512_fmadd_ps(wv, x0, a[0]);
-            a[1] = _mm512_fmadd_ps(wv, x1, a[1]);
+            for (av, xv) in a.iter_mut().zip(&x) {
+                *av = _mm512_fmadd_ps(wv, *xv, *av);
+            }
         }
     }
     for (n, a) in acc.iter().enumerate() {
-        unsafe {
-            _mm512_storeu_ps(out.add(n * 32), a[0]);
-            _mm512_storeu_ps(out.add(n * 32 + 16), a[1]);
+        for (v, av) in a.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(out.add((n * V + v) * 16), *av) };
         }
     }
 }
@@ -259,33 +261,61 @@ pub(crate) struct Avx512;
 impl Kernels for Avx512 {
     const LANES: usize = 16;
     const M_DECODED: usize = 6;
-    const GEMM_NW: usize = 12;
-    const GEMM_XW: usize = 32;
+    const GEMM_NW: [usize; 2] = [24, 12];
 
     unsafe fn gemm(
         w: *const f32,
         ldw: usize,
         nw: usize,
         xt: *const f32,
-        ldxt: usize,
+        xw: usize,
         kc: usize,
         out: *mut f32,
     ) {
         // SAFETY: as above.
         unsafe {
-            match nw {
-                1 => gemm_micro::<1>(w, ldw, xt, ldxt, kc, out),
-                2 => gemm_micro::<2>(w, ldw, xt, ldxt, kc, out),
-                3 => gemm_micro::<3>(w, ldw, xt, ldxt, kc, out),
-                4 => gemm_micro::<4>(w, ldw, xt, ldxt, kc, out),
-                5 => gemm_micro::<5>(w, ldw, xt, ldxt, kc, out),
-                6 => gemm_micro::<6>(w, ldw, xt, ldxt, kc, out),
-                7 => gemm_micro::<7>(w, ldw, xt, ldxt, kc, out),
-                8 => gemm_micro::<8>(w, ldw, xt, ldxt, kc, out),
-                9 => gemm_micro::<9>(w, ldw, xt, ldxt, kc, out),
-                10 => gemm_micro::<10>(w, ldw, xt, ldxt, kc, out),
-                11 => gemm_micro::<11>(w, ldw, xt, ldxt, kc, out),
-                _ => gemm_micro::<12>(w, ldw, xt, ldxt, kc, out),
+            if xw == 16 {
+                match nw {
+                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out),
+                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out),
+                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out),
+                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out),
+                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out),
+                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out),
+                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out),
+                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out),
+                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out),
+                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out),
+                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out),
+                    12 => gemm_micro::<12, 1>(w, ldw, xt, kc, out),
+                    13 => gemm_micro::<13, 1>(w, ldw, xt, kc, out),
+                    14 => gemm_micro::<14, 1>(w, ldw, xt, kc, out),
+                    15 => gemm_micro::<15, 1>(w, ldw, xt, kc, out),
+                    16 => gemm_micro::<16, 1>(w, ldw, xt, kc, out),
+                    17 => gemm_micro::<17, 1>(w, ldw, xt, kc, out),
+                    18 => gemm_micro::<18, 1>(w, ldw, xt, kc, out),
+                    19 => gemm_micro::<19, 1>(w, ldw, xt, kc, out),
+                    20 => gemm_micro::<20, 1>(w, ldw, xt, kc, out),
+                    21 => gemm_micro::<21, 1>(w, ldw, xt, kc, out),
+                    22 => gemm_micro::<22, 1>(w, ldw, xt, kc, out),
+                    23 => gemm_micro::<23, 1>(w, ldw, xt, kc, out),
+                    _ => gemm_micro::<24, 1>(w, ldw, xt, kc, out),
+                }
+            } else {
+                match nw {
+                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out),
+                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out),
+                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out),
+                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out),
+                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out),
+                    6 => gemm_micro::<6, 2>(w, ldw, xt, kc, out),
+                    7 => gemm_micro::<7, 2>(w, ldw, xt, kc, out),
+                    8 => gemm_micro::<8, 2>(w, ldw, xt, kc, out),
+                    9 => gemm_micro::<9, 2>(w, ldw, xt, kc, out),
+                    10 => gemm_micro::<10, 2>(w, ldw, xt, kc, out),
+                    11 => gemm_micro::<11, 2>(w, ldw, xt, kc, out),
+                    _ => gemm_micro::<12, 2>(w, ldw, xt, kc, out),
+                }
             }
         }
     }

@@ -9,7 +9,7 @@
 //! differs from the small-batch path in the last bits; batches this large are prefills (or
 //! their experts), not the decode steps whose rows must not depend on their neighbours.
 
-use super::{tails, Kernels, Out, RowScale, Rows, M_MAX};
+use super::{tails, Kernels, Out, Rows, M_MAX};
 use crate::linear::Plan;
 use std::ops::Range;
 
@@ -18,78 +18,93 @@ pub(super) const M_GEMM: usize = crate::linear::GEMM_M;
 /// Padding after each decoded weight row, so the `NW` rows a micro-kernel broadcasts from
 /// (`k` floats apart, `k` often a multiple of 4 KiB) do not all fall in the same L1 sets.
 const ROW_PAD: usize = 16;
-/// The widest micro-tile of any family.
+/// The largest micro-tile of any family (AVX-512: 12 rows × 32 columns or 24 × 16).
 const TILE_MAX: usize = 12 * 32;
 
 /// Rows `rows` of the plan's matrix against every activation row.
 ///
 /// # Safety
 /// As the tile's; the plan holds the transposed activations for family `K`.
-pub(super) unsafe fn gemm_rows<K: Kernels>(
-    plan: &Plan,
-    rows: Range<usize>,
-    how: &Rows,
-    scale: Option<RowScale>,
-) {
+pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how: &Rows) {
     let (k, m) = (plan.w().cols, plan.m);
     let main = how.main_elems::<K>();
     let (xt, xw) = plan.xt();
-    let nw = K::GEMM_NW;
-    debug_assert_eq!(xw, K::GEMM_XW);
+    let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;
-    super::super::with_scratch3(rows.len() * ldw, |wbuf| {
-        for (t, r) in rows.clone().enumerate() {
-            let dst = &mut wbuf[t * ldw..t * ldw + k];
-            match how.in_place {
-                // SAFETY: an F32 row holds k floats.
-                Some(row) => dst.copy_from_slice(unsafe { std::slice::from_raw_parts(row(r), k) }),
-                None => (how.decode)(r, dst.as_mut_ptr()),
+    // Few activation strips: decode a micro-tile's rows just before they are used (they
+    // stay in L1/L2); many: decode the whole tile once and sweep the strips over it.
+    let strips = m.div_ceil(xw);
+    let per_group = strips <= 2;
+    let buf_rows = if per_group { nw } else { rows.len() };
+    super::super::with_scratch3(buf_rows * ldw, |wbuf| {
+        let decode = |wbuf: &mut [f32], first: usize, n: usize| {
+            for t in 0..n {
+                let r = first + t;
+                let dst = &mut wbuf[t * ldw..t * ldw + k];
+                match how.in_place {
+                    // SAFETY: an F32 row holds k floats.
+                    Some(row) => {
+                        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(row(r), k) })
+                    }
+                    None => (how.decode)(r, dst.as_mut_ptr()),
+                }
             }
-            if let Some(scale) = scale {
-                scale(r, &mut dst[..main]);
-            }
+        };
+        if !per_group {
+            decode(wbuf, rows.start, rows.len());
         }
         let mut out = [0.0f32; TILE_MAX];
         let n_rows = rows.len();
         let (exact, mult) = how.exact.unwrap_or((how.weight, how.tail_mult));
-        for m0 in (0..m).step_by(xw) {
+        let mut tile = |wrows: &[f32], m0: usize, n0: usize, nr: usize| {
             let cols = xw.min(m - m0);
+            if main > 0 {
+                // SAFETY: decoded rows hold `main` floats, the strip of `xt` holds `k` rows
+                // of `xw` floats, `out` holds NW · XW floats.
+                unsafe {
+                    K::gemm(
+                        wrows.as_ptr(),
+                        ldw,
+                        nr,
+                        xt.add(m0 * k),
+                        xw,
+                        main,
+                        out.as_mut_ptr(),
+                    )
+                };
+            } else {
+                out[..nr * xw].fill(0.0);
+            }
+            for t in 0..nr {
+                let row = rows.start + n0 + t;
+                // SAFETY: (m0 + c, row) for c < cols belongs to this tile.
+                let y = unsafe { plan.y.add(m0 * plan.n + row - plan.row0) };
+                for (c, &v) in out[t * xw..t * xw + cols].iter().enumerate() {
+                    let mut r = v * how.post;
+                    if main < k {
+                        let mut o: Out = [[0.0; M_MAX]; 2];
+                        let mut xs = [std::ptr::null(); M_MAX];
+                        xs[0] = plan.x_row(m0 + c).as_ptr();
+                        tails(&mut o, row..row + 1, 1, xs, main, k, mult, exact);
+                        r += o[0][0];
+                    }
+                    // SAFETY: as above.
+                    unsafe { *y.add(c * plan.n) = r };
+                }
+            }
+        };
+        if per_group {
             for n0 in (0..n_rows).step_by(nw) {
                 let nr = nw.min(n_rows - n0);
-                if main > 0 {
-                    // SAFETY: decoded rows hold `main` floats, the strip of `xt` holds `k`
-                    // rows of `xw` floats, `out` holds NW · XW floats.
-                    unsafe {
-                        let strip = xt.add(m0 * k);
-                        K::gemm(
-                            wbuf[n0 * ldw..].as_ptr(),
-                            ldw,
-                            nr,
-                            strip,
-                            xw,
-                            main,
-                            out.as_mut_ptr(),
-                        )
-                    };
-                } else {
-                    out[..nr * xw].fill(0.0);
+                decode(wbuf, rows.start + n0, nr);
+                for m0 in (0..m).step_by(xw) {
+                    tile(&wbuf[..], m0, n0, nr);
                 }
-                for t in 0..nr {
-                    let row = rows.start + n0 + t;
-                    // SAFETY: (m0 + c, row) for c < cols belongs to this tile.
-                    let y = unsafe { plan.y.add(m0 * plan.n + row - plan.row0) };
-                    for (c, &v) in out[t * xw..t * xw + cols].iter().enumerate() {
-                        let mut r = v * how.post;
-                        if main < k {
-                            let mut o: Out = [[0.0; M_MAX]; 2];
-                            let mut xs = [std::ptr::null(); M_MAX];
-                            xs[0] = plan.x_row(m0 + c).as_ptr();
-                            tails(&mut o, row..row + 1, 1, xs, main, k, mult, exact);
-                            r += o[0][0];
-                        }
-                        // SAFETY: as above.
-                        unsafe { *y.add(c * plan.n) = r };
-                    }
+            }
+        } else {
+            for m0 in (0..m).step_by(xw) {
+                for n0 in (0..n_rows).step_by(nw) {
+                    tile(&wbuf[n0 * ldw..], m0, n0, nw.min(n_rows - n0));
                 }
             }
         }

@@ -58,18 +58,18 @@ pub(super) trait Kernels {
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
-    /// GEMM micro-tile: weight rows per call (broadcast) and activation columns (two
-    /// vectors).
-    const GEMM_NW: usize;
-    const GEMM_XW: usize;
-    /// `out[n][0..XW] = Σ_k w[n][k] · xt[k][0..XW]` for `nw ≤ NW` weight rows `ldw` apart
-    /// and the transposed activations `xt` (rows `ldxt` apart).
+    /// GEMM micro-tile: weight rows per call (broadcast) with one or two vectors of
+    /// activation columns (`LANES` or `2 · LANES` columns, as many rows as the registers
+    /// hold accumulators for).
+    const GEMM_NW: [usize; 2];
+    /// `out[n][0..xw] = Σ_k w[n][k] · xt[k][0..xw]` for `nw` weight rows `ldw` apart and one
+    /// strip of the transposed activations (`xw` columns a row).
     unsafe fn gemm(
         w: *const f32,
         ldw: usize,
         nw: usize,
         xt: *const f32,
-        ldxt: usize,
+        xw: usize,
         kc: usize,
         out: *mut f32,
     );
@@ -106,6 +106,9 @@ impl Extra for Fp4Scales {
 #[derive(Clone, Copy)]
 pub(super) enum RowFormat {
     Fp8(*const u8),
+    /// FP8 multiplied by its blocks' scales times `2^64` as it is decoded (the GEMM path,
+    /// whose activations carry no scale): the row block's scales and the block width.
+    Fp8Scaled(*const u8, *const f32, usize),
     Bf16(*const u16),
     Fp4(*const u8, Fp4Scales),
 }
@@ -206,9 +209,6 @@ fn m_block(k: usize) -> usize {
 
 /// An element `(row, j)` of a weight, decoded.
 type Element<'a> = &'a dyn Fn(usize, usize) -> f32;
-
-/// Multiplies a decoded row (by its index) in place: the FP8 GEMM's block scales.
-pub(super) type RowScale<'a> = &'a dyn Fn(usize, &mut [f32]);
 
 /// How a tile reads its rows.
 pub(super) struct Rows<'a> {
@@ -355,7 +355,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
@@ -378,7 +378,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
@@ -421,7 +421,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, None) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
@@ -459,18 +459,14 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
             if gemm {
                 // The GEMM's activations carry no block scale: the decoded rows get it
                 // (times 2^64, so the sums still come back times 2^56).
-                let scale = |r: usize, row: &mut [f32]| {
-                    let srow = &scales[(r / br) * scale_cols..(r / br + 1) * scale_cols];
-                    for (kb, &sc) in srow.iter().enumerate() {
-                        let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(row.len()));
-                        if j0 < j1 {
-                            row[j0..j1]
-                                .iter_mut()
-                                .for_each(|v| *v *= sc * 2f32.powi(64));
-                        }
-                    }
+                let scaled = Rows {
+                    decode: &|r, out| unsafe {
+                        let srow = scales[(r / br) * scale_cols..].as_ptr();
+                        K::decode(RowFormat::Fp8Scaled(row(r), srow, *bc), main, out)
+                    },
+                    ..how
                 };
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how, Some(&scale)) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, &scaled) };
             }
             let ldx = plan.ldx();
             super::with_scratch2(mb * ldx, |xs_buf| {
