@@ -19,6 +19,7 @@ import time
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, DeepseekV4ForCausalLM
+from transformers.initialization import no_init_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import FP4_GRID, official_name_and_format  # noqa: E402
@@ -59,8 +60,9 @@ def dequant_fp8(codes, scale):
 
 
 def load_hf_state(model, get, where, dtype):
-    state = {}
-    for hf_name, param in list(model.state_dict().items()):
+    """Copies every tensor into the model's own (uninitialised) storage, one at a time."""
+    sd = model.state_dict()
+    for hf_name, param in sd.items():
         oname, kind = official_name_and_format(hf_name)
         if kind in ("experts_gate_up", "experts_down"):
             n_exp = param.shape[0]
@@ -78,10 +80,8 @@ def load_hf_state(model, get, where, dtype):
             t = dequant_fp8(get(oname), get(oname[: -len(".weight")] + ".scale"))
         else:
             t = get(oname)
-        state[hf_name] = t.to(param.dtype if kind == "ids" else dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    assert not unexpected, unexpected
-    return missing
+        with torch.no_grad():
+            param.copy_(t.to(param.dtype))
 
 
 def main():
@@ -96,15 +96,17 @@ def main():
     dtype = getattr(torch, args.dtype)
     config = AutoConfig.from_pretrained(args.model)
     config._attn_implementation = "eager"
-    with torch.device("meta"):
+    torch.set_default_dtype(dtype)
+    with no_init_weights():
         model = DeepseekV4ForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
     get, where = reader(args.model)
     t0 = time.time()
-    missing = load_hf_state(model, get, where, dtype)
+    load_hf_state(model, get, where, dtype)
     model = model.eval()
     load_s = time.time() - t0
     vocab = config.vocab_size
-    out = {"dtype": args.dtype, "threads": args.threads, "load_s": load_s, "missing": missing, "prefill": [], "decode": {}}
+    out = {"dtype": args.dtype, "threads": args.threads, "load_s": load_s, "prefill": [], "decode": {}}
     with torch.no_grad():
         for n in [int(p) for p in args.prompts.split(",") if p]:
             ids = (torch.arange(n) * 7919 + 13) % vocab

@@ -120,6 +120,7 @@ pub fn run(args: KernelArgs) {
     for (format, rows, cols) in [
         ("f32", 2048, 2048),
         ("bf16", 2048, 2048),
+        ("bf16", 32768, 2048),
         ("fp8", 2048, 2048),
         ("fp4", 768, 2048),
     ] {

@@ -386,11 +386,17 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     if s.prepared.len() < prep_len {
         s.prepared.resize(prep_len, 0.0);
     }
-    // The GEMM path reads the activations transposed, columns padded to whole vectors pairs.
+    // The GEMM path reads the activations transposed, in strips of two vectors of columns,
+    // or of one where that pads less (16 rows: one strip of 16, not half of 32; 48: three).
     let gemm_cols = |j: &Matmul| {
         let f = family(j.w, isa);
-        (f != Isa::Scalar && j.m >= GEMM_M)
-            .then(|| (j.m.next_multiple_of(2 * lanes(f)), 2 * lanes(f)))
+        let l = lanes(f);
+        let xw = if j.m.next_multiple_of(2 * l) - j.m > j.m.next_multiple_of(l) - j.m {
+            l
+        } else {
+            2 * l
+        };
+        (f != Isa::Scalar && j.m >= GEMM_M).then(|| (j.m.next_multiple_of(xw), xw))
     };
     let t_len: usize = jobs
         .iter()

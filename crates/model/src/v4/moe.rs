@@ -17,7 +17,7 @@ use deepinfer_kernels::vector::{axpy, exp_in_place};
 use smallvec::SmallVec;
 
 /// Experts whose products share one parallel pass (bounds the stack-held job list).
-const EXPERTS_PER_PASS: usize = 16;
+const EXPERTS_PER_PASS: usize = 64;
 
 fn softplus(x: f32) -> f32 {
     // torch's softplus switches to the identity above 20 (beta = 1).

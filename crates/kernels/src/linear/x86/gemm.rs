@@ -34,7 +34,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
     // Few activation strips: decode a micro-tile's rows just before they are used (they
     // stay in L1/L2); many: decode the whole tile once and sweep the strips over it.
     let strips = m.div_ceil(xw);
-    let per_group = strips <= 2;
+    let per_group = strips <= 3;
     let buf_rows = if per_group { nw } else { rows.len() };
     super::super::with_scratch3(buf_rows * ldw, |wbuf| {
         let decode = |wbuf: &mut [f32], first: usize, n: usize| {
