@@ -92,6 +92,10 @@ pub(crate) struct Plan {
     /// `[m / xw][k][xw]` (columns past `m` zero), so a micro-kernel streams one strip.
     xt: *const f32,
     xw: usize,
+    /// Whether this plan fills `xt` (products sharing their activations share one copy).
+    xt_owner: bool,
+    /// The caller's activations, to find products that share them.
+    src: *const f32,
     m: usize,
     y: *mut f32,
     row0: usize,
@@ -183,7 +187,7 @@ const T_BLOCK: usize = 64;
 impl Plan {
     /// Tasks of the transposition pass this plan needs (none off the GEMM path).
     fn transpose_tasks(&self) -> usize {
-        if self.xt.is_null() {
+        if self.xt.is_null() || !self.xt_owner {
             0
         } else {
             self.k.div_ceil(T_BLOCK)
@@ -410,7 +414,23 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     let mut tiles_before = 0;
     for j in jobs.iter_mut() {
         let k = j.w.cols;
-        let x = if needs_prep(j) {
+        let fam = family(j.w, isa);
+        // A product with the same activations, format and family (gate and up of an expert,
+        // the projections of one input) shares their prepared and transposed copies.
+        let twin = s
+            .plans
+            .iter()
+            .find(|p| {
+                p.src == j.x.as_ptr()
+                    && p.m == j.m
+                    && p.k == k
+                    && p.family == fam
+                    && p.w().format() == j.w.format()
+            })
+            .map(|p| (p.x, p.xt, p.xw));
+        let x = if let Some((x, _, _)) = twin {
+            x
+        } else if needs_prep(j) {
             let format = j.w.format();
             // FP4 activations carry 2^30 (see the kernel); FP8 ones get their scales per block.
             let mult = if format == Format::Fp4 {
@@ -431,13 +451,14 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             j.x.as_ptr()
         };
         // Filled by the transposition pass before any tile runs.
-        let (xt, xw) = match gemm_cols(j) {
-            Some((cols, xw)) => {
+        let (xt, xw, xt_owner) = match (gemm_cols(j), twin) {
+            (Some(_), Some((_, xt, xw))) => (xt, xw, false),
+            (Some((cols, xw)), None) => {
                 let t = &mut s.transposed[t_offset..t_offset + cols * k];
                 t_offset += cols * k;
-                (t.as_ptr(), xw)
+                (t.as_ptr(), xw, true)
             }
-            None => (std::ptr::null(), 0),
+            (None, _) => (std::ptr::null(), 0, false),
         };
         let p = Plan {
             w: j.w,
@@ -446,13 +467,15 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             ldx: k,
             xt,
             xw,
+            xt_owner,
+            src: j.x.as_ptr(),
             m: j.m,
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
             tile_rows: tile_rows(j.w, j.m),
             tiles_before,
-            family: family(j.w, isa),
+            family: fam,
         };
         if j.m > 0 && p.tiles() > 0 {
             tiles_before += p.tiles();
