@@ -20,6 +20,13 @@ use std::time::Instant;
 const REPS: usize = 20;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the engine runs the model: inside its compute pool.
+    deepinfer_engine::engine::compute_pool()?
+        .install(|| run().map_err(|e| e.to_string()))
+        .map_err(Into::into)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()

@@ -298,10 +298,18 @@ fn runs_on(w: &QMatrix, isa: Isa) -> bool {
 
 /// The widest family up to `isa` that runs `w` (V4.1's 32-wide FP8 blocks, say, take the
 /// AVX2 kernels on an AVX-512 machine).
+///
+/// Among the families that can, the one leaving the fewest inputs to the scalar tail
+/// (a row shorter than one chunk is all tail: that matrix runs the scalar path).
 fn family(w: &QMatrix, isa: Isa) -> Isa {
+    let tail = |f: Isa| {
+        let lanes = if f == Isa::Avx512 { 16 } else { 8 };
+        w.cols % prepare::chunk(w.format(), lanes)
+    };
     [Isa::Avx512, Isa::Avx2]
         .into_iter()
-        .find(|&f| f <= isa && runs_on(w, f))
+        .filter(|&f| f <= isa && runs_on(w, f) && tail(f) < w.cols)
+        .min_by_key(|&f| tail(f))
         .unwrap_or(Isa::Scalar)
 }
 

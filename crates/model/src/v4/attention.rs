@@ -176,9 +176,11 @@ pub fn attention(
             weights: &iwt,
         };
         let cache: &dyn CacheView = &*cache;
+        let most_visible = positions.iter().map(|p| (p + 1) / ratio).max().unwrap_or(0);
         picks
             .par_chunks_mut(topk)
             .zip(n_picks.par_iter_mut())
+            .with_min_len(min_len(most_visible * ih * ihd))
             .enumerate()
             .for_each(|(i, (out, count))| {
                 let (s, _, _) = rows.row_seq[i];
@@ -203,8 +205,15 @@ pub fn attention(
         let hg = h / head_groups;
         let cache: &dyn CacheView = &*cache;
         let (kv, q, picks, n_picks) = (&kv, &q, &picks, &n_picks);
+        let keys = window
+            + if ratio == 0 {
+                0
+            } else {
+                topk.max(positions[n - 1] / ratio)
+            };
         let read: usize = out
             .par_chunks_mut(hg * hd)
+            .with_min_len(min_len(2 * hg * keys * hd))
             .enumerate()
             .map(|(t, o)| {
                 let (i, g) = (t / head_groups, t % head_groups);
@@ -282,6 +291,13 @@ pub fn attention(
     ws.give_idx(picks);
     ws.give_idx(n_picks);
     res
+}
+
+/// Tasks of about `work` multiply-adds each that one parallel task should at least take:
+/// below ~64K a fork-join costs more than the second core gains (tiny models, short
+/// contexts), and the loop then runs on the calling thread.
+fn min_len(work: usize) -> usize {
+    (1usize << 16).div_ceil(work.max(1))
 }
 
 /// Block-diagonal `wo_a` (group `g` of heads → `R` values, all groups in one pass) then

@@ -165,6 +165,12 @@ macro_rules! fused {
     }};
 }
 
+/// The start of each of rows `r` (one or two; a single row fills both slots).
+#[inline(always)]
+fn rows_of<T>(row: &impl Fn(usize) -> *const T, r: &Range<usize>) -> [*const T; ROWS] {
+    std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
+}
+
 /// The f32 kernel over one or two decoded rows and up to [`M_MAX`] activation rows.
 ///
 /// # Safety
@@ -341,11 +347,10 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
         Data::F32(b) => {
             let wf = b.as_f32();
             let row = |r: usize| wf[r * k..].as_ptr();
-            let wp = |r: &Range<usize>| -> [*const f32; ROWS] {
-                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
-            };
             let how = Rows {
-                fused: &|r, mg, xs| unsafe { fused!(K::f32, r.len(), mg, wp(&r), xs, main, ()) },
+                fused: &|r, mg, xs| unsafe {
+                    fused!(K::f32, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                },
                 decode: &|_, _| {},
                 in_place: Some(&row),
                 chunks: main,
@@ -364,11 +369,10 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
         Data::Bf16(b) => {
             let wb = b.as_u16();
             let row = |r: usize| wb[r * k..].as_ptr();
-            let wp = |r: &Range<usize>| -> [*const u16; ROWS] {
-                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
-            };
             let how = Rows {
-                fused: &|r, mg, xs| unsafe { fused!(K::bf16, r.len(), mg, wp(&r), xs, main, ()) },
+                fused: &|r, mg, xs| unsafe {
+                    fused!(K::bf16, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                },
                 decode: &|r, out| unsafe { K::decode(RowFormat::Bf16(row(r)), main, out) },
                 in_place: None,
                 chunks: main,
@@ -398,12 +402,17 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 }),
                 group_shift: group.trailing_zeros(),
             };
-            let wp = |r: &Range<usize>| -> [*const u8; ROWS] {
-                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
-            };
             let how = Rows {
                 fused: &|r, mg, xs| unsafe {
-                    fused!(K::fp4, r.len(), mg, wp(&r), xs, main64, scales_of(&r))
+                    fused!(
+                        K::fp4,
+                        r.len(),
+                        mg,
+                        rows_of(&row, &r),
+                        xs,
+                        main64,
+                        scales_of(&r)
+                    )
                 },
                 decode: &|r, out| unsafe {
                     K::decode(RowFormat::Fp4(row(r), scales_of(&(r..r + 1))), main64, out)
@@ -436,11 +445,10 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
         } => {
             let wb = codes.as_bytes();
             let row = |r: usize| wb[r * k..].as_ptr();
-            let wp = |r: &Range<usize>| -> [*const u8; ROWS] {
-                std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
-            };
             let how = Rows {
-                fused: &|r, mg, xs| unsafe { fused!(K::fp8, r.len(), mg, wp(&r), xs, main, ()) },
+                fused: &|r, mg, xs| unsafe {
+                    fused!(K::fp8, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                },
                 decode: &|r, out| unsafe { K::decode(RowFormat::Fp8(row(r)), main, out) },
                 in_place: None,
                 chunks: main,
@@ -501,7 +509,8 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
 }
 
 /// Adds the elements past the last whole chunk (`from..k`) in scalar code: `weight(row, j)`
-/// decoded, times the activation (which carries the layout's factor, undone by `mult`).
+/// decoded once per row, times each activation row (which carries the layout's factor,
+/// undone by `mult`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn tails(
@@ -517,14 +526,17 @@ fn tails(
     if from == k {
         return;
     }
+    // A chunk is at most 128 elements (FP4 on AVX-512), so the tail fits on the stack.
+    let mut w = [0.0f32; 128];
+    let n = (k - from).min(128);
     for (ri, row) in r.enumerate() {
+        for (j, v) in w[..n].iter_mut().enumerate() {
+            *v = weight(row, from + j);
+        }
         for (mi, &xp) in xs.iter().enumerate().take(mg) {
-            let mut t = 0.0f32;
-            for j in from..k {
-                // SAFETY: every activation row holds k floats.
-                t += weight(row, j) * unsafe { *xp.add(j) };
-            }
-            out[ri][mi] += t * mult;
+            // SAFETY: every activation row holds k floats.
+            let x = unsafe { std::slice::from_raw_parts(xp.add(from), n) };
+            out[ri][mi] += crate::linear::dot(&w[..n], x) * mult;
         }
     }
 }
