@@ -205,12 +205,8 @@ pub fn attention(
         let hg = h / head_groups;
         let cache: &dyn CacheView = &*cache;
         let (kv, q, picks, n_picks) = (&kv, &q, &picks, &n_picks);
-        let keys = window
-            + if ratio == 0 {
-                0
-            } else {
-                topk.max(positions[n - 1] / ratio)
-            };
+        let most = positions.iter().max().map_or(0, |p| p + 1);
+        let keys = window + most.checked_div(ratio).map_or(0, |e| e.min(topk.max(e)));
         let read: usize = out
             .par_chunks_mut(hg * hd)
             .with_min_len(min_len(2 * hg * keys * hd))
