@@ -206,7 +206,8 @@ pub fn attention(
         let cache: &dyn CacheView = &*cache;
         let (kv, q, picks, n_picks) = (&kv, &q, &picks, &n_picks);
         let most = positions.iter().max().map_or(0, |p| p + 1);
-        let keys = window + most.checked_div(ratio).map_or(0, |e| e.min(topk.max(e)));
+        // At most: the window and every visible entry (an upper bound for CSA, exact for HCA).
+        let keys = window + most.checked_div(ratio).unwrap_or(0);
         let read: usize = out
             .par_chunks_mut(hg * hd)
             .with_min_len(min_len(2 * hg * keys * hd))
