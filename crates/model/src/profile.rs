@@ -86,6 +86,9 @@ const N: usize = Op::ALL.len();
 const ZERO: AtomicU64 = AtomicU64::new(0);
 static TIME_NS: [AtomicU64; N] = [ZERO; N];
 static CALLS: [AtomicU64; N] = [ZERO; N];
+/// Weight bytes and FLOPs of the matrix products, by op kind (the others stay zero).
+static OP_BYTES: [AtomicU64; N] = [ZERO; N];
+static OP_FLOPS: [AtomicU64; N] = [ZERO; N];
 static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
 static CACHE_BYTES: AtomicU64 = AtomicU64::new(0);
 static FLOPS: AtomicU64 = AtomicU64::new(0);
@@ -172,9 +175,13 @@ pub fn matmuls(jobs: &mut [Matmul<'_>]) {
     let mut bytes = [0u64; 4];
     for j in jobs.iter() {
         let b = weight_bytes(j.w, j.rows.len());
-        bytes[Op::matmul(j.w.format()) as usize] += b;
+        let flops = 2 * (j.m * j.rows.len() * j.w.cols) as u64;
+        let op = Op::matmul(j.w.format()) as usize;
+        bytes[op] += b;
         WEIGHT_BYTES.fetch_add(b, Relaxed);
-        FLOPS.fetch_add(2 * (j.m * j.rows.len() * j.w.cols) as u64, Relaxed);
+        FLOPS.fetch_add(flops, Relaxed);
+        OP_BYTES[op].fetch_add(b, Relaxed);
+        OP_FLOPS[op].fetch_add(flops, Relaxed);
     }
     let start = enabled().then(|| (Instant::now(), CHILD_NS.get()));
     deepinfer_kernels::linear::matmuls(jobs);
@@ -195,6 +202,9 @@ pub fn matmuls(jobs: &mut [Matmul<'_>]) {
 pub struct Snapshot {
     pub time_ns: [u64; N],
     pub calls: [u64; N],
+    /// Weight bytes and FLOPs per op kind (matrix products only).
+    pub op_bytes: [u64; N],
+    pub op_flops: [u64; N],
     pub weight_bytes: u64,
     pub cache_bytes: u64,
     pub flops: u64,
@@ -205,6 +215,8 @@ impl Snapshot {
         Self {
             time_ns: std::array::from_fn(|i| TIME_NS[i].load(Relaxed)),
             calls: std::array::from_fn(|i| CALLS[i].load(Relaxed)),
+            op_bytes: std::array::from_fn(|i| OP_BYTES[i].load(Relaxed)),
+            op_flops: std::array::from_fn(|i| OP_FLOPS[i].load(Relaxed)),
             weight_bytes: WEIGHT_BYTES.load(Relaxed),
             cache_bytes: CACHE_BYTES.load(Relaxed),
             flops: FLOPS.load(Relaxed),
@@ -216,6 +228,8 @@ impl Snapshot {
         Snapshot {
             time_ns: std::array::from_fn(|i| self.time_ns[i] - earlier.time_ns[i]),
             calls: std::array::from_fn(|i| self.calls[i] - earlier.calls[i]),
+            op_bytes: std::array::from_fn(|i| self.op_bytes[i] - earlier.op_bytes[i]),
+            op_flops: std::array::from_fn(|i| self.op_flops[i] - earlier.op_flops[i]),
             weight_bytes: self.weight_bytes - earlier.weight_bytes,
             cache_bytes: self.cache_bytes - earlier.cache_bytes,
             flops: self.flops - earlier.flops,

@@ -3,7 +3,9 @@
 //!
 //! Decode rows stream a working set of matrices far larger than the last-level cache (one
 //! pass = every matrix once, as a decode step reads every weight once), so they report
-//! DRAM-fed speed; prefill rows reuse one matrix, so they report compute speed.
+//! DRAM-fed speed against the read roof; prefill rows reuse one matrix, so they report
+//! compute speed against the FMA peak. Each timed pass follows a fresh measurement of its
+//! roof.
 
 use clap::Args;
 use deepinfer_model::kernels::cpu::isa;
@@ -91,26 +93,43 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median seconds of `reps` runs of `f` after one warm-up.
-fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+/// Runs `f` `reps` times after one warm-up, each time right after measuring the roof it is
+/// compared with (`roof()`): on a shared machine the roofs drift from one minute to the
+/// next, so each run is set against the roof of its own moment. Returns the median seconds
+/// and the median of the per-run shares `units / secs / roof`.
+fn paired(
+    reps: usize,
+    units: f64,
+    mut roof: impl FnMut() -> f64,
+    mut f: impl FnMut(),
+) -> (f64, f64) {
     f();
-    median(
-        (0..reps.max(1))
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    let (mut secs, mut shares) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        let r = roof();
+        let t = Instant::now();
+        f();
+        let s = t.elapsed().as_secs_f64();
+        secs.push(s);
+        shares.push(units / s / r);
+    }
+    (median(secs), median(shares))
 }
 
 pub fn run(args: KernelArgs) {
     let threads = rayon::current_num_threads();
     println!("kernels: {} ({threads} threads)", isa().name());
-    let bw = read_bandwidth(1 << 30, threads, 5);
-    let peak = fma_peak(threads, 5);
-    println!("measured roofs: read bandwidth {bw:.1} GB/s, f32 FMA peak {peak:.1} GFLOP/s");
+    // Decode rows are compared with the read roof, prefill rows with the FMA peak, each
+    // measured again just before every timed pass (the "% of" columns are medians of those
+    // pairs; the roofs printed here are only a first reading).
+    let bw_probe = || read_bandwidth(256 << 20, threads, 2);
+    let fma_probe = || fma_peak(threads, 1);
+    println!(
+        "roofs now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (each row is set against \
+         the roof measured right before each of its passes)",
+        bw_probe(),
+        fma_probe()
+    );
     println!();
     println!(
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",
@@ -130,37 +149,48 @@ pub fn run(args: KernelArgs) {
             .map(|i| make(format, rows, cols, i as u64 + 2))
             .collect();
         let shape = format!("{rows}x{cols}");
-        let line = |m: usize, secs: f64, bytes: f64, weights: f64| {
+        let line = |m: usize,
+                    secs: f64,
+                    bytes: f64,
+                    weights: f64,
+                    bw_pct: Option<f64>,
+                    fma_pct: f64| {
             let flops = 2.0 * m as f64 * weights / secs / 1e9;
+            let bw_pct = bw_pct.map_or("-".to_string(), |p| format!("{p:.0}%"));
             println!(
-                "{format:<6} {shape:>12} {m:>6} {:>10.1} {:>10.1} {:>8.0}% {flops:>10.1} {:>8.0}%",
+                "{format:<6} {shape:>12} {m:>6} {:>10.1} {:>10.1} {bw_pct:>9} {flops:>10.1} {fma_pct:>8.0}%",
                 bytes / secs / 1e9,
                 weights / secs / 1e9,
-                100.0 * bytes / secs / 1e9 / bw,
-                100.0 * flops / peak
             );
         };
         for &m in &args.decode_m {
             let x = vec![0.5f32; m * cols];
             let mut y = vec![0.0f32; m * rows];
-            let secs = time(args.reps, || {
+            let (bytes, weights) = ((one * copies) as f64, (rows * cols * copies) as f64);
+            let (secs, share) = paired(args.reps, bytes / 1e9, bw_probe, || {
                 for w in &mats {
                     matmul(w, &x, m, &mut y);
                 }
             });
-            line(
-                m,
-                secs,
-                (one * copies) as f64,
-                (rows * cols * copies) as f64,
-            );
+            let fma = 2.0 * m as f64 * weights / secs / 1e9 / fma_probe();
+            line(m, secs, bytes, weights, Some(100.0 * share), 100.0 * fma);
         }
         for &m in &args.prefill_m {
             let x = vec![0.5f32; m * cols];
             let mut y = vec![0.0f32; m * rows];
             let w = &mats[0];
-            let secs = time(args.reps, || matmul(w, &x, m, &mut y));
-            line(m, secs, one as f64, (rows * cols) as f64);
+            let flops = 2.0 * (m * rows * cols) as f64;
+            let (secs, share) = paired(args.reps, flops / 1e9, fma_probe, || {
+                matmul(w, &x, m, &mut y)
+            });
+            line(
+                m,
+                secs,
+                one as f64,
+                (rows * cols) as f64,
+                None,
+                100.0 * share,
+            );
         }
     }
 }

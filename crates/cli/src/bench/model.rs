@@ -61,6 +61,9 @@ struct DecodeRow {
     bytes_per_step: u64,
     bytes_per_token: f64,
     gbs: f64,
+    /// Medians of the roofs measured right before each repetition; the percentages are
+    /// medians of each repetition against its own roofs.
+    roofs: Roofs,
     pct_of_bandwidth: f64,
     gflops: f64,
     pct_of_fma: f64,
@@ -75,6 +78,8 @@ struct PrefillRow {
     ms: f64,
     tokens_per_s: f64,
     gflops: f64,
+    /// Median of the FMA peak measured right before each repetition.
+    fma_gflops: f64,
     pct_of_fma: f64,
     /// FLOP rate of the matrix products alone (from a profiled repetition).
     matmul_gflops: f64,
@@ -103,6 +108,16 @@ fn roofs(threads: usize) -> Roofs {
     }
 }
 
+/// A quick reading of both roofs, taken right before each timed repetition: on a shared
+/// machine they drift from one minute to the next, so every repetition is set against the
+/// roofs of its own moment.
+fn quick_roofs(threads: usize) -> Roofs {
+    Roofs {
+        read_gbs: read_bandwidth(256 << 20, threads, 2),
+        fma_gflops: fma_peak(threads, 1),
+    }
+}
+
 /// Deterministic token ids spread over the vocabulary.
 fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..n)
@@ -121,18 +136,37 @@ fn prefill(runner: &mut ModelRunner, seq: SeqId, ids: &[u32], chunk: usize) -> R
     Ok(())
 }
 
-/// Prints one step's time per op kind (it must have run with profiling on).
-fn print_profile(title: &str, d: &Snapshot, steps: usize) {
+/// Prints one step's time per op kind (it must have run with profiling on), and for the
+/// matrix products the bytes and FLOPs they did against the roofs.
+fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roofs) {
     let total: u64 = d.time_ns.iter().sum();
     println!("{title} — time per op kind (per step, profiled run)");
-    println!("  {:<14} {:>10} {:>7} {:>8}", "op", "ms", "share", "calls");
+    println!(
+        "  {:<14} {:>10} {:>7} {:>8} {:>9} {:>7} {:>6} {:>8} {:>6}",
+        "op", "ms", "share", "calls", "MB", "GB/s", "% BW", "GFLOP/s", "% FMA"
+    );
     for op in Op::ALL {
         let (ns, calls) = (d.time_ns[op as usize], d.calls[op as usize]);
         if calls == 0 {
             continue;
         }
+        let (bytes, flops) = (d.op_bytes[op as usize], d.op_flops[op as usize]);
+        let traffic = if bytes > 0 {
+            let secs = ns as f64 / 1e9;
+            let (gbs, gflops) = (bytes as f64 / secs / 1e9, flops as f64 / secs / 1e9);
+            format!(
+                " {:>9.1} {:>7.1} {:>5.0}% {:>8.1} {:>5.0}%",
+                bytes as f64 / 1e6 / steps as f64,
+                gbs,
+                100.0 * gbs / roofs.read_gbs,
+                gflops,
+                100.0 * gflops / roofs.fma_gflops
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<14} {:>10.3} {:>6.1}% {:>8}",
+            "  {:<14} {:>10.3} {:>6.1}% {:>8}{traffic}",
             op.name(),
             ns as f64 / 1e6 / steps as f64,
             100.0 * ns as f64 / total.max(1) as f64,
@@ -179,7 +213,8 @@ fn bench(args: ModelArgs) -> Result<()> {
         isa().name()
     );
     println!(
-        "roofs measured now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s",
+        "roofs measured now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (every \
+         percentage below sets a repetition against the roofs measured right before it)",
         r0.read_gbs, r0.fma_gflops
     );
 
@@ -227,23 +262,28 @@ fn bench(args: ModelArgs) -> Result<()> {
             }
             Ok((secs, d))
         };
-        step(&mut runner)?; // warm-up: the workspace grows to this batch once
-        let mut times = Vec::new();
-        let mut counters = Snapshot::default();
-        for _ in 0..reps {
-            let (secs, d) = step(&mut runner)?;
-            times.push(secs);
-            counters = d;
-        }
-        let secs = median(times);
+        let (_, counters) = step(&mut runner)?; // warm-up: the workspace grows once
         let bytes = counters.weight_bytes + counters.cache_bytes;
         let flops = counters.flops as f64;
-        let gbs = bytes as f64 / secs / 1e9;
-        let gflops = flops / secs / 1e9;
-        let (t_bw, t_fma) = (
-            bytes as f64 / (r0.read_gbs * 1e9),
-            flops / (r0.fma_gflops * 1e9),
-        );
+        let (mut times, mut bw_pct, mut fma_pct, mut bound_pct) = (vec![], vec![], vec![], vec![]);
+        let (mut bws, mut fmas) = (vec![], vec![]);
+        for _ in 0..reps {
+            let r = quick_roofs(threads);
+            let (secs, _) = step(&mut runner)?;
+            let (t_bw, t_fma) = (
+                bytes as f64 / (r.read_gbs * 1e9),
+                flops / (r.fma_gflops * 1e9),
+            );
+            times.push(secs);
+            bw_pct.push(100.0 * t_bw / secs);
+            fma_pct.push(100.0 * t_fma / secs);
+            bound_pct.push(100.0 * t_bw.max(t_fma) / secs);
+            bws.push(r.read_gbs);
+            fmas.push(r.fma_gflops);
+        }
+        let secs = median(times);
+        let (read_gbs, fma_gflops) = (median(bws), median(fmas));
+        let (t_bw, t_fma) = (bytes as f64 / (read_gbs * 1e9), flops / (fma_gflops * 1e9));
         let row = DecodeRow {
             batch: b,
             context: args.context,
@@ -251,12 +291,16 @@ fn bench(args: ModelArgs) -> Result<()> {
             tokens_per_s: b as f64 / secs,
             bytes_per_step: bytes,
             bytes_per_token: bytes as f64 / b as f64,
-            gbs,
-            pct_of_bandwidth: 100.0 * gbs / r0.read_gbs,
-            gflops,
-            pct_of_fma: 100.0 * gflops / r0.fma_gflops,
+            gbs: bytes as f64 / secs / 1e9,
+            roofs: Roofs {
+                read_gbs,
+                fma_gflops,
+            },
+            pct_of_bandwidth: median(bw_pct),
+            gflops: flops / secs / 1e9,
+            pct_of_fma: median(fma_pct),
             binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
-            pct_of_binding_roof: 100.0 * t_bw.max(t_fma) / secs,
+            pct_of_binding_roof: median(bound_pct),
         };
         println!(
             "{:>6} {:>8} {:>9.2} {:>9.2} {:>11.1} {:>8.1} {:>7.1}% {:>9.1} {:>7.1}% {:>8.1}% {}",
@@ -272,6 +316,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             row.pct_of_binding_roof,
             row.binding_roof
         );
+        let row_roofs = row.roofs.clone();
         decode.push(row);
         if args.profile && b == args.batch[0] {
             profile::set_enabled(true);
@@ -284,6 +329,7 @@ fn bench(args: ModelArgs) -> Result<()> {
                 &format!("decode, batch {b}"),
                 &Snapshot::now().since(&before),
                 reps,
+                &row_roofs,
             );
         }
         for s in seqs {
@@ -310,15 +356,17 @@ fn bench(args: ModelArgs) -> Result<()> {
             runner.free(seq)?;
             Ok((secs, d))
         };
-        once(&mut runner)?;
-        let mut times = Vec::new();
-        let mut counters = Snapshot::default();
+        let (_, counters) = once(&mut runner)?;
+        let (mut times, mut pct, mut fmas) = (vec![], vec![], vec![]);
         for _ in 0..reps {
-            let (secs, d) = once(&mut runner)?;
+            let peak = fma_peak(threads, 1);
+            let (secs, _) = once(&mut runner)?;
             times.push(secs);
-            counters = d;
+            pct.push(100.0 * counters.flops as f64 / secs / 1e9 / peak);
+            fmas.push(peak);
         }
         let secs = median(times);
+        let peak = median(fmas);
         // One profiled repetition for the matrix products' own share of the time.
         profile::set_enabled(true);
         let (_, prof) = once(&mut runner)?;
@@ -334,9 +382,10 @@ fn bench(args: ModelArgs) -> Result<()> {
             ms: secs * 1e3,
             tokens_per_s: p as f64 / secs,
             gflops,
-            pct_of_fma: 100.0 * gflops / r0.fma_gflops,
+            fma_gflops: peak,
+            pct_of_fma: median(pct),
             matmul_gflops: mm_gflops,
-            matmul_pct_of_fma: 100.0 * mm_gflops / r0.fma_gflops,
+            matmul_pct_of_fma: 100.0 * mm_gflops / peak,
         };
         println!(
             "{:>8} {:>10.1} {:>10.1} {:>9.1} {:>6.1}% {:>15.1} {:>7.1}%",
@@ -349,14 +398,18 @@ fn bench(args: ModelArgs) -> Result<()> {
             row.matmul_pct_of_fma
         );
         if args.profile && p == args.prompt[args.prompt.len() - 1] {
-            print_profile(&format!("prefill, {p} tokens"), &prof, 1);
+            let roofs = Roofs {
+                fma_gflops: peak,
+                ..r0.clone()
+            };
+            print_profile(&format!("prefill, {p} tokens"), &prof, 1, &roofs);
         }
         prefill_rows.push(row);
     }
     let r1 = roofs(threads);
     println!();
     println!(
-        "roofs measured again after: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (the percentages use the first)",
+        "roofs measured again after: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s",
         r1.read_gbs, r1.fma_gflops
     );
     if let Some(path) = &args.json {
