@@ -278,6 +278,16 @@ fn with_cell<R>(
     })
 }
 
+/// What family `isa`'s FP4 kernels need the activations multiplied by: the AVX2 decode
+/// (through E4M3) leaves its weights times `2^-30` once scaled.
+fn fp4_x_mult(isa: Isa) -> f32 {
+    if isa == Isa::Avx2 {
+        2f32.powi(30)
+    } else {
+        1.0
+    }
+}
+
 /// Whether family `isa` can run `w`: the scales keep the rescaled products in range, FP8
 /// blocks are whole chunks wide (a chunk is `4 · lanes` elements) and FP4 groups are powers
 /// of two of at least 32.
@@ -440,9 +450,9 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             x
         } else if needs_prep(j) {
             let format = j.w.format();
-            // FP4 activations carry 2^30 (see the kernel); FP8 ones get their scales per block.
+            // FP8 activations get their scales per block, in the tile.
             let mult = if format == Format::Fp4 {
-                2f32.powi(30)
+                fp4_x_mult(fam)
             } else {
                 1.0
             };
@@ -451,7 +461,7 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
                 j.x.chunks_exact(k.max(1))
                     .zip(dst.chunks_exact_mut(k.max(1)))
             {
-                prepare::permute_row(format, lanes(family(j.w, isa)), src, out, mult);
+                prepare::permute_row(format, lanes(fam), src, out, mult);
             }
             offset += j.m * k;
             dst.as_ptr()

@@ -17,8 +17,10 @@ pub(crate) fn chunk(format: Format, lanes: usize) -> usize {
     }
 }
 
-/// Where element `e` of a chunk goes in the permuted chunk (`l` lanes).
-#[inline]
+/// Where element `e` of a chunk goes in the permuted chunk (`l` lanes): the layouts
+/// element by element, as the kernels' docs state them (what [`permute_row`] is tested
+/// against).
+#[cfg(test)]
 fn slot(format: Format, l: usize, e: usize) -> usize {
     match format {
         Format::F32 => e,
@@ -26,9 +28,26 @@ fn slot(format: Format, l: usize, e: usize) -> usize {
         Format::Bf16 => (e / (2 * l)) * 2 * l + (e % 2) * l + (e % (2 * l)) / 2,
         // vector q lane j is byte 4j + q
         Format::Fp8 => (e % 4) * l + e / 4,
-        // lane j of the vector at position p is element 8j + s, s = 2(p mod 4) + p / 4
-        // (the even elements' vectors first): a transpose, rows reordered
+        // AVX-512 (table lookups): per 32 elements, lane j of the even vector is element
+        // 2j, of the odd one 2j + 1
+        Format::Fp4 if l == 16 => (2 * (e / 32) + e % 2) * l + (e % 32) / 2,
+        // AVX2 (through E4M3): lane j of the vector at position p is element 8j + s,
+        // s = 2(p mod 4) + p / 4 (the even elements' vectors first): a transpose, rows
+        // reordered
         Format::Fp4 => (4 * (e % 2) + (e % 8) / 2) * l + e / 8,
+    }
+}
+
+/// How a format's lanes interleave, for vectors of `l` lanes: each block of `q · l` elements
+/// is an `[l][q]` matrix stored transposed, `[q][l]`, its rows in the order `pos` gives
+/// (`slot` per element, as a transpose the compiler can keep in registers).
+fn interleave(format: Format, l: usize) -> (usize, fn(usize) -> usize) {
+    match format {
+        Format::F32 => (1, |q| q),
+        Format::Bf16 => (2, |q| q),
+        Format::Fp8 => (4, |q| q),
+        Format::Fp4 if l == 16 => (2, |q| q),
+        Format::Fp4 => (8, |s| 4 * (s % 2) + s / 2),
     }
 }
 
@@ -38,12 +57,17 @@ pub(crate) fn permute_row(format: Format, lanes: usize, x: &[f32], out: &mut [f3
     debug_assert_eq!(x.len(), out.len());
     let c = chunk(format, lanes);
     let main = x.len() / c * c;
+    let (q, pos) = interleave(format, lanes);
+    let block = q * lanes;
     for (src, dst) in x[..main]
-        .chunks_exact(c)
-        .zip(out[..main].chunks_exact_mut(c))
+        .chunks_exact(block)
+        .zip(out[..main].chunks_exact_mut(block))
     {
-        for (e, &v) in src.iter().enumerate() {
-            dst[slot(format, lanes, e)] = v * mult;
+        for r in 0..q {
+            let d = &mut dst[pos(r) * lanes..(pos(r) + 1) * lanes];
+            for (j, o) in d.iter_mut().enumerate() {
+                *o = src[j * q + r] * mult;
+            }
         }
     }
     for (o, &v) in out[main..].iter_mut().zip(&x[main..]) {
@@ -66,6 +90,19 @@ mod tests {
                     assert!(s < c && !seen[s], "{f:?}/{lanes}: slot {s} twice");
                     seen[s] = true;
                 }
+            }
+        }
+        for lanes in [8, 16] {
+            for f in [Format::F32, Format::Bf16, Format::Fp8, Format::Fp4] {
+                let c = chunk(f, lanes);
+                let x: Vec<f32> = (0..3 * c + 5).map(|i| i as f32).collect();
+                let mut out = vec![0.0; x.len()];
+                permute_row(f, lanes, &x, &mut out, 1.0);
+                for (e, &v) in x[..3 * c].iter().enumerate() {
+                    let at = (e / c) * c + slot(f, lanes, e % c);
+                    assert_eq!(out[at], v, "{f:?}/{lanes}: element {e}");
+                }
+                assert_eq!(out[3 * c..], x[3 * c..], "{f:?}/{lanes}: the tail stays");
             }
         }
         let x: Vec<f32> = (0..35).map(|i| i as f32).collect();

@@ -21,12 +21,8 @@
 //! same order whatever `R` and `M` are, so a row's result never depends on the rest of the
 //! batch.
 
-use super::{Fp4Scales, Kernels, RowFormat};
+use super::{prefetch, Extra, Fp4Scales, Kernels, Prefetch, RowFormat};
 use std::arch::x86_64::*;
-
-/// Bytes ahead of the current load that each weight stream prefetches: the hardware
-/// prefetcher re-trains at every row start (rows are a few KB), software prefetch does not.
-const PREFETCH: usize = 4096;
 
 /// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
 /// with the decode's `2^-120` and the activations' `2^30` the product is the true one.
@@ -67,7 +63,13 @@ fn hsum(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn reduce<const R: usize, const M: usize>(acc: [[[__m256; 2]; M]; R]) -> [[f32; M]; R] {
-    acc.map(|row| row.map(|[a, b]| hsum(_mm256_add_ps(a, b))))
+    let mut out = [[0.0f32; M]; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (v, [a0, a1]) in o.iter_mut().zip(a) {
+            *v = hsum(_mm256_add_ps(*a0, *a1));
+        }
+    }
+    out
 }
 
 /// The four f32 vectors of a 32-byte FP8 E4M3 load (vector `q` lane `j` = byte `4j + q`),
@@ -102,7 +104,11 @@ fn e2m1_vectors(v: __m256i, sv: __m256) -> [__m256; 8] {
     ));
     // Byte 4j + q of the even codes is element 8j + 2q (of the odd ones 8j + 2q + 1);
     // scaling by a power of two is exact.
-    std::array::from_fn(|p| _mm256_mul_ps(if p < 4 { even[p] } else { odd[p - 4] }, sv))
+    let mut out = [_mm256_setzero_ps(); 8];
+    for (p, o) in out.iter_mut().enumerate() {
+        *o = _mm256_mul_ps(if p < 4 { even[p] } else { odd[p - 4] }, sv);
+    }
+    out
 }
 
 /// The group scales of chunk `c` of row `r` as one vector (lanes 0–3 the first 32
@@ -113,12 +119,11 @@ fn e2m1_vectors(v: __m256i, sv: __m256) -> [__m256; 8] {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m256 {
-    let (g0, g1) = ((64 * c) >> s.group_shift, (64 * c + 32) >> s.group_shift);
     // SAFETY: by the contract.
     let (lo, hi) = unsafe {
         (
-            FP4_SCALE[*s.rows[r].add(g0) as usize],
-            FP4_SCALE[*s.rows[r].add(g1) as usize],
+            FP4_SCALE[s.of(r, 64 * c) as usize],
+            FP4_SCALE[s.of(r, 64 * c + 32) as usize],
         )
     };
     _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1)
@@ -127,10 +132,11 @@ unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m256 {
 /// Every dot kernel's shape: `R` weight rows of `chunks` 32-element chunks (64 for FP4), `M`
 /// activation rows laid out for the format.
 macro_rules! dot_kernel {
-    ($name:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
         /// # Safety
         /// Each `w[r]` points at `chunks` whole chunks of its row, each `x[m]` at as many
         /// activations, and the extra arguments cover those rows.
+        #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn $name<const R: usize, const M: usize>(
             $w: [$ptr; R],
@@ -156,21 +162,53 @@ macro_rules! dot_kernel {
             }
             reduce(acc)
         }
+
+        /// [`Kernels`]' row loop over `$name`.
+        ///
+        /// # Safety
+        /// As [`Kernels::fp8_rows`].
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $rows<const M: usize>(
+            w: $ptr,
+            ldw: usize,
+            n: usize,
+            x: [*const f32; M],
+            chunks: usize,
+            e: &$extra,
+            (out, ldo): (*mut f32, usize),
+        ) {
+            let pairs = if M <= Avx2::PAIRS_UP_TO { n / 2 } else { 0 };
+            // SAFETY (both loops): rows below n lie in the matrix, their results in `out`.
+            for r in (0..pairs).map(|p| 2 * p) {
+                let v = unsafe {
+                    $name::<2, M>([w.add(r * ldw), w.add((r + 1) * ldw)], x, chunks, &e.at_row(r))
+                };
+                for (t, row) in v.iter().enumerate() {
+                    unsafe { out.add((r + t) * ldo).cast::<[f32; M]>().write_unaligned(*row) };
+                }
+            }
+            for r in 2 * pairs..n {
+                let v = unsafe { $name::<1, M>([w.add(r * ldw)], x, chunks, &e.at_row(r)) };
+                unsafe { out.add(r * ldo).cast::<[f32; M]>().write_unaligned(v[0]) };
+            }
+        }
     };
 }
 
-dot_kernel!(fp8_dots, *const u8, (), 32, |w, r, c, _e| {
-    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
+dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 32, |w, r, c, _e| {
+    if c % 2 == 0 {
+        prefetch(w[r].wrapping_add(32 * c), 64);
+    }
     e4m3_vectors(_mm256_loadu_si256(w[r].add(32 * c).cast()))
 });
 
-dot_kernel!(bf16_dots, *const u16, (), 32, |w, r, c, _e| {
-    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 2).cast(), _MM_HINT_T0);
+dot_kernel!(bf16_dots, bf16_rows, *const u16, (), 32, |w, r, c, _e| {
+    prefetch(w[r].wrapping_add(32 * c), 64);
     bf16_vectors(w[r].add(32 * c))
 });
 
-dot_kernel!(f32_dots, *const f32, (), 32, |w, r, c, _e| {
-    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH / 4).cast(), _MM_HINT_T0);
+dot_kernel!(f32_dots, f32_rows, *const f32, (), 32, |w, r, c, _e| {
+    prefetch(w[r].wrapping_add(32 * c), 128);
     let p = w[r].add(32 * c);
     [
         _mm256_loadu_ps(p),
@@ -180,13 +218,22 @@ dot_kernel!(f32_dots, *const f32, (), 32, |w, r, c, _e| {
     ]
 });
 
-dot_kernel!(fp4_dots, *const u8, Fp4Scales, 64, |w, r, c, e| {
-    _mm_prefetch(w[r].wrapping_add(32 * c + PREFETCH).cast(), _MM_HINT_T0);
-    e2m1_vectors(
-        _mm256_loadu_si256(w[r].add(32 * c).cast()),
-        scale_vector(e, r, c),
-    )
-});
+dot_kernel!(
+    fp4_dots,
+    fp4_rows,
+    *const u8,
+    Fp4Scales,
+    64,
+    |w, r, c, e| {
+        if c % 2 == 0 {
+            prefetch(w[r].wrapping_add(32 * c), 64);
+        }
+        e2m1_vectors(
+            _mm256_loadu_si256(w[r].add(32 * c).cast()),
+            scale_vector(e, r, c),
+        )
+    }
+);
 
 /// The four f32 vectors of 32 BF16 values: per 16, the even elements then the odd ones.
 ///
@@ -275,9 +322,13 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
     xt: *const f32,
     kc: usize,
     out: *mut f32,
+    next: Prefetch,
 ) {
     let mut acc = [[_mm256_setzero_ps(); V]; NW];
     for kk in 0..kc {
+        if kk % 8 == 0 {
+            next.step(kk / 8, kc.div_ceil(8));
+        }
         // SAFETY (every block): in bounds by the contract.
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm256_loadu_ps(xt.add((kk * V + v) * 8)) });
@@ -299,6 +350,8 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
 pub(crate) struct Avx2;
 
 impl Kernels for Avx2 {
+    const ISA: crate::cpu::Isa = crate::cpu::Isa::Avx2;
+    const PAIRS_UP_TO: usize = 2;
     const LANES: usize = 8;
     const M_DECODED: usize = 3;
     const GEMM_NW: [usize; 2] = [12, 6];
@@ -311,55 +364,36 @@ impl Kernels for Avx2 {
         xw: usize,
         kc: usize,
         out: *mut f32,
+        next: Prefetch,
     ) {
         // SAFETY: as above.
         unsafe {
             if xw == 8 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out),
-                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out),
-                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out),
-                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out),
-                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out),
-                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out),
-                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out),
-                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out),
-                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out),
-                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out),
-                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out),
-                    _ => gemm_micro::<12, 1>(w, ldw, xt, kc, out),
+                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out, next),
+                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out, next),
+                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out, next),
+                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out, next),
+                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out, next),
+                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out, next),
+                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out, next),
+                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out, next),
+                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out, next),
+                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out, next),
+                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out, next),
+                    _ => gemm_micro::<12, 1>(w, ldw, xt, kc, out, next),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out),
-                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out),
-                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out),
-                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out),
-                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out),
-                    _ => gemm_micro::<6, 2>(w, ldw, xt, kc, out),
+                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out, next),
+                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out, next),
+                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out, next),
+                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out, next),
+                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out, next),
+                    _ => gemm_micro::<6, 2>(w, ldw, xt, kc, out, next),
                 }
             }
         }
-    }
-
-    unsafe fn fp8<const R: usize, const M: usize>(
-        w: [*const u8; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: the trait's contract is the kernel's.
-        unsafe { fp8_dots(w, x, chunks, e) }
-    }
-
-    unsafe fn bf16<const R: usize, const M: usize>(
-        w: [*const u16; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: as above.
-        unsafe { bf16_dots(w, x, chunks, e) }
     }
 
     unsafe fn f32<const R: usize, const M: usize>(
@@ -372,14 +406,56 @@ impl Kernels for Avx2 {
         unsafe { f32_dots(w, x, chunks, e) }
     }
 
-    unsafe fn fp4<const R: usize, const M: usize>(
-        w: [*const u8; R],
+    unsafe fn fp8_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: the trait's contract is the loop's.
+        unsafe { fp8_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn bf16_rows<const M: usize>(
+        w: *const u16,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as above.
+        unsafe { bf16_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn f32_rows<const M: usize>(
+        w: *const f32,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as above.
+        unsafe { f32_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn fp4_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
         x: [*const f32; M],
         chunks: usize,
         e: &Fp4Scales,
-    ) -> [[f32; M]; R] {
+        out: (*mut f32, usize),
+    ) {
         // SAFETY: as above.
-        unsafe { fp4_dots(w, x, chunks, e) }
+        unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
     }
 
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {

@@ -1,37 +1,28 @@
-//! The AVX-512 inner loops (sixteen f32 lanes, AVX-512 F + BW): the same decodes and the
-//! same accumulation order as [`super::avx2`], on registers twice as wide. Where the cores
-//! execute 512-bit operations whole (Zen 5, Intel server parts) this halves the decode cost
-//! per weight, which is what bounds FP8 and FP4 decode. See `avx2.rs` for how each format is
-//! decoded; only the lane count differs here.
+//! The AVX-512 inner loops (sixteen f32 lanes, AVX-512 F + BW): the FP8 and BF16 decodes
+//! and the accumulation order of [`super::avx2`], on registers twice as wide (see `avx2.rs`
+//! for how those formats are decoded). FP4 is decoded differently: sixteen lanes hold a
+//! whole table of the E2M1 values, so each nibble is looked up (`vpermps`) in the values
+//! times its group's scale, about half the work of going through E4M3 (FP4 decode is what
+//! bounds its products on Zen 4, whose cores run 512-bit operations as two halves).
 
-use super::{Fp4Scales, Kernels, RowFormat};
+use super::{prefetch, Extra, Fp4Scales, Kernels, Prefetch, RowFormat};
 use std::arch::x86_64::*;
 
-/// Bytes ahead of the current load that each weight stream prefetches.
-const PREFETCH: usize = 4096;
-
-/// `2^90 · 2^(b-127)` for every E8M0 byte in the fast range (see `avx2.rs`).
+/// `2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up).
 static FP4_SCALE: [f32; 256] = {
     let mut t = [0.0f32; 256];
     let mut b = 32;
     while b <= 158 {
-        t[b] = f32::from_bits(((b + 90) as u32) << 23);
+        t[b] = f32::from_bits((b as u32) << 23);
         b += 1;
     }
     t
 };
 
-/// E4M3 codes of the sixteen E2M1 values, once per 128-bit lane.
-const E2M1_AS_E4M3: [u8; 64] = {
-    const MAG: [u8; 8] = [0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C];
-    let mut t = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        t[i] = MAG[i % 8] | if i % 16 >= 8 { 0x80 } else { 0 };
-        i += 1;
-    }
-    t
-};
+/// The sixteen E2M1 values, indexed by their code: a `vpermps` table.
+const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
 
 const E4M3_FIELDS: i32 = 0x87F0_0000u32 as i32;
 
@@ -50,42 +41,33 @@ fn e4m3_vectors(v: __m512i) -> [__m512; 4] {
     ]
 }
 
-/// The eight f32 vectors of a 64-byte FP4 load (128 codes), position `p` lane `j` holding
-/// element `8j + 2(p mod 4) + p / 4`, each times its group's scale.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn e2m1_vectors(v: __m512i, sv: __m512) -> [__m512; 8] {
-    // SAFETY: the table is 64 bytes.
-    let lut = unsafe { _mm512_loadu_si512(E2M1_AS_E4M3.as_ptr().cast()) };
-    let nibble = _mm512_set1_epi8(0x0F);
-    let even = e4m3_vectors(_mm512_shuffle_epi8(lut, _mm512_and_si512(v, nibble)));
-    let odd = e4m3_vectors(_mm512_shuffle_epi8(
-        lut,
-        _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble),
-    ));
-    std::array::from_fn(|p| _mm512_mul_ps(if p < 4 { even[p] } else { odd[p - 4] }, sv))
-}
-
-/// The group scales of chunk `c` (128 elements) of row `r`: lanes `4t..4t+4` hold the scale
-/// of elements `32t..32t+32`.
+/// The eight f32 vectors of chunk `c` (64 bytes, 128 codes) of row `r`, each times its
+/// group's scale: per 32 elements (16 bytes, one group or part of one), the even elements
+/// (low nibbles) then the odd ones.
+///
+/// Each 16 bytes are widened to one 32-bit lane a byte and looked up in the sixteen E2M1
+/// values times the group's scale (`vpermps` reads the low four bits of each lane, so the
+/// high nibble needs only a shift): about half the operations of decoding through E4M3 as
+/// the AVX2 kernels do, and the scaled values are exact (a power of two times an E2M1 value,
+/// normal for every scale of the fast range).
 ///
 /// # Safety
-/// Chunk `c`'s groups lie inside row `r`'s scales.
+/// Chunk `c` lies inside row `r`, whose scales `s` covers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m512 {
-    let g = |t: usize| (128 * c + 32 * t) >> s.group_shift;
-    // SAFETY: by the contract.
-    let v = unsafe {
-        _mm_setr_ps(
-            FP4_SCALE[*s.rows[r].add(g(0)) as usize],
-            FP4_SCALE[*s.rows[r].add(g(1)) as usize],
-            FP4_SCALE[*s.rows[r].add(g(2)) as usize],
-            FP4_SCALE[*s.rows[r].add(g(3)) as usize],
-        )
-    };
-    let idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
+unsafe fn e2m1_vectors(w: *const u8, s: &Fp4Scales, r: usize, c: usize) -> [__m512; 8] {
+    // SAFETY: the table holds sixteen floats.
+    let values = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
+    let mut out = [_mm512_setzero_ps(); 8];
+    for t in 0..4 {
+        // SAFETY (both): by the contract.
+        let b = unsafe { s.of(r, 128 * c + 32 * t) };
+        let codes = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(w.add(64 * c + 16 * t).cast()) });
+        let table = _mm512_mul_ps(values, _mm512_set1_ps(FP4_SCALE[b as usize]));
+        out[2 * t] = _mm512_permutexvar_ps(codes, table);
+        out[2 * t + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+    }
+    out
 }
 
 /// The four f32 vectors of 64 BF16 values: per 32, the even elements then the odd ones.
@@ -111,12 +93,13 @@ unsafe fn bf16_vectors(p: *const u16) -> [__m512; 4] {
     ]
 }
 
-/// See `avx2.rs`: one dot kernel's shape, `$elems` elements a chunk.
+/// See `avx2.rs`: one dot kernel's shape, `$elems` elements a chunk, and its row loop.
 macro_rules! dot_kernel {
-    ($name:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
         /// # Safety
         /// Each `w[r]` points at `chunks` whole chunks of its row, each `x[m]` at as many
         /// activations, and the extra arguments cover those rows.
+        #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
         unsafe fn $name<const R: usize, const M: usize>(
             $w: [$ptr; R],
@@ -138,26 +121,59 @@ macro_rules! dot_kernel {
                     }
                 }
             }
-            acc.map(|row| row.map(|[a, b]| _mm512_reduce_add_ps(_mm512_add_ps(a, b))))
+            let mut out = [[0.0f32; M]; R];
+            for (o, a) in out.iter_mut().zip(&acc) {
+                for (v, [a0, a1]) in o.iter_mut().zip(a) {
+                    *v = _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1));
+                }
+            }
+            out
+        }
+
+        /// [`Kernels`]' row loop over `$name`.
+        ///
+        /// # Safety
+        /// As [`Kernels::fp8_rows`].
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn $rows<const M: usize>(
+            w: $ptr,
+            ldw: usize,
+            n: usize,
+            x: [*const f32; M],
+            chunks: usize,
+            e: &$extra,
+            (out, ldo): (*mut f32, usize),
+        ) {
+            let pairs = if M <= Avx512::PAIRS_UP_TO { n / 2 } else { 0 };
+            // SAFETY (both loops): rows below n lie in the matrix, their results in `out`.
+            for r in (0..pairs).map(|p| 2 * p) {
+                let v = unsafe {
+                    $name::<2, M>([w.add(r * ldw), w.add((r + 1) * ldw)], x, chunks, &e.at_row(r))
+                };
+                for (t, row) in v.iter().enumerate() {
+                    unsafe { out.add((r + t) * ldo).cast::<[f32; M]>().write_unaligned(*row) };
+                }
+            }
+            for r in 2 * pairs..n {
+                let v = unsafe { $name::<1, M>([w.add(r * ldw)], x, chunks, &e.at_row(r)) };
+                unsafe { out.add(r * ldo).cast::<[f32; M]>().write_unaligned(v[0]) };
+            }
         }
     };
 }
 
-dot_kernel!(fp8_dots, *const u8, (), 64, |w, r, c, _e| {
-    _mm_prefetch(w[r].wrapping_add(64 * c + PREFETCH).cast(), _MM_HINT_T0);
+dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 64, |w, r, c, _e| {
+    prefetch(w[r].wrapping_add(64 * c), 64);
     e4m3_vectors(_mm512_loadu_si512(w[r].add(64 * c).cast()))
 });
 
-dot_kernel!(bf16_dots, *const u16, (), 64, |w, r, c, _e| {
-    _mm_prefetch(w[r].wrapping_add(64 * c + PREFETCH / 2).cast(), _MM_HINT_T0);
-    _mm_prefetch(
-        w[r].wrapping_add(64 * c + 32 + PREFETCH / 2).cast(),
-        _MM_HINT_T0,
-    );
+dot_kernel!(bf16_dots, bf16_rows, *const u16, (), 64, |w, r, c, _e| {
+    prefetch(w[r].wrapping_add(64 * c), 128);
     bf16_vectors(w[r].add(64 * c))
 });
 
-dot_kernel!(f32_dots, *const f32, (), 64, |w, r, c, _e| {
+dot_kernel!(f32_dots, f32_rows, *const f32, (), 64, |w, r, c, _e| {
+    prefetch(w[r].wrapping_add(64 * c), 256);
     let p = w[r].add(64 * c);
     [
         _mm512_loadu_ps(p),
@@ -167,13 +183,17 @@ dot_kernel!(f32_dots, *const f32, (), 64, |w, r, c, _e| {
     ]
 });
 
-dot_kernel!(fp4_dots, *const u8, Fp4Scales, 128, |w, r, c, e| {
-    _mm_prefetch(w[r].wrapping_add(64 * c + PREFETCH).cast(), _MM_HINT_T0);
-    e2m1_vectors(
-        _mm512_loadu_si512(w[r].add(64 * c).cast()),
-        scale_vector(e, r, c),
-    )
-});
+dot_kernel!(
+    fp4_dots,
+    fp4_rows,
+    *const u8,
+    Fp4Scales,
+    128,
+    |w, r, c, e| {
+        prefetch(w[r].wrapping_add(64 * c), 64);
+        e2m1_vectors(w[r], e, r, c)
+    }
+);
 
 /// # Safety
 /// `out` has room for `16 · N` floats.
@@ -213,8 +233,7 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
             }
             RowFormat::Fp4(w, s) => {
                 for c in 0..chunks {
-                    let v = _mm512_loadu_si512(w.add(64 * c).cast());
-                    store(out.add(128 * c), &e2m1_vectors(v, scale_vector(&s, 0, c)));
+                    store(out.add(128 * c), &e2m1_vectors(w, &s, 0, c));
                 }
             }
         }
@@ -235,9 +254,13 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
     xt: *const f32,
     kc: usize,
     out: *mut f32,
+    next: Prefetch,
 ) {
     let mut acc = [[_mm512_setzero_ps(); V]; NW];
     for kk in 0..kc {
+        if kk % 8 == 0 {
+            next.step(kk / 8, kc.div_ceil(8));
+        }
         // SAFETY (every block): in bounds by the contract.
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm512_loadu_ps(xt.add((kk * V + v) * 16)) });
@@ -259,6 +282,8 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
 pub(crate) struct Avx512;
 
 impl Kernels for Avx512 {
+    const ISA: crate::cpu::Isa = crate::cpu::Isa::Avx512;
+    const PAIRS_UP_TO: usize = 4;
     const LANES: usize = 16;
     const M_DECODED: usize = 6;
     const GEMM_NW: [usize; 2] = [24, 12];
@@ -271,73 +296,54 @@ impl Kernels for Avx512 {
         xw: usize,
         kc: usize,
         out: *mut f32,
+        next: Prefetch,
     ) {
         // SAFETY: as above.
         unsafe {
             if xw == 16 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out),
-                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out),
-                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out),
-                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out),
-                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out),
-                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out),
-                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out),
-                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out),
-                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out),
-                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out),
-                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out),
-                    12 => gemm_micro::<12, 1>(w, ldw, xt, kc, out),
-                    13 => gemm_micro::<13, 1>(w, ldw, xt, kc, out),
-                    14 => gemm_micro::<14, 1>(w, ldw, xt, kc, out),
-                    15 => gemm_micro::<15, 1>(w, ldw, xt, kc, out),
-                    16 => gemm_micro::<16, 1>(w, ldw, xt, kc, out),
-                    17 => gemm_micro::<17, 1>(w, ldw, xt, kc, out),
-                    18 => gemm_micro::<18, 1>(w, ldw, xt, kc, out),
-                    19 => gemm_micro::<19, 1>(w, ldw, xt, kc, out),
-                    20 => gemm_micro::<20, 1>(w, ldw, xt, kc, out),
-                    21 => gemm_micro::<21, 1>(w, ldw, xt, kc, out),
-                    22 => gemm_micro::<22, 1>(w, ldw, xt, kc, out),
-                    23 => gemm_micro::<23, 1>(w, ldw, xt, kc, out),
-                    _ => gemm_micro::<24, 1>(w, ldw, xt, kc, out),
+                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out, next),
+                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out, next),
+                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out, next),
+                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out, next),
+                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out, next),
+                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out, next),
+                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out, next),
+                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out, next),
+                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out, next),
+                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out, next),
+                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out, next),
+                    12 => gemm_micro::<12, 1>(w, ldw, xt, kc, out, next),
+                    13 => gemm_micro::<13, 1>(w, ldw, xt, kc, out, next),
+                    14 => gemm_micro::<14, 1>(w, ldw, xt, kc, out, next),
+                    15 => gemm_micro::<15, 1>(w, ldw, xt, kc, out, next),
+                    16 => gemm_micro::<16, 1>(w, ldw, xt, kc, out, next),
+                    17 => gemm_micro::<17, 1>(w, ldw, xt, kc, out, next),
+                    18 => gemm_micro::<18, 1>(w, ldw, xt, kc, out, next),
+                    19 => gemm_micro::<19, 1>(w, ldw, xt, kc, out, next),
+                    20 => gemm_micro::<20, 1>(w, ldw, xt, kc, out, next),
+                    21 => gemm_micro::<21, 1>(w, ldw, xt, kc, out, next),
+                    22 => gemm_micro::<22, 1>(w, ldw, xt, kc, out, next),
+                    23 => gemm_micro::<23, 1>(w, ldw, xt, kc, out, next),
+                    _ => gemm_micro::<24, 1>(w, ldw, xt, kc, out, next),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out),
-                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out),
-                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out),
-                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out),
-                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out),
-                    6 => gemm_micro::<6, 2>(w, ldw, xt, kc, out),
-                    7 => gemm_micro::<7, 2>(w, ldw, xt, kc, out),
-                    8 => gemm_micro::<8, 2>(w, ldw, xt, kc, out),
-                    9 => gemm_micro::<9, 2>(w, ldw, xt, kc, out),
-                    10 => gemm_micro::<10, 2>(w, ldw, xt, kc, out),
-                    11 => gemm_micro::<11, 2>(w, ldw, xt, kc, out),
-                    _ => gemm_micro::<12, 2>(w, ldw, xt, kc, out),
+                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out, next),
+                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out, next),
+                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out, next),
+                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out, next),
+                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out, next),
+                    6 => gemm_micro::<6, 2>(w, ldw, xt, kc, out, next),
+                    7 => gemm_micro::<7, 2>(w, ldw, xt, kc, out, next),
+                    8 => gemm_micro::<8, 2>(w, ldw, xt, kc, out, next),
+                    9 => gemm_micro::<9, 2>(w, ldw, xt, kc, out, next),
+                    10 => gemm_micro::<10, 2>(w, ldw, xt, kc, out, next),
+                    11 => gemm_micro::<11, 2>(w, ldw, xt, kc, out, next),
+                    _ => gemm_micro::<12, 2>(w, ldw, xt, kc, out, next),
                 }
             }
         }
-    }
-
-    unsafe fn fp8<const R: usize, const M: usize>(
-        w: [*const u8; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: the trait's contract is the kernel's.
-        unsafe { fp8_dots(w, x, chunks, e) }
-    }
-
-    unsafe fn bf16<const R: usize, const M: usize>(
-        w: [*const u16; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: as above.
-        unsafe { bf16_dots(w, x, chunks, e) }
     }
 
     unsafe fn f32<const R: usize, const M: usize>(
@@ -350,14 +356,56 @@ impl Kernels for Avx512 {
         unsafe { f32_dots(w, x, chunks, e) }
     }
 
-    unsafe fn fp4<const R: usize, const M: usize>(
-        w: [*const u8; R],
+    unsafe fn fp8_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: the trait's contract is the loop's.
+        unsafe { fp8_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn bf16_rows<const M: usize>(
+        w: *const u16,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as above.
+        unsafe { bf16_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn f32_rows<const M: usize>(
+        w: *const f32,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as above.
+        unsafe { f32_rows(w, ldw, n, x, chunks, e, out) }
+    }
+
+    unsafe fn fp4_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
         x: [*const f32; M],
         chunks: usize,
         e: &Fp4Scales,
-    ) -> [[f32; M]; R] {
+        out: (*mut f32, usize),
+    ) {
         // SAFETY: as above.
-        unsafe { fp4_dots(w, x, chunks, e) }
+        unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
     }
 
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {

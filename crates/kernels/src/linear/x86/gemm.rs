@@ -9,7 +9,7 @@
 //! differs from the small-batch path in the last bits; batches this large are prefills (or
 //! their experts), not the decode steps whose rows must not depend on their neighbours.
 
-use super::{tails, Kernels, Out, Rows, M_MAX};
+use super::{tails, Kernels, Out, Prefetch, Rows, M_MAX};
 use crate::linear::Plan;
 use std::ops::Range;
 
@@ -56,7 +56,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
         let mut out = [0.0f32; TILE_MAX];
         let n_rows = rows.len();
         let (exact, mult) = how.exact.unwrap_or((how.weight, how.tail_mult));
-        let mut tile = |wrows: &[f32], m0: usize, n0: usize, nr: usize| {
+        let mut tile = |wrows: &[f32], m0: usize, n0: usize, nr: usize, next: Prefetch| {
             let cols = xw.min(m - m0);
             if main > 0 {
                 // SAFETY: decoded rows hold `main` floats, the strip of `xt` holds `k` rows
@@ -70,41 +70,61 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
                         xw,
                         main,
                         out.as_mut_ptr(),
+                        next,
                     )
                 };
             } else {
                 out[..nr * xw].fill(0.0);
             }
-            for t in 0..nr {
-                let row = rows.start + n0 + t;
-                // SAFETY: (m0 + c, row) for c < cols belongs to this tile.
-                let y = unsafe { plan.y.add(m0 * plan.n + row - plan.row0) };
-                for (c, &v) in out[t * xw..t * xw + cols].iter().enumerate() {
-                    let mut r = v * how.post;
+            // Column by column: a column's rows are contiguous in `y` (`[m][n]`), so the
+            // stores stream instead of striding `n` floats (often a multiple of 4 KiB, which
+            // lands every store of a row in the same L1 set).
+            let row0 = rows.start + n0;
+            for c in 0..cols {
+                // SAFETY: (m0 + c, row0 + t) for t < nr belongs to this tile.
+                let y = unsafe { plan.y.add((m0 + c) * plan.n + row0 - plan.row0) };
+                for t in 0..nr {
+                    let mut r = out[t * xw + c] * how.post;
                     if main < k {
                         let mut o: Out = [[0.0; M_MAX]; 2];
                         let mut xs = [std::ptr::null(); M_MAX];
                         xs[0] = plan.x_row(m0 + c).as_ptr();
-                        tails(&mut o, row..row + 1, 1, xs, main, k, mult, exact);
+                        tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main, k, mult, exact);
                         r += o[0][0];
                     }
                     // SAFETY: as above.
-                    unsafe { *y.add(c * plan.n) = r };
+                    unsafe { *y.add(t) = r };
                 }
             }
         };
         if per_group {
+            // The rows decoded next (past the tile: the matrix's next rows) are fetched from
+            // memory while this group computes.
+            let (stored, row_bytes) = how.stored;
+            let w_rows = plan.w().rows;
             for n0 in (0..n_rows).step_by(nw) {
                 let nr = nw.min(n_rows - n0);
                 decode(wbuf, rows.start + n0, nr);
+                let first = rows.start + n0 + nr;
+                let next = Prefetch {
+                    at: stored.wrapping_add(first * row_bytes),
+                    bytes: nw.min(w_rows.saturating_sub(first)) * row_bytes,
+                };
                 for m0 in (0..m).step_by(xw) {
-                    tile(&wbuf[..], m0, n0, nr);
+                    let next = if m0 == 0 { next } else { Prefetch::NONE };
+                    tile(&wbuf[..], m0, n0, nr, next);
                 }
             }
         } else {
             for m0 in (0..m).step_by(xw) {
                 for n0 in (0..n_rows).step_by(nw) {
-                    tile(&wbuf[n0 * ldw..], m0, n0, nw.min(n_rows - n0));
+                    tile(
+                        &wbuf[n0 * ldw..],
+                        m0,
+                        n0,
+                        nw.min(n_rows - n0),
+                        Prefetch::NONE,
+                    );
                 }
             }
         }

@@ -2,11 +2,14 @@
 //! the FP8 per-block activation scaling, the scalar tails — written once over a kernel
 //! family ([`Kernels`]: [`avx2::Avx2`], [`avx512::Avx512`]) that differ only in width.
 //!
-//! Small batches (up to [`M_FUSED`] activation rows) run the fused kernels, which decode
-//! every weight chunk in registers for each group of activation rows. Larger ones (prefill,
-//! batched decode) decode a pair of weight rows once into an f32 buffer and multiply it by
-//! groups of three activation rows, twelve accumulators in flight. Both accumulate every
-//! product in the same order, so which one runs never changes a result.
+//! Three paths by batch size:
+//! * up to [`M_FUSED`] activation rows, the fused kernels decode every weight chunk in
+//!   registers for each group of activation rows;
+//! * up to [`gemm::M_GEMM`], a pair of weight rows is decoded once into an f32 buffer and
+//!   multiplied by groups of `M_DECODED` activation rows — both of these accumulate every
+//!   product in the same order, so which one runs never changes a decode step's result;
+//! * from there on, the GEMM of [`gemm`] (prefill, and the dense products of a batched
+//!   decode step).
 
 mod avx2;
 mod avx512;
@@ -27,34 +30,60 @@ use std::ops::Range;
 /// The CPU supports the family; each `w[r]` points at `chunks` whole chunks of its row,
 /// each `x[m]` at as many activations in the family's layout, `e` covers the rows.
 pub(super) trait Kernels {
+    const ISA: crate::cpu::Isa;
     const LANES: usize;
+    /// Activation rows up to which the fused kernels take two weight rows at once (each
+    /// activation load then feeds two FMAs): as many as the registers hold both rows'
+    /// accumulators for.
+    const PAIRS_UP_TO: usize;
     /// Activation rows per call on the decode-once path: as many as the register file
     /// holds two accumulators each for, with two weight rows.
     const M_DECODED: usize;
-    unsafe fn fp8<const R: usize, const M: usize>(
-        w: [*const u8; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R];
-    unsafe fn bf16<const R: usize, const M: usize>(
-        w: [*const u16; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R];
     unsafe fn f32<const R: usize, const M: usize>(
         w: [*const f32; R],
         x: [*const f32; M],
         chunks: usize,
         e: &(),
     ) -> [[f32; M]; R];
-    unsafe fn fp4<const R: usize, const M: usize>(
-        w: [*const u8; R],
+    /// The dots of `n` consecutive weight rows (`ldw` elements apart, from `w`) with `M`
+    /// activation rows, into `out[r · ldo + m]`: the fused kernels' row loop, two rows a call
+    /// while the registers allow ([`Self::PAIRS_UP_TO`]).
+    unsafe fn fp8_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    );
+    unsafe fn bf16_rows<const M: usize>(
+        w: *const u16,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    );
+    unsafe fn f32_rows<const M: usize>(
+        w: *const f32,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    );
+    unsafe fn fp4_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
         x: [*const f32; M],
         chunks: usize,
         e: &Fp4Scales,
-    ) -> [[f32; M]; R];
+        out: (*mut f32, usize),
+    );
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
@@ -63,7 +92,9 @@ pub(super) trait Kernels {
     /// hold accumulators for).
     const GEMM_NW: [usize; 2];
     /// `out[n][0..xw] = Σ_k w[n][k] · xt[k][0..xw]` for `nw` weight rows `ldw` apart and one
-    /// strip of the transposed activations (`xw` columns a row).
+    /// strip of the transposed activations (`xw` columns a row), prefetching the `pf`
+    /// bytes at `next` into L2 along the way (the stored weights decoded next).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         w: *const f32,
         ldw: usize,
@@ -72,20 +103,35 @@ pub(super) trait Kernels {
         xw: usize,
         kc: usize,
         out: *mut f32,
+        next: Prefetch,
     );
 }
 
-/// The scale rows of the (up to two) weight rows an FP4 call reads.
+/// The scales of the weight rows an FP4 call reads: row `r`'s at `base + r · stride`.
 #[derive(Clone, Copy)]
 pub(super) struct Fp4Scales {
-    pub rows: [*const u8; 2],
+    pub base: *const u8,
+    /// Scale bytes per row.
+    pub stride: usize,
     /// `log2(group)`; groups are powers of two of at least 32.
     pub group_shift: u32,
 }
 
-/// Per-row arguments beside the weight pointers, re-based when a call takes a subset of
-/// the rows.
+impl Fp4Scales {
+    /// The scale of element `j` of row `r`.
+    ///
+    /// # Safety
+    /// Row `r` and its element `j` lie inside the matrix the scales belong to.
+    #[inline(always)]
+    pub unsafe fn of(&self, r: usize, j: usize) -> u8 {
+        // SAFETY: by the contract.
+        unsafe { *self.base.add(r * self.stride + (j >> self.group_shift)) }
+    }
+}
+
+/// Per-row arguments beside the weight pointers, re-based when a call starts further down.
 pub(super) trait Extra: Copy {
+    /// The same arguments for the rows from `r0` on.
     fn at_row(&self, r0: usize) -> Self;
 }
 
@@ -96,8 +142,8 @@ impl Extra for () {
 impl Extra for Fp4Scales {
     fn at_row(&self, r0: usize) -> Self {
         Fp4Scales {
-            rows: std::array::from_fn(|i| self.rows[(r0 + i).min(1)]),
-            group_shift: self.group_shift,
+            base: self.base.wrapping_add(r0 * self.stride),
+            ..*self
         }
     }
 }
@@ -111,6 +157,51 @@ pub(super) enum RowFormat {
     Fp8Scaled(*const u8, *const f32, usize),
     Bf16(*const u16),
     Fp4(*const u8, Fp4Scales),
+}
+
+/// Bytes ahead of the current load that each weight stream prefetches. The hardware
+/// prefetcher re-trains at every row start (rows are a few KB); software prefetch does not.
+/// Into L2, not L1: on Zen 4 the L1's few miss buffers held a prefetching stream back (an
+/// FP8 matrix-vector product went from 19 to 34 GB/s with `T2` instead of `T0`), and the
+/// L1's own prefetcher takes the lines from L2.
+const PREFETCH: usize = 8192;
+
+/// Stored weight bytes a GEMM micro-kernel prefetches into L2 while it computes, spread
+/// over its inner loop: the rows decoded after it, so their DRAM reads overlap the FMAs.
+#[derive(Clone, Copy)]
+pub(super) struct Prefetch {
+    pub at: *const u8,
+    pub bytes: usize,
+}
+
+impl Prefetch {
+    pub const NONE: Prefetch = Prefetch {
+        at: std::ptr::null(),
+        bytes: 0,
+    };
+
+    /// Issues the prefetches of step `i` of `steps` (each step a share of the lines).
+    #[inline(always)]
+    pub fn step(&self, i: usize, steps: usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
+        let lines = self.bytes.div_ceil(64);
+        let (l0, l1) = (i * lines / steps, (i + 1) * lines / steps);
+        for l in l0..l1 {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch(self.at.wrapping_add(64 * l).cast::<i8>(), _MM_HINT_T2) };
+        }
+    }
+}
+
+/// Prefetches into L2 the cache lines `PREFETCH` bytes past the `bytes` bytes at `p`.
+#[inline(always)]
+fn prefetch<T>(p: *const T, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
+    let p = p.cast::<i8>();
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch(p.wrapping_add(PREFETCH + line), _MM_HINT_T2) };
+    }
 }
 
 /// Activation rows the fused kernels take at once (and the most for which they are used).
@@ -137,39 +228,37 @@ fn put<const R: usize, const M: usize>(out: &mut Out, r0: usize, v: [[f32; M]; R
     }
 }
 
-/// Runs `$kernel` over `$n` (1 or 2) weight rows and `$mg` (≤ 4) activation rows: both rows
-/// at once for one or two activation rows, a row at a time (to stay in registers) beyond.
+/// Runs the row loop `$K::$rows` over the `n` weight rows from `w` (`ldw` elements apart)
+/// and `mg` (≤ [`M_FUSED`]) activation rows, into `out` (`[n][M_FUSED]`).
 macro_rules! fused {
-    ($K:ident :: $kernel:ident, $n:expr, $mg:expr, $w:expr, $x:expr, $chunks:expr, $extra:expr) => {{
-        let (n, mg, w, x, chunks, extra) = ($n, $mg, $w, $x, $chunks, $extra);
-        let mut out: Out = [[0.0; M_MAX]; ROWS];
-        macro_rules! sub {
-            ($r0:expr, $R:literal, $M:literal) => {{
-                let r0 = $r0;
-                put(
-                    &mut out,
-                    r0,
-                    $K::$kernel::<$R, $M>(take(&w[r0..]), take(&x), chunks, &extra.at_row(r0)),
-                )
-            }};
+    ($K:ident :: $rows:ident, $w:expr, $ldw:expr, $n:expr, $mg:expr, $x:expr, $chunks:expr, $extra:expr, $out:expr) => {{
+        let (w, ldw, n, mg, x, chunks, extra): (
+            _,
+            usize,
+            usize,
+            usize,
+            [*const f32; M_MAX],
+            usize,
+            _,
+        ) = ($w, $ldw, $n, $mg, $x, $chunks, $extra);
+        let out = ($out, M_FUSED);
+        match mg {
+            1 => $K::$rows::<1>(w, ldw, n, take(&x), chunks, extra, out),
+            2 => $K::$rows::<2>(w, ldw, n, take(&x), chunks, extra, out),
+            3 => $K::$rows::<3>(w, ldw, n, take(&x), chunks, extra, out),
+            _ => $K::$rows::<4>(w, ldw, n, take(&x), chunks, extra, out),
         }
-        match (n, mg) {
-            (2, 1) => sub!(0, 2, 1),
-            (2, 2) => sub!(0, 2, 2),
-            (_, 1) => sub!(0, 1, 1),
-            (_, 2) => sub!(0, 1, 2),
-            (_, 3) => (0..n).for_each(|r| sub!(r, 1, 3)),
-            _ => (0..n).for_each(|r| sub!(r, 1, 4)),
-        }
-        out
     }};
 }
 
-/// The start of each of rows `r` (one or two; a single row fills both slots).
-#[inline(always)]
-fn rows_of<T>(row: &impl Fn(usize) -> *const T, r: &Range<usize>) -> [*const T; ROWS] {
-    std::array::from_fn(|t| row(r.start + t.min(r.len() - 1)))
-}
+/// Weight rows per call of a fused row loop (a stack buffer holds their results).
+const FUSED_ROWS: usize = 64;
+
+/// The results of one fused row loop: `[row][activation row]`.
+type FusedOut = [[f32; M_FUSED]; FUSED_ROWS];
+
+/// A format's fused row loop: rows, activation rows, their pointers, the results.
+type FusedRows<'a> = &'a dyn Fn(Range<usize>, usize, [*const f32; M_MAX], &mut FusedOut);
 
 /// The f32 kernel over one or two decoded rows and up to [`M_MAX`] activation rows.
 ///
@@ -218,8 +307,9 @@ type Element<'a> = &'a dyn Fn(usize, usize) -> f32;
 
 /// How a tile reads its rows.
 pub(super) struct Rows<'a> {
-    /// Fused dots of rows `r` (≤ 2) with `mg` activation rows.
-    fused: &'a dyn Fn(Range<usize>, usize, [*const f32; M_MAX]) -> Out,
+    /// Fused dots of rows `r` (at most [`FUSED_ROWS`]) with `mg` activation rows, into
+    /// `out[row - r.start][m]`.
+    fused: FusedRows<'a>,
     /// Row `r` decoded into `out` (`chunks · 4 · LANES` floats, kernel order).
     decode: &'a dyn Fn(usize, *mut f32),
     /// F32 weights' own rows (no decode).
@@ -228,6 +318,8 @@ pub(super) struct Rows<'a> {
     chunks: usize,
     /// What the kernels' sums are multiplied by (FP8: `2^56`).
     post: f32,
+    /// The stored bytes of row 0 and the bytes of one row (what a row's decode reads).
+    stored: (*const u8, usize),
     /// Element `(row, j)` of the weight, decoded (the tail's scalar path).
     weight: &'a dyn Fn(usize, usize) -> f32,
     /// What the tail's products are multiplied by (undoing the activation layout's factor).
@@ -302,19 +394,34 @@ unsafe fn run_rows<K: Kernels>(
     buf: &mut [f32],
 ) {
     let k = plan.w().cols;
-    let fused = plan.m <= M_FUSED;
-    let group = if fused { M_FUSED } else { K::M_DECODED };
+    if plan.m <= M_FUSED {
+        let mut res: FusedOut = [[0.0; M_FUSED]; FUSED_ROWS];
+        for s0 in rows.clone().step_by(FUSED_ROWS) {
+            let sub = s0..(s0 + FUSED_ROWS).min(rows.end);
+            let mg = i1 - i0;
+            let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(i0 + t.min(mg - 1)));
+            (how.fused)(sub.clone(), mg, xs, &mut res);
+            for r0 in sub.clone().step_by(ROWS) {
+                let r = r0..(r0 + ROWS).min(sub.end);
+                let mut out: Out = [[0.0; M_MAX]; ROWS];
+                for (t, row) in r.clone().enumerate() {
+                    out[t][..M_FUSED].copy_from_slice(&res[row - s0]);
+                }
+                how.finish::<K>(&mut out, r.clone(), mg, xs, k);
+                // SAFETY: this tile owns the outputs of `r`.
+                unsafe { plan.store(i0, mg, r, &out) };
+            }
+        }
+        return;
+    }
     for r0 in rows.clone().step_by(ROWS) {
         let r = r0..(r0 + ROWS).min(rows.end);
-        let wp: Option<[*const f32; ROWS]> = (!fused).then(|| how.f32_rows(r.clone(), buf, k));
-        for g0 in (i0..i1).step_by(group) {
-            let mg = (i1 - g0).min(group);
+        let wp: [*const f32; ROWS] = how.f32_rows(r.clone(), buf, k);
+        for g0 in (i0..i1).step_by(K::M_DECODED) {
+            let mg = (i1 - g0).min(K::M_DECODED);
             let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(g0 + t.min(mg - 1)));
-            let mut out = match wp {
-                None => (how.fused)(r.clone(), mg, xs),
-                // SAFETY: decoded rows and activation rows hold `32 · chunks` floats.
-                Some(wp) => unsafe { decoded::<K>(r.len(), mg, wp, xs, how.chunks) },
-            };
+            // SAFETY: decoded rows and activation rows hold `32 · chunks` floats.
+            let mut out = unsafe { decoded::<K>(r.len(), mg, wp, xs, how.chunks) };
             how.finish::<K>(&mut out, r.clone(), mg, xs, k);
             // SAFETY: this tile owns the outputs of `r`.
             unsafe { plan.store(g0, mg, r.clone(), &out) };
@@ -348,11 +455,22 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
             let wf = b.as_f32();
             let row = |r: usize| wf[r * k..].as_ptr();
             let how = Rows {
-                fused: &|r, mg, xs| unsafe {
-                    fused!(K::f32, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                fused: &|r, mg, xs, out| unsafe {
+                    fused!(
+                        K::f32_rows,
+                        row(r.start),
+                        k,
+                        r.len(),
+                        mg,
+                        xs,
+                        main,
+                        &(),
+                        out.as_mut_ptr().cast()
+                    )
                 },
                 decode: &|_, _| {},
                 in_place: Some(&row),
+                stored: (wf.as_ptr().cast(), 4 * k),
                 chunks: main,
                 post: 1.0,
                 weight: &|row, j| wf[row * k + j],
@@ -370,11 +488,22 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
             let wb = b.as_u16();
             let row = |r: usize| wb[r * k..].as_ptr();
             let how = Rows {
-                fused: &|r, mg, xs| unsafe {
-                    fused!(K::bf16, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                fused: &|r, mg, xs, out| unsafe {
+                    fused!(
+                        K::bf16_rows,
+                        row(r.start),
+                        k,
+                        r.len(),
+                        mg,
+                        xs,
+                        main,
+                        &(),
+                        out.as_mut_ptr().cast()
+                    )
                 },
                 decode: &|r, out| unsafe { K::decode(RowFormat::Bf16(row(r)), main, out) },
                 in_place: None,
+                stored: (wb.as_ptr().cast(), 2 * k),
                 chunks: main,
                 post: 1.0,
                 weight: &|row, j| bf16_to_f32(wb[row * k + j]),
@@ -396,28 +525,30 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
             let (wb, groups) = (packed.as_bytes(), k.div_ceil(*group));
             let main64 = k / (2 * chunk);
             let row = |r: usize| wb[r * k / 2..].as_ptr();
-            let scales_of = |r: &Range<usize>| Fp4Scales {
-                rows: std::array::from_fn(|t| {
-                    scales[(r.start + t.min(r.len() - 1)) * groups..].as_ptr()
-                }),
+            let scales_of = |r0: usize| Fp4Scales {
+                base: scales.as_ptr().wrapping_add(r0 * groups),
+                stride: groups,
                 group_shift: group.trailing_zeros(),
             };
             let how = Rows {
-                fused: &|r, mg, xs| unsafe {
+                fused: &|r, mg, xs, out| unsafe {
                     fused!(
-                        K::fp4,
+                        K::fp4_rows,
+                        row(r.start),
+                        k / 2,
                         r.len(),
                         mg,
-                        rows_of(&row, &r),
                         xs,
                         main64,
-                        scales_of(&r)
+                        &scales_of(r.start),
+                        out.as_mut_ptr().cast()
                     )
                 },
                 decode: &|r, out| unsafe {
-                    K::decode(RowFormat::Fp4(row(r), scales_of(&(r..r + 1))), main64, out)
+                    K::decode(RowFormat::Fp4(row(r), scales_of(r)), main64, out)
                 },
                 in_place: None,
+                stored: (wb.as_ptr(), k / 2),
                 chunks: 2 * main64,
                 post: 1.0,
                 weight: &|row, j| {
@@ -425,8 +556,8 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                     let code = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
                     e2m1_to_f32(code) * e8m0_to_f32(scales[row * groups + j / group])
                 },
-                // Tail activations carry the 2^30 of the layout.
-                tail_mult: 2f32.powi(-30),
+                // Tail activations carry the layout's factor.
+                tail_mult: 1.0 / super::fp4_x_mult(K::ISA),
                 exact: None,
             };
             if gemm {
@@ -446,11 +577,22 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
             let wb = codes.as_bytes();
             let row = |r: usize| wb[r * k..].as_ptr();
             let how = Rows {
-                fused: &|r, mg, xs| unsafe {
-                    fused!(K::fp8, r.len(), mg, rows_of(&row, &r), xs, main, ())
+                fused: &|r, mg, xs, out| unsafe {
+                    fused!(
+                        K::fp8_rows,
+                        row(r.start),
+                        k,
+                        r.len(),
+                        mg,
+                        xs,
+                        main,
+                        &(),
+                        out.as_mut_ptr().cast()
+                    )
                 },
                 decode: &|r, out| unsafe { K::decode(RowFormat::Fp8(row(r)), main, out) },
                 in_place: None,
+                stored: (wb.as_ptr(), k),
                 chunks: main,
                 // The sums come back times 2^56 (the 2^120 of the decode is split so neither
                 // side leaves f32's range); the tail sums times 2^64.
