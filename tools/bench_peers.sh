@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
 THREADS=${THREADS:-$(nproc)}
-REPS=${REPS:-3}
+REPS=${REPS:-2}
 mkdir -p "$P"
 
 # 1. Python for the converter and HF.
@@ -47,36 +47,52 @@ MODEL="$P/bench-bf16"
 GGUF="$P/bench-bf16.gguf"
 [ -f "$GGUF" ] || "$P/venv/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$MODEL" --outtype bf16 --outfile "$GGUF"
 
-# 4. The runs, one after the other on an otherwise idle machine. Decode: batch 1, 64 tokens
-#    (llama-bench's tg64 starts from an empty cache; deepinfer decodes at context 32, the
-#    middle of those 64). Prefill: 128 and 512 tokens in one step.
-"$BIN" bench model --model "$MODEL" --batch 1 --context 32 --prompt 128,512 -r "$REPS" --json "$P/deepinfer.json"
-"$LLAMA/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" -o json > "$P/llama.json"
+# 4. The runs, alternating engine by engine for $ROUNDS rounds: this machine is shared, and
+#    its bandwidth and FMA rate drift from one minute to the next, so each round's ratio
+#    compares runs made minutes apart at most, and the table gives the medians. Decode:
+#    batch 1, 64 tokens (llama-bench's tg64 starts from an empty cache; deepinfer decodes at
+#    context 32, the middle of those 64). Prefill: 128 and 512 tokens in one step.
+ROUNDS=${ROUNDS:-5}
+rm -f "$P"/deepinfer.*.json "$P"/llama.*.json
+for i in $(seq 1 "$ROUNDS"); do
+    "$BIN" bench model --model "$MODEL" --batch 1 --context 32 --prompt 128,512 -r "$REPS" \
+        --json "$P/deepinfer.$i.json" >/dev/null
+    "$LLAMA/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
+        -o json > "$P/llama.$i.json"
+done
 if [ -z "${SKIP_HF:-}" ]; then
     "$P/venv/bin/python" tools/hf_bench.py "$MODEL" --threads "$THREADS" > "$P/hf.json"
 fi
 
-# 5. One table.
-"$P/venv/bin/python" - "$P" <<'PY'
-import json, os, sys
-p = sys.argv[1]
-d = json.load(open(os.path.join(p, "deepinfer.json")))
-l = json.load(open(os.path.join(p, "llama.json")))
+# 5. One table: per measurement, the median over the rounds of each engine and of the
+#    per-round ratio.
+"$P/venv/bin/python" - "$P" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
+p, rounds = sys.argv[1], int(sys.argv[2])
 hf = json.load(open(os.path.join(p, "hf.json"))) if os.path.exists(os.path.join(p, "hf.json")) else None
-def llama(n_prompt, n_gen):
-    for r in l:
-        if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen:
-            return r["avg_ts"]
-rows = [("decode, batch 1 (tok/s)", d["decode"][0]["tokens_per_s"], llama(0, 64),
-         hf["decode"]["tokens_per_s"] if hf else None)]
-for pr in d["prefill"]:
-    n = pr["tokens"]
-    h = next((x["tokens_per_s"] for x in (hf or {}).get("prefill", []) if x["tokens"] == n), None)
-    rows.append((f"prefill pp{n} (tok/s)", pr["tokens_per_s"], llama(n, 0), h))
-print(f"roofs: {d['roofs']['read_gbs']:.1f} GB/s read, {d['roofs']['fma_gflops']:.1f} GFLOP/s f32 FMA ({d['isa']}, {d['threads']} threads)")
-print(f"{'':28}{'deepinfer':>12}{'llama.cpp':>12}{'HF ' + (hf['dtype'] if hf else ''):>18}{'deepinfer/llama.cpp':>22}")
-for name, a, b, c in rows:
-    fmt = lambda v: f"{v:.2f}" if v is not None else "-"
-    ratio = f"{a / b:.2f}x" if a and b else "-"
-    print(f"{name:28}{fmt(a):>12}{fmt(b):>12}{fmt(c):>18}{ratio:>22}")
+def ours(d, what):
+    if what == "decode":
+        return d["decode"][0]["tokens_per_s"]
+    return next(r["tokens_per_s"] for r in d["prefill"] if r["tokens"] == what)
+def theirs(l, what):
+    n_prompt, n_gen = (0, 64) if what == "decode" else (what, 0)
+    return next(r["avg_ts"] for r in l if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen)
+runs = [(json.load(open(os.path.join(p, f"deepinfer.{i}.json"))),
+         json.load(open(os.path.join(p, f"llama.{i}.json")))) for i in range(1, rounds + 1)]
+d0 = runs[0][0]
+print(f"{rounds} rounds, {d0['isa']}, {d0['threads']} threads; deepinfer's decode at "
+      f"{statistics.median(d['decode'][0]['pct_of_bandwidth'] for d, _ in runs):.0f} % of the read roof (median)")
+hdr = "HF " + hf["dtype"] if hf else "HF"
+print(f"{'':24}{'deepinfer':>11}{'llama.cpp':>11}{hdr:>16}{'ratio (median)':>16}{'ratio range':>16}")
+for what, name in [("decode", "decode, batch 1"), (128, "prefill pp128"), (512, "prefill pp512")]:
+    a = [ours(d, what) for d, _ in runs]
+    b = [theirs(l, what) for _, l in runs]
+    r = [x / y for x, y in zip(a, b)]
+    h = None
+    if hf:
+        h = hf["decode"]["tokens_per_s"] if what == "decode" else next(
+            (x["tokens_per_s"] for x in hf.get("prefill", []) if x["tokens"] == what), None)
+    hs = f"{h:.2f}" if h is not None else "-"
+    print(f"{name + ' (tok/s)':24}{statistics.median(a):>11.2f}{statistics.median(b):>11.2f}{hs:>16}"
+          f"{statistics.median(r):>15.2f}x{min(r):>10.2f}-{max(r):.2f}x")
 PY

@@ -14,7 +14,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2, FMA and F16C (Haswell, Zen and later).
     Avx2,
-    /// AVX2 plus AVX-512 F and BW (512-bit registers, 16-bit lane shifts): twice the work
+    /// AVX2 plus AVX-512 F, BW and VL (512-bit registers, 16-bit lane shifts, 32 registers
+    /// for 256-bit work too): twice the work
     /// per instruction where the cores execute 512 bits at once (Zen 5, Intel server parts).
     Avx512,
 }
@@ -41,7 +42,11 @@ pub fn detected() -> Isa {
         let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        if avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+        if avx2
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+        {
             return Isa::Avx512;
         }
         if avx2 {

@@ -83,15 +83,21 @@ pub fn matmul(w: &QMatrix, x: &[f32], m: usize, y: &mut [f32]) {
 /// parallel.
 pub(crate) struct Plan {
     w: *const QMatrix,
-    /// Row 0 of the activations as the kernels read them (permuted for the fast path).
+    /// Row 0 of the activations as the kernels read them (permuted for the fused and
+    /// decode-once paths; as given on the GEMM path, which reads `xt`).
     x: *const f32,
     k: usize,
     /// Floats from one activation row to the next.
     ldx: usize,
-    /// For the GEMM path: the activations transposed in strips of `xw` columns,
-    /// `[m / xw][k][xw]` (columns past `m` zero), so a micro-kernel streams one strip.
+    /// For the GEMM path: the activations transposed in strips of `xw` columns, the last
+    /// one `xw_last` wide, each `[k][width]` (columns past `m` zero), so a micro-kernel
+    /// streams one strip; strip `s` starts at `xt + s · xw · k`.
     xt: *const f32,
     xw: usize,
+    xw_last: usize,
+    /// How the transposition lays the activations out for the kernels: the format, vector
+    /// lanes and factor of [`prepare::permute_row`] (none: as they are).
+    xt_layout: Option<(Format, usize, f32)>,
     /// Whether this plan fills `xt` (products sharing their activations share one copy).
     xt_owner: bool,
     /// The caller's activations, to find products that share them.
@@ -123,10 +129,10 @@ impl Plan {
         self.ldx
     }
 
-    /// The transposed activations of the GEMM path and their strip width.
+    /// The transposed activations of the GEMM path, their strip width and the last strip's.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn xt(&self) -> (*const f32, usize) {
-        (self.xt, self.xw)
+    fn xt(&self) -> (*const f32, usize, usize) {
+        (self.xt, self.xw, self.xw_last)
     }
 
     fn x_row(&self, i: usize) -> &[f32] {
@@ -181,41 +187,58 @@ struct CallScratch {
     plans: Vec<Plan>,
 }
 
-/// Inner-dimension columns per task of the transposition pass.
-const T_BLOCK: usize = 64;
+/// Inner-dimension columns the transposition lays out at a time: a whole number of every
+/// kernel layout's chunks.
+const T_BLOCK: usize = 128;
 
 impl Plan {
-    /// Tasks of the transposition pass this plan needs (none off the GEMM path).
+    /// Tasks of the transposition pass this plan needs (none off the GEMM path): one per
+    /// strip, which reads its rows front to back and writes its strip in order (a task per
+    /// block of columns across all rows instead jumps a page per row, and the TLB misses
+    /// made the pass several times slower).
     fn transpose_tasks(&self) -> usize {
         if self.xt.is_null() || !self.xt_owner {
             0
         } else {
-            self.k.div_ceil(T_BLOCK)
+            self.m.div_ceil(self.xw)
         }
     }
 
-    /// `xt[i / xw][kk][i % xw] = x[i][kk]` for the inner columns of task `b`; columns
-    /// past `m` zeroed.
-    fn transpose_block(&self, b: usize) {
-        let (k0, k1, xw) = (b * T_BLOCK, ((b + 1) * T_BLOCK).min(self.k), self.xw);
+    /// Strip `s` of `xt`: `xt[s][kk][i - s · xw] = x'[i][kk]`, `x'` the activations in the
+    /// kernels' layout; columns past `m` zeroed.
+    fn transpose_strip(&self, s: usize) {
+        let (k, xw) = (self.k, self.xw);
         let strips = self.m.div_ceil(xw);
-        for s in 0..strips {
-            // SAFETY: the plan's xt buffer holds `strips` strips of k · xw floats; task b
-            // alone writes rows k0..k1 of each; nothing reads it before the pass ends.
-            let t = unsafe {
-                std::slice::from_raw_parts_mut(
-                    self.xt.cast_mut().add((s * self.k + k0) * xw),
-                    (k1 - k0) * xw,
-                )
-            };
-            let (i0, i1) = (s * xw, ((s + 1) * xw).min(self.m));
-            if i1 - i0 < xw {
-                t.fill(0.0);
+        let width = if s + 1 == strips { self.xw_last } else { xw };
+        // SAFETY: the plan's xt buffer holds the strips, k · width floats each; task s alone
+        // writes strip s; nothing reads it before the pass ends.
+        let t = unsafe {
+            std::slice::from_raw_parts_mut(self.xt.cast_mut().add(s * xw * k), k * width)
+        };
+        let (i0, i1) = (s * xw, (s * xw + width).min(self.m));
+        if i1 - i0 < width {
+            t.fill(0.0);
+        }
+        let mut rows = [[0.0f32; T_BLOCK]; 32];
+        for k0 in (0..k).step_by(T_BLOCK) {
+            let k1 = (k0 + T_BLOCK).min(k);
+            // The strip's rows of this block in the kernels' layout (a block is whole
+            // chunks but at the row's end), then written out row by row of `t`.
+            for (i, row) in (i0..i1).zip(rows.iter_mut()) {
+                let (x, row) = (&self.x_row(i)[k0..k1], &mut row[..k1 - k0]);
+                match self.xt_layout {
+                    Some((format, lanes, mult)) => {
+                        prepare::permute_row(format, lanes, x, row, mult)
+                    }
+                    None => row.copy_from_slice(x),
+                }
             }
-            for i in i0..i1 {
-                let x = &self.x_row(i)[k0..k1];
-                for (kk, &v) in x.iter().enumerate() {
-                    t[kk * xw + i - i0] = v;
+            for (kk, trow) in t[k0 * width..k1 * width]
+                .chunks_exact_mut(width)
+                .enumerate()
+            {
+                for (o, row) in trow.iter_mut().zip(&rows[..i1 - i0]) {
+                    *o = row[kk];
                 }
             }
         }
@@ -371,7 +394,7 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
             let task = |mut b: usize| {
                 for p in plans.iter() {
                     if b < p.transpose_tasks() {
-                        return p.transpose_block(b);
+                        return p.transpose_strip(b);
                     }
                     b -= p.transpose_tasks();
                 }
@@ -398,8 +421,11 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
 fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     s.plans.clear();
     let lanes = |f: Isa| if f == Isa::Avx512 { 16 } else { 8 };
-    let needs_prep =
+    // Activations in the kernels' layout: a permuted copy for the fused and decode-once
+    // paths (made here), the transposition pass's own for the GEMM path.
+    let laid_out =
         |j: &Matmul| family(j.w, isa) != Isa::Scalar && j.w.format() != Format::F32 && j.m > 0;
+    let needs_prep = |j: &Matmul| laid_out(j) && j.m < GEMM_M;
     let prep_len: usize = jobs
         .iter()
         .filter(|j| needs_prep(j))
@@ -409,7 +435,11 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
         s.prepared.resize(prep_len, 0.0);
     }
     // The GEMM path reads the activations transposed, in strips of two vectors of columns,
-    // or of one where that pads less (16 rows: one strip of 16, not half of 32; 48: three).
+    // or of one where that pads less (16 rows: one strip of 16, not half of 32; 48: three),
+    // the last one narrower where that pads less: one vector, or on AVX-512 half of one
+    // (its 256-bit FMAs do as much per cycle where cores split 512-bit ones, as Zen 4 does,
+    // and none of it on padding: an expert's 40 rows are 16 + 16 + 8, not 48).
+    // Returns the columns of the transposed copy, the strip width and the last strip's.
     let gemm_cols = |j: &Matmul| {
         let f = family(j.w, isa);
         let l = lanes(f);
@@ -418,11 +448,19 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
         } else {
             2 * l
         };
-        (f != Isa::Scalar && j.m >= GEMM_M).then(|| (j.m.next_multiple_of(xw), xw))
+        let rem = j.m % xw;
+        let last = match rem {
+            0 => xw,
+            r if f == Isa::Avx512 && r <= l / 2 => l / 2,
+            r if r <= l => l,
+            _ => xw,
+        };
+        let cols = j.m - rem + if rem == 0 { 0 } else { last };
+        (f != Isa::Scalar && j.m >= GEMM_M).then_some((cols, xw, last))
     };
     let t_len: usize = jobs
         .iter()
-        .filter_map(|j| gemm_cols(j).map(|(c, _)| c * j.w.cols))
+        .filter_map(|j| gemm_cols(j).map(|(c, _, _)| c * j.w.cols))
         .sum();
     if s.transposed.len() < t_len {
         s.transposed.resize(t_len, 0.0);
@@ -445,8 +483,8 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
                     && p.family == fam
                     && p.w().format() == j.w.format()
             })
-            .map(|p| (p.x, p.xt, p.xw));
-        let x = if let Some((x, _, _)) = twin {
+            .map(|p| (p.x, p.xt, p.xw, p.xw_last));
+        let x = if let Some((x, _, _, _)) = twin {
             x
         } else if needs_prep(j) {
             let format = j.w.format();
@@ -469,14 +507,23 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             j.x.as_ptr()
         };
         // Filled by the transposition pass before any tile runs.
-        let (xt, xw, xt_owner) = match (gemm_cols(j), twin) {
-            (Some(_), Some((_, xt, xw))) => (xt, xw, false),
-            (Some((cols, xw)), None) => {
+        let xt_layout = laid_out(j).then(|| {
+            let format = j.w.format();
+            let mult = if format == Format::Fp4 {
+                fp4_x_mult(fam)
+            } else {
+                1.0
+            };
+            (format, lanes(fam), mult)
+        });
+        let (xt, xw, xw_last, xt_owner) = match (gemm_cols(j), twin) {
+            (Some(_), Some((_, xt, xw, last))) => (xt, xw, last, false),
+            (Some((cols, xw, last)), None) => {
                 let t = &mut s.transposed[t_offset..t_offset + cols * k];
                 t_offset += cols * k;
-                (t.as_ptr(), xw, true)
+                (t.as_ptr(), xw, last, true)
             }
-            (None, _) => (std::ptr::null(), 0, false),
+            (None, _) => (std::ptr::null(), 0, 0, false),
         };
         let p = Plan {
             w: j.w,
@@ -485,6 +532,8 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             ldx: k,
             xt,
             xw,
+            xw_last,
+            xt_layout,
             xt_owner,
             src: j.x.as_ptr(),
             m: j.m,

@@ -278,6 +278,38 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
     }
 }
 
+/// The GEMM micro-kernel on eight columns (a narrow last strip): `NW` weight rows
+/// (broadcast) times one 256-bit vector of activation columns, with AVX-512's 32 registers
+/// holding the accumulators.
+///
+/// # Safety
+/// As [`gemm_micro`], with `xt` rows of 8 floats.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn gemm_micro_narrow<const NW: usize>(
+    w: *const f32,
+    ldw: usize,
+    xt: *const f32,
+    kc: usize,
+    out: *mut f32,
+    next: Prefetch,
+) {
+    let mut acc = [_mm256_setzero_ps(); NW];
+    for kk in 0..kc {
+        if kk % 8 == 0 {
+            next.step(kk / 8, kc.div_ceil(8));
+        }
+        // SAFETY (every block): in bounds by the contract.
+        let x = unsafe { _mm256_loadu_ps(xt.add(kk * 8)) };
+        for (n, a) in acc.iter_mut().enumerate() {
+            let wv = _mm256_set1_ps(unsafe { *w.add(n * ldw + kk) });
+            *a = _mm256_fmadd_ps(wv, x, *a);
+        }
+    }
+    for (n, a) in acc.iter().enumerate() {
+        unsafe { _mm256_storeu_ps(out.add(n * 8), *a) };
+    }
+}
+
 /// The AVX-512 family.
 pub(crate) struct Avx512;
 
@@ -300,7 +332,34 @@ impl Kernels for Avx512 {
     ) {
         // SAFETY: as above.
         unsafe {
-            if xw == 16 {
+            if xw == 8 {
+                match nw {
+                    1 => gemm_micro_narrow::<1>(w, ldw, xt, kc, out, next),
+                    2 => gemm_micro_narrow::<2>(w, ldw, xt, kc, out, next),
+                    3 => gemm_micro_narrow::<3>(w, ldw, xt, kc, out, next),
+                    4 => gemm_micro_narrow::<4>(w, ldw, xt, kc, out, next),
+                    5 => gemm_micro_narrow::<5>(w, ldw, xt, kc, out, next),
+                    6 => gemm_micro_narrow::<6>(w, ldw, xt, kc, out, next),
+                    7 => gemm_micro_narrow::<7>(w, ldw, xt, kc, out, next),
+                    8 => gemm_micro_narrow::<8>(w, ldw, xt, kc, out, next),
+                    9 => gemm_micro_narrow::<9>(w, ldw, xt, kc, out, next),
+                    10 => gemm_micro_narrow::<10>(w, ldw, xt, kc, out, next),
+                    11 => gemm_micro_narrow::<11>(w, ldw, xt, kc, out, next),
+                    12 => gemm_micro_narrow::<12>(w, ldw, xt, kc, out, next),
+                    13 => gemm_micro_narrow::<13>(w, ldw, xt, kc, out, next),
+                    14 => gemm_micro_narrow::<14>(w, ldw, xt, kc, out, next),
+                    15 => gemm_micro_narrow::<15>(w, ldw, xt, kc, out, next),
+                    16 => gemm_micro_narrow::<16>(w, ldw, xt, kc, out, next),
+                    17 => gemm_micro_narrow::<17>(w, ldw, xt, kc, out, next),
+                    18 => gemm_micro_narrow::<18>(w, ldw, xt, kc, out, next),
+                    19 => gemm_micro_narrow::<19>(w, ldw, xt, kc, out, next),
+                    20 => gemm_micro_narrow::<20>(w, ldw, xt, kc, out, next),
+                    21 => gemm_micro_narrow::<21>(w, ldw, xt, kc, out, next),
+                    22 => gemm_micro_narrow::<22>(w, ldw, xt, kc, out, next),
+                    23 => gemm_micro_narrow::<23>(w, ldw, xt, kc, out, next),
+                    _ => gemm_micro_narrow::<24>(w, ldw, xt, kc, out, next),
+                }
+            } else if xw == 16 {
                 match nw {
                     1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out, next),
                     2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out, next),

@@ -28,7 +28,7 @@ const TILE_MAX: usize = 12 * 32;
 pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how: &Rows) {
     let (k, m) = (plan.w().cols, plan.m);
     let main = how.main_elems::<K>();
-    let (xt, xw) = plan.xt();
+    let (xt, xw, xw_last) = plan.xt();
     let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;
     // Few activation strips: decode a micro-tile's rows just before they are used (they
@@ -55,9 +55,27 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
         }
         let mut out = [0.0f32; TILE_MAX];
         let n_rows = rows.len();
-        let (exact, mult) = how.exact.unwrap_or((how.weight, how.tail_mult));
+        // The plan's activations are as given here (the kernels' layout is in `xt`), so the
+        // tail takes the exact weights with no factor to undo.
+        let (exact, mult) = how.exact.unwrap_or((how.weight, 1.0));
         let mut tile = |wrows: &[f32], m0: usize, n0: usize, nr: usize, next: Prefetch| {
+            let xw = if m0 + xw >= m { xw_last } else { xw };
             let cols = xw.min(m - m0);
+            let row0 = rows.start + n0;
+            // The outputs' cache lines, fetched while the micro-kernel computes (writing them
+            // cold stalls on every line).
+            for c in 0..cols {
+                let y = plan.y.wrapping_add((m0 + c) * plan.n + row0 - plan.row0);
+                for line in (0..nr).step_by(16) {
+                    // SAFETY: a prefetch never faults.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch(
+                            y.wrapping_add(line).cast::<i8>(),
+                            std::arch::x86_64::_MM_HINT_T0,
+                        )
+                    };
+                }
+            }
             if main > 0 {
                 // SAFETY: decoded rows hold `main` floats, the strip of `xt` holds `k` rows
                 // of `xw` floats, `out` holds NW · XW floats.
@@ -79,21 +97,25 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
             // Column by column: a column's rows are contiguous in `y` (`[m][n]`), so the
             // stores stream instead of striding `n` floats (often a multiple of 4 KiB, which
             // lands every store of a row in the same L1 set).
-            let row0 = rows.start + n0;
             for c in 0..cols {
                 // SAFETY: (m0 + c, row0 + t) for t < nr belongs to this tile.
-                let y = unsafe { plan.y.add((m0 + c) * plan.n + row0 - plan.row0) };
-                for t in 0..nr {
-                    let mut r = out[t * xw + c] * how.post;
-                    if main < k {
+                let y = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        plan.y.add((m0 + c) * plan.n + row0 - plan.row0),
+                        nr,
+                    )
+                };
+                for (t, v) in y.iter_mut().enumerate() {
+                    *v = out[t * xw + c] * how.post;
+                }
+                if main < k {
+                    for (t, v) in y.iter_mut().enumerate() {
                         let mut o: Out = [[0.0; M_MAX]; 2];
                         let mut xs = [std::ptr::null(); M_MAX];
                         xs[0] = plan.x_row(m0 + c).as_ptr();
                         tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main, k, mult, exact);
-                        r += o[0][0];
+                        *v += o[0][0];
                     }
-                    // SAFETY: as above.
-                    unsafe { *y.add(t) = r };
                 }
             }
         };
