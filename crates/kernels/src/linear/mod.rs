@@ -11,6 +11,7 @@
 //! ([`matmuls`]): a layer's independent projections (q and kv, gate and up, every selected
 //! expert) share one parallel pass instead of paying for a fork-join each.
 
+mod aligned;
 mod prepare;
 mod scalar;
 #[cfg(test)]
@@ -20,6 +21,7 @@ mod x86;
 
 use crate::cpu::{isa, Isa};
 use crate::matrix::{Format, QMatrix};
+use aligned::AlignedVec;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -182,8 +184,8 @@ impl Plan {
 
 #[derive(Default)]
 struct CallScratch {
-    prepared: Vec<f32>,
-    transposed: Vec<f32>,
+    prepared: AlignedVec,
+    transposed: AlignedVec,
     plans: Vec<Plan>,
 }
 
@@ -247,9 +249,9 @@ impl Plan {
 
 thread_local! {
     static CALL: RefCell<CallScratch> = RefCell::default();
-    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static TILE2: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static TILE3: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TILE: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
+    static TILE2: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
+    static TILE3: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
 }
 
 /// Runs `f` with this thread's tile scratch, at least `len` floats (grown once, then reused).
@@ -276,28 +278,28 @@ pub fn reserve_scratch(floats: usize) {
     for key in [&TILE, &TILE2, &TILE3] {
         key.with(|cell| {
             if let Ok(mut v) = cell.try_borrow_mut() {
-                if v.len() < floats {
-                    v.resize(floats, 0.0);
-                }
+                v.grow(floats);
             }
         });
     }
 }
 
 fn with_cell<R>(
-    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    key: &'static std::thread::LocalKey<RefCell<AlignedVec>>,
     len: usize,
     f: impl FnOnce(&mut [f32]) -> R,
 ) -> R {
     key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut v) => {
-            if v.len() < len {
-                v.resize(len, 0.0);
-            }
+            v.grow(len);
             f(&mut v[..len])
         }
         // Only if a tile ever ran inside another tile on this thread.
-        Err(_) => f(&mut vec![0.0; len]),
+        Err(_) => {
+            let mut v = AlignedVec::new();
+            v.grow(len);
+            f(&mut v[..len])
+        }
     })
 }
 
@@ -353,16 +355,26 @@ fn fast_path(w: &QMatrix) -> bool {
 
 /// Weight rows per tile: about 64 (128 for prefill-sized batches, so the GEMM path packs
 /// more panels per activation block), a whole number of FP8 row blocks.
-fn tile_rows(w: &QMatrix, m: usize) -> usize {
-    let rows: usize = if m >= GEMM_M { 128 } else { 64 };
+fn tile_rows(w: &QMatrix, m: usize, isa: Isa) -> usize {
+    let rows: usize = if m >= gemm_from(isa) { 128 } else { 64 };
     match &w.data {
         crate::matrix::Data::Fp8 { br, .. } => br * rows.div_ceil(*br),
         _ => rows,
     }
 }
 
-/// Activation rows from which the SIMD families use their GEMM path.
-pub(crate) const GEMM_M: usize = 16;
+/// Activation rows from which family `isa` uses its GEMM path (none for the scalar one).
+///
+/// Below it the fused kernels decode each weight chunk in registers for a group of
+/// activation rows, and a row's result never depends on the rest of the batch; from it on,
+/// a tile is decoded once into panels and multiplied against columns of activations, which
+/// sums in another order (within rounding of the former).
+pub(crate) fn gemm_from(isa: Isa) -> usize {
+    match isa {
+        Isa::Scalar => usize::MAX,
+        Isa::Avx2 | Isa::Avx512 => 16,
+    }
+}
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
@@ -417,6 +429,18 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
     })
 }
 
+/// Floats from one activation row to the next in the fused kernels' copy: rows `k` floats
+/// apart with `k` a multiple of 1 024 (as model widths are) would put the same part of
+/// every row in the same L1 sets, and the kernels read all of a group's rows at once.
+/// Several rows keep every row on a cache line too.
+fn x_stride(k: usize, m: usize) -> usize {
+    if m > 1 {
+        k.next_multiple_of(16) + 16
+    } else {
+        k
+    }
+}
+
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
 fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     s.plans.clear();
@@ -425,15 +449,22 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     // paths (made here), the transposition pass's own for the GEMM path.
     let laid_out =
         |j: &Matmul| family(j.w, isa) != Isa::Scalar && j.w.format() != Format::F32 && j.m > 0;
-    let needs_prep = |j: &Matmul| laid_out(j) && j.m < GEMM_M;
+    // F32 weights need no layout, but several activation rows still get a copy whose rows
+    // are padded apart (see `x_stride`).
+    let needs_prep = |j: &Matmul| {
+        let f = family(j.w, isa);
+        f != Isa::Scalar
+            && j.m > 0
+            && j.m < gemm_from(f)
+            && (j.w.format() != Format::F32 || j.m > 1)
+    };
+    // Each product's copy starts on a cache line.
     let prep_len: usize = jobs
         .iter()
         .filter(|j| needs_prep(j))
-        .map(|j| j.m * j.w.cols)
+        .map(|j| (j.m * x_stride(j.w.cols, j.m)).next_multiple_of(16))
         .sum();
-    if s.prepared.len() < prep_len {
-        s.prepared.resize(prep_len, 0.0);
-    }
+    s.prepared.grow(prep_len);
     // The GEMM path reads the activations transposed, in strips of two vectors of columns,
     // or of one where that pads less (16 rows: one strip of 16, not half of 32; 48: three),
     // the last one narrower where that pads less: one vector, or on AVX-512 half of one
@@ -456,15 +487,13 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             _ => xw,
         };
         let cols = j.m - rem + if rem == 0 { 0 } else { last };
-        (f != Isa::Scalar && j.m >= GEMM_M).then_some((cols, xw, last))
+        (j.m >= gemm_from(f)).then_some((cols, xw, last))
     };
     let t_len: usize = jobs
         .iter()
-        .filter_map(|j| gemm_cols(j).map(|(c, _, _)| c * j.w.cols))
+        .filter_map(|j| gemm_cols(j).map(|(c, _, _)| (c * j.w.cols).next_multiple_of(16)))
         .sum();
-    if s.transposed.len() < t_len {
-        s.transposed.resize(t_len, 0.0);
-    }
+    s.transposed.grow(t_len);
     let mut t_offset = 0;
     let mut offset = 0;
     let mut tiles_before = 0;
@@ -483,9 +512,9 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
                     && p.family == fam
                     && p.w().format() == j.w.format()
             })
-            .map(|p| (p.x, p.xt, p.xw, p.xw_last));
-        let x = if let Some((x, _, _, _)) = twin {
-            x
+            .map(|p| (p.x, p.ldx, p.xt, p.xw, p.xw_last));
+        let (x, ldx) = if let Some((x, ldx, _, _, _)) = twin {
+            (x, ldx)
         } else if needs_prep(j) {
             let format = j.w.format();
             // FP8 activations get their scales per block, in the tile.
@@ -494,17 +523,15 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             } else {
                 1.0
             };
-            let dst = &mut s.prepared[offset..offset + j.m * k];
-            for (src, out) in
-                j.x.chunks_exact(k.max(1))
-                    .zip(dst.chunks_exact_mut(k.max(1)))
-            {
-                prepare::permute_row(format, lanes(fam), src, out, mult);
+            let ldx = x_stride(k, j.m);
+            let dst = &mut s.prepared[offset..offset + j.m * ldx];
+            for (src, out) in j.x.chunks_exact(k.max(1)).zip(dst.chunks_exact_mut(ldx)) {
+                prepare::permute_row(format, lanes(fam), src, &mut out[..k], mult);
             }
-            offset += j.m * k;
-            dst.as_ptr()
+            offset += (j.m * ldx).next_multiple_of(16);
+            (dst.as_ptr(), ldx)
         } else {
-            j.x.as_ptr()
+            (j.x.as_ptr(), k)
         };
         // Filled by the transposition pass before any tile runs.
         let xt_layout = laid_out(j).then(|| {
@@ -517,10 +544,10 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             (format, lanes(fam), mult)
         });
         let (xt, xw, xw_last, xt_owner) = match (gemm_cols(j), twin) {
-            (Some(_), Some((_, xt, xw, last))) => (xt, xw, last, false),
+            (Some(_), Some((_, _, xt, xw, last))) => (xt, xw, last, false),
             (Some((cols, xw, last)), None) => {
                 let t = &mut s.transposed[t_offset..t_offset + cols * k];
-                t_offset += cols * k;
+                t_offset += (cols * k).next_multiple_of(16);
                 (t.as_ptr(), xw, last, true)
             }
             (None, _) => (std::ptr::null(), 0, 0, false),
@@ -529,7 +556,7 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             w: j.w,
             x,
             k,
-            ldx: k,
+            ldx,
             xt,
             xw,
             xw_last,
@@ -540,7 +567,7 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
-            tile_rows: tile_rows(j.w, j.m),
+            tile_rows: tile_rows(j.w, j.m, fam),
             tiles_before,
             family: fam,
         };

@@ -21,7 +21,9 @@
 //! same order whatever `R` and `M` are, so a row's result never depends on the rest of the
 //! batch.
 
-use super::{prefetch, Extra, Fp4Scales, Kernels, Prefetch, RowFormat};
+use super::{
+    prefetch, prefetch_lines, Extra, Fp4Scales, Kernels, Prefetch, RowFormat, SUB_ROWS, X_BLOCK,
+};
 use std::arch::x86_64::*;
 
 /// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
@@ -58,18 +60,6 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn reduce<const R: usize, const M: usize>(acc: [[[__m256; 2]; M]; R]) -> [[f32; M]; R] {
-    let mut out = [[0.0f32; M]; R];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        for (v, [a0, a1]) in o.iter_mut().zip(a) {
-            *v = hsum(_mm256_add_ps(*a0, *a1));
-        }
-    }
-    out
 }
 
 /// The four f32 vectors of a 32-byte FP8 E4M3 load (vector `q` lane `j` = byte `4j + q`),
@@ -132,22 +122,23 @@ unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m256 {
 /// Every dot kernel's shape: `R` weight rows of `chunks` 32-element chunks (64 for FP4), `M`
 /// activation rows laid out for the format.
 macro_rules! dot_kernel {
-    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, $bytes:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+        /// Adds chunks `c0..c1` of `R` weight rows times `M` activation rows to `acc` (two
+        /// accumulators per pair, the even and the odd vectors of a chunk).
+        ///
         /// # Safety
-        /// Each `w[r]` points at `chunks` whole chunks of its row, each `x[m]` at as many
-        /// activations, and the extra arguments cover those rows.
+        /// Each `w[r]` points at row `r` (chunks `c0..c1` inside it), each `x[m]` at an
+        /// activation row in the format's layout, and the extra arguments cover those rows.
         #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn $name<const R: usize, const M: usize>(
             $w: [$ptr; R],
             x: [*const f32; M],
-            chunks: usize,
+            (c0, c1): (usize, usize),
             $e: &$extra,
-        ) -> [[f32; M]; R] {
-            // Two accumulators per pair (even and odd vectors of a chunk) keep enough FMA
-            // chains in flight for one activation row.
-            let mut acc = [[[_mm256_setzero_ps(); 2]; M]; R];
-            for $c in 0..chunks {
+            acc: &mut [[[__m256; 2]; M]; R],
+        ) {
+            for $c in c0..c1 {
                 for $r in 0..R {
                     // SAFETY: chunk c lies inside row r (the caller's contract).
                     let f = unsafe { $decode };
@@ -160,10 +151,12 @@ macro_rules! dot_kernel {
                     }
                 }
             }
-            reduce(acc)
         }
 
-        /// [`Kernels`]' row loop over `$name`.
+        /// [`Kernels`]' row loop over `$name`: rows in groups of [`SUB_ROWS`], and within a
+        /// group the inner dimension in blocks whose activations stay in L1 while every row
+        /// of the group passes over them (their partial sums wait in `acc`); each
+        /// (row, activation row) still accumulates every product in the same order.
         ///
         /// # Safety
         /// As [`Kernels::fp8_rows`].
@@ -177,46 +170,89 @@ macro_rules! dot_kernel {
             e: &$extra,
             (out, ldo): (*mut f32, usize),
         ) {
-            let pairs = if M <= Avx2::PAIRS_UP_TO { n / 2 } else { 0 };
-            // SAFETY (both loops): rows below n lie in the matrix, their results in `out`.
-            for r in (0..pairs).map(|p| 2 * p) {
-                let v = unsafe {
-                    $name::<2, M>([w.add(r * ldw), w.add((r + 1) * ldw)], x, chunks, &e.at_row(r))
-                };
-                for (t, row) in v.iter().enumerate() {
-                    unsafe { out.add((r + t) * ldo).cast::<[f32; M]>().write_unaligned(*row) };
+            let block = (X_BLOCK / (4 * M * $elems)).max(1);
+            let pairs = M <= Avx2::PAIRS_UP_TO;
+            let mut acc = [[[_mm256_setzero_ps(); 2]; M]; SUB_ROWS];
+            for s0 in (0..n).step_by(SUB_ROWS) {
+                let sn = SUB_ROWS.min(n - s0);
+                acc[..sn].iter_mut().for_each(|a| *a = [[_mm256_setzero_ps(); 2]; M]);
+                for c0 in (0..chunks).step_by(block) {
+                    let c1 = (c0 + block).min(chunks);
+                    if block < chunks {
+                        // The next group's share of this block, into L2 meanwhile (its
+                        // rows are read a block at a time, which the per-row stream
+                        // prefetch does not foresee).
+                        for row in (s0 + SUB_ROWS..s0 + 2 * SUB_ROWS).take_while(|&r| r < n) {
+                            let at = w.wrapping_add(row * ldw).cast::<u8>();
+                            prefetch_lines(at.wrapping_add(c0 * $bytes), (c1 - c0) * $bytes);
+                        }
+                    }
+                    let mut r = 0;
+                    // SAFETY (every call): rows below n lie in the matrix.
+                    while r < sn {
+                        let row = s0 + r;
+                        if pairs && r + 1 < sn {
+                            let a: &mut [_; 2] = (&mut acc[r..r + 2]).try_into().expect("two rows");
+                            let w2 = unsafe { [w.add(row * ldw), w.add((row + 1) * ldw)] };
+                            unsafe { $name::<2, M>(w2, x, (c0, c1), &e.at_row(row), a) };
+                            r += 2;
+                        } else {
+                            let a: &mut [_; 1] = (&mut acc[r..r + 1]).try_into().expect("one row");
+                            let w1 = unsafe { [w.add(row * ldw)] };
+                            unsafe { $name::<1, M>(w1, x, (c0, c1), &e.at_row(row), a) };
+                            r += 1;
+                        }
+                    }
                 }
-            }
-            for r in 2 * pairs..n {
-                let v = unsafe { $name::<1, M>([w.add(r * ldw)], x, chunks, &e.at_row(r)) };
-                unsafe { out.add(r * ldo).cast::<[f32; M]>().write_unaligned(v[0]) };
+                for (r, a) in acc[..sn].iter().enumerate() {
+                    for (m, [a0, a1]) in a.iter().enumerate() {
+                        // SAFETY: row s0 + r's results lie in `out`.
+                        unsafe { *out.add((s0 + r) * ldo + m) = hsum(_mm256_add_ps(*a0, *a1)) };
+                    }
+                }
             }
         }
     };
 }
 
-dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 32, |w, r, c, _e| {
+dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 32, 32, |w, r, c, _e| {
     if c % 2 == 0 {
         prefetch(w[r].wrapping_add(32 * c), 64);
     }
     e4m3_vectors(_mm256_loadu_si256(w[r].add(32 * c).cast()))
 });
 
-dot_kernel!(bf16_dots, bf16_rows, *const u16, (), 32, |w, r, c, _e| {
-    prefetch(w[r].wrapping_add(32 * c), 64);
-    bf16_vectors(w[r].add(32 * c))
-});
+dot_kernel!(
+    bf16_dots,
+    bf16_rows,
+    *const u16,
+    (),
+    32,
+    64,
+    |w, r, c, _e| {
+        prefetch(w[r].wrapping_add(32 * c), 64);
+        bf16_vectors(w[r].add(32 * c))
+    }
+);
 
-dot_kernel!(f32_dots, f32_rows, *const f32, (), 32, |w, r, c, _e| {
-    prefetch(w[r].wrapping_add(32 * c), 128);
-    let p = w[r].add(32 * c);
-    [
-        _mm256_loadu_ps(p),
-        _mm256_loadu_ps(p.add(8)),
-        _mm256_loadu_ps(p.add(16)),
-        _mm256_loadu_ps(p.add(24)),
-    ]
-});
+dot_kernel!(
+    f32_dots,
+    f32_rows,
+    *const f32,
+    (),
+    32,
+    128,
+    |w, r, c, _e| {
+        prefetch(w[r].wrapping_add(32 * c), 128);
+        let p = w[r].add(32 * c);
+        [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ]
+    }
+);
 
 dot_kernel!(
     fp4_dots,
@@ -224,6 +260,7 @@ dot_kernel!(
     *const u8,
     Fp4Scales,
     64,
+    32,
     |w, r, c, e| {
         if c % 2 == 0 {
             prefetch(w[r].wrapping_add(32 * c), 64);
@@ -308,17 +345,16 @@ unsafe fn store<const N: usize>(out: *mut f32, v: &[__m256; N]) {
     }
 }
 
-/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times `V` vectors
+/// The GEMM micro-kernel: a panel of `NW` weight rows (`[kc][NW]`, broadcast) times `V` vectors
 /// of activation columns of the transposed activations (`xt`, one strip of `8 · V`
 /// columns a row), summed over `kc`, into `out[n][0..8 · V]`.
 ///
 /// # Safety
-/// The weight rows hold `kc` floats, `xt` `kc` rows of `8 · V` floats, `out` room for
+/// The panel holds `kc · NW` floats, `xt` `kc` rows of `8 · V` floats, `out` room for
 /// `NW · 8 · V` floats.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm_micro<const NW: usize, const V: usize>(
-    w: *const f32,
-    ldw: usize,
+    panel: *const f32,
     xt: *const f32,
     kc: usize,
     out: *mut f32,
@@ -333,7 +369,7 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm256_loadu_ps(xt.add((kk * V + v) * 8)) });
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_set1_ps(unsafe { *w.add(n * ldw + kk) });
+            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * NW + n) });
             for (av, xv) in a.iter_mut().zip(&x) {
                 *av = _mm256_fmadd_ps(wv, *xv, *av);
             }
@@ -351,14 +387,13 @@ pub(crate) struct Avx2;
 
 impl Kernels for Avx2 {
     const ISA: crate::cpu::Isa = crate::cpu::Isa::Avx2;
+    const M_GROUP: usize = 4;
     const PAIRS_UP_TO: usize = 2;
     const LANES: usize = 8;
-    const M_DECODED: usize = 3;
     const GEMM_NW: [usize; 2] = [12, 6];
 
     unsafe fn gemm(
-        w: *const f32,
-        ldw: usize,
+        panel: *const f32,
         nw: usize,
         xt: *const f32,
         xw: usize,
@@ -370,40 +405,30 @@ impl Kernels for Avx2 {
         unsafe {
             if xw == 8 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out, next),
-                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out, next),
-                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out, next),
-                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out, next),
-                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out, next),
-                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out, next),
-                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out, next),
-                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out, next),
-                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out, next),
-                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out, next),
-                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out, next),
-                    _ => gemm_micro::<12, 1>(w, ldw, xt, kc, out, next),
+                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next),
+                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next),
+                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next),
+                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next),
+                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next),
+                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next),
+                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next),
+                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next),
+                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next),
+                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next),
+                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next),
+                    _ => gemm_micro::<12, 1>(panel, xt, kc, out, next),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out, next),
-                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out, next),
-                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out, next),
-                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out, next),
-                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out, next),
-                    _ => gemm_micro::<6, 2>(w, ldw, xt, kc, out, next),
+                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next),
+                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next),
+                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next),
+                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next),
+                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next),
+                    _ => gemm_micro::<6, 2>(panel, xt, kc, out, next),
                 }
             }
         }
-    }
-
-    unsafe fn f32<const R: usize, const M: usize>(
-        w: [*const f32; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: as above.
-        unsafe { f32_dots(w, x, chunks, e) }
     }
 
     unsafe fn fp8_rows<const M: usize>(

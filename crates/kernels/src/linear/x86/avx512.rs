@@ -5,7 +5,9 @@
 //! times its group's scale, about half the work of going through E4M3 (FP4 decode is what
 //! bounds its products on Zen 4, whose cores run 512-bit operations as two halves).
 
-use super::{prefetch, Extra, Fp4Scales, Kernels, Prefetch, RowFormat};
+use super::{
+    prefetch, prefetch_lines, Extra, Fp4Scales, Kernels, Prefetch, RowFormat, SUB_ROWS, X_BLOCK,
+};
 use std::arch::x86_64::*;
 
 /// `2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up).
@@ -95,20 +97,23 @@ unsafe fn bf16_vectors(p: *const u16) -> [__m512; 4] {
 
 /// See `avx2.rs`: one dot kernel's shape, `$elems` elements a chunk, and its row loop.
 macro_rules! dot_kernel {
-    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, $bytes:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
+        /// Adds chunks `c0..c1` of `R` weight rows times `M` activation rows to `acc` (two
+        /// accumulators per pair, the even and the odd vectors of a chunk).
+        ///
         /// # Safety
-        /// Each `w[r]` points at `chunks` whole chunks of its row, each `x[m]` at as many
-        /// activations, and the extra arguments cover those rows.
+        /// Each `w[r]` points at row `r` (chunks `c0..c1` inside it), each `x[m]` at an
+        /// activation row in the format's layout, and the extra arguments cover those rows.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
         unsafe fn $name<const R: usize, const M: usize>(
             $w: [$ptr; R],
             x: [*const f32; M],
-            chunks: usize,
+            (c0, c1): (usize, usize),
             $e: &$extra,
-        ) -> [[f32; M]; R] {
-            let mut acc = [[[_mm512_setzero_ps(); 2]; M]; R];
-            for $c in 0..chunks {
+            acc: &mut [[[__m512; 2]; M]; R],
+        ) {
+            for $c in c0..c1 {
                 for $r in 0..R {
                     // SAFETY: chunk c lies inside row r (the caller's contract).
                     let f = unsafe { $decode };
@@ -121,16 +126,12 @@ macro_rules! dot_kernel {
                     }
                 }
             }
-            let mut out = [[0.0f32; M]; R];
-            for (o, a) in out.iter_mut().zip(&acc) {
-                for (v, [a0, a1]) in o.iter_mut().zip(a) {
-                    *v = _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1));
-                }
-            }
-            out
         }
 
-        /// [`Kernels`]' row loop over `$name`.
+        /// [`Kernels`]' row loop over `$name`: rows in groups of [`SUB_ROWS`], and within a
+        /// group the inner dimension in blocks whose activations stay in L1 while every row
+        /// of the group passes over them (their partial sums wait in `acc`); each
+        /// (row, activation row) still accumulates every product in the same order.
         ///
         /// # Safety
         /// As [`Kernels::fp8_rows`].
@@ -144,44 +145,87 @@ macro_rules! dot_kernel {
             e: &$extra,
             (out, ldo): (*mut f32, usize),
         ) {
-            let pairs = if M <= Avx512::PAIRS_UP_TO { n / 2 } else { 0 };
-            // SAFETY (both loops): rows below n lie in the matrix, their results in `out`.
-            for r in (0..pairs).map(|p| 2 * p) {
-                let v = unsafe {
-                    $name::<2, M>([w.add(r * ldw), w.add((r + 1) * ldw)], x, chunks, &e.at_row(r))
-                };
-                for (t, row) in v.iter().enumerate() {
-                    unsafe { out.add((r + t) * ldo).cast::<[f32; M]>().write_unaligned(*row) };
+            let block = (X_BLOCK / (4 * M * $elems)).max(1);
+            let pairs = M <= Avx512::PAIRS_UP_TO;
+            let mut acc = [[[_mm512_setzero_ps(); 2]; M]; SUB_ROWS];
+            for s0 in (0..n).step_by(SUB_ROWS) {
+                let sn = SUB_ROWS.min(n - s0);
+                acc[..sn].iter_mut().for_each(|a| *a = [[_mm512_setzero_ps(); 2]; M]);
+                for c0 in (0..chunks).step_by(block) {
+                    let c1 = (c0 + block).min(chunks);
+                    if block < chunks {
+                        // The next group's share of this block, into L2 meanwhile (its
+                        // rows are read a block at a time, which the per-row stream
+                        // prefetch does not foresee).
+                        for row in (s0 + SUB_ROWS..s0 + 2 * SUB_ROWS).take_while(|&r| r < n) {
+                            let at = w.wrapping_add(row * ldw).cast::<u8>();
+                            prefetch_lines(at.wrapping_add(c0 * $bytes), (c1 - c0) * $bytes);
+                        }
+                    }
+                    let mut r = 0;
+                    // SAFETY (every call): rows below n lie in the matrix.
+                    while r < sn {
+                        let row = s0 + r;
+                        if pairs && r + 1 < sn {
+                            let a: &mut [_; 2] = (&mut acc[r..r + 2]).try_into().expect("two rows");
+                            let w2 = unsafe { [w.add(row * ldw), w.add((row + 1) * ldw)] };
+                            unsafe { $name::<2, M>(w2, x, (c0, c1), &e.at_row(row), a) };
+                            r += 2;
+                        } else {
+                            let a: &mut [_; 1] = (&mut acc[r..r + 1]).try_into().expect("one row");
+                            let w1 = unsafe { [w.add(row * ldw)] };
+                            unsafe { $name::<1, M>(w1, x, (c0, c1), &e.at_row(row), a) };
+                            r += 1;
+                        }
+                    }
                 }
-            }
-            for r in 2 * pairs..n {
-                let v = unsafe { $name::<1, M>([w.add(r * ldw)], x, chunks, &e.at_row(r)) };
-                unsafe { out.add(r * ldo).cast::<[f32; M]>().write_unaligned(v[0]) };
+                for (r, a) in acc[..sn].iter().enumerate() {
+                    for (m, [a0, a1]) in a.iter().enumerate() {
+                        // SAFETY: row s0 + r's results lie in `out`.
+                        unsafe { *out.add((s0 + r) * ldo + m) = _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1)) };
+                    }
+                }
             }
         }
     };
 }
 
-dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 64, |w, r, c, _e| {
+dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 64, 64, |w, r, c, _e| {
     prefetch(w[r].wrapping_add(64 * c), 64);
     e4m3_vectors(_mm512_loadu_si512(w[r].add(64 * c).cast()))
 });
 
-dot_kernel!(bf16_dots, bf16_rows, *const u16, (), 64, |w, r, c, _e| {
-    prefetch(w[r].wrapping_add(64 * c), 128);
-    bf16_vectors(w[r].add(64 * c))
-});
+dot_kernel!(
+    bf16_dots,
+    bf16_rows,
+    *const u16,
+    (),
+    64,
+    128,
+    |w, r, c, _e| {
+        prefetch(w[r].wrapping_add(64 * c), 128);
+        bf16_vectors(w[r].add(64 * c))
+    }
+);
 
-dot_kernel!(f32_dots, f32_rows, *const f32, (), 64, |w, r, c, _e| {
-    prefetch(w[r].wrapping_add(64 * c), 256);
-    let p = w[r].add(64 * c);
-    [
-        _mm512_loadu_ps(p),
-        _mm512_loadu_ps(p.add(16)),
-        _mm512_loadu_ps(p.add(32)),
-        _mm512_loadu_ps(p.add(48)),
-    ]
-});
+dot_kernel!(
+    f32_dots,
+    f32_rows,
+    *const f32,
+    (),
+    64,
+    256,
+    |w, r, c, _e| {
+        prefetch(w[r].wrapping_add(64 * c), 256);
+        let p = w[r].add(64 * c);
+        [
+            _mm512_loadu_ps(p),
+            _mm512_loadu_ps(p.add(16)),
+            _mm512_loadu_ps(p.add(32)),
+            _mm512_loadu_ps(p.add(48)),
+        ]
+    }
+);
 
 dot_kernel!(
     fp4_dots,
@@ -189,6 +233,7 @@ dot_kernel!(
     *const u8,
     Fp4Scales,
     128,
+    64,
     |w, r, c, e| {
         prefetch(w[r].wrapping_add(64 * c), 64);
         e2m1_vectors(w[r], e, r, c)
@@ -240,17 +285,16 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
     }
 }
 
-/// The GEMM micro-kernel: `NW` weight rows (broadcast, rows `ldw` apart) times `V` vectors
+/// The GEMM micro-kernel: a panel of `NW` weight rows (`[kc][NW]`, broadcast) times `V` vectors
 /// of activation columns of the transposed activations (`xt`, one strip of `16 · V`
 /// columns a row), summed over `kc`, into `out[n][0..16 · V]`.
 ///
 /// # Safety
-/// The weight rows hold `kc` floats, `xt` `kc` rows of `16 · V` floats, `out` room for
+/// The panel holds `kc · NW` floats, `xt` `kc` rows of `16 · V` floats, `out` room for
 /// `NW · 16 · V` floats.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn gemm_micro<const NW: usize, const V: usize>(
-    w: *const f32,
-    ldw: usize,
+    panel: *const f32,
     xt: *const f32,
     kc: usize,
     out: *mut f32,
@@ -265,7 +309,7 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm512_loadu_ps(xt.add((kk * V + v) * 16)) });
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm512_set1_ps(unsafe { *w.add(n * ldw + kk) });
+            let wv = _mm512_set1_ps(unsafe { *panel.add(kk * NW + n) });
             for (av, xv) in a.iter_mut().zip(&x) {
                 *av = _mm512_fmadd_ps(wv, *xv, *av);
             }
@@ -286,8 +330,7 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
 /// As [`gemm_micro`], with `xt` rows of 8 floats.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn gemm_micro_narrow<const NW: usize>(
-    w: *const f32,
-    ldw: usize,
+    panel: *const f32,
     xt: *const f32,
     kc: usize,
     out: *mut f32,
@@ -301,7 +344,7 @@ unsafe fn gemm_micro_narrow<const NW: usize>(
         // SAFETY (every block): in bounds by the contract.
         let x = unsafe { _mm256_loadu_ps(xt.add(kk * 8)) };
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_set1_ps(unsafe { *w.add(n * ldw + kk) });
+            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * NW + n) });
             *a = _mm256_fmadd_ps(wv, x, *a);
         }
     }
@@ -315,14 +358,13 @@ pub(crate) struct Avx512;
 
 impl Kernels for Avx512 {
     const ISA: crate::cpu::Isa = crate::cpu::Isa::Avx512;
+    const M_GROUP: usize = 8;
     const PAIRS_UP_TO: usize = 4;
     const LANES: usize = 16;
-    const M_DECODED: usize = 6;
     const GEMM_NW: [usize; 2] = [24, 12];
 
     unsafe fn gemm(
-        w: *const f32,
-        ldw: usize,
+        panel: *const f32,
         nw: usize,
         xt: *const f32,
         xw: usize,
@@ -334,85 +376,75 @@ impl Kernels for Avx512 {
         unsafe {
             if xw == 8 {
                 match nw {
-                    1 => gemm_micro_narrow::<1>(w, ldw, xt, kc, out, next),
-                    2 => gemm_micro_narrow::<2>(w, ldw, xt, kc, out, next),
-                    3 => gemm_micro_narrow::<3>(w, ldw, xt, kc, out, next),
-                    4 => gemm_micro_narrow::<4>(w, ldw, xt, kc, out, next),
-                    5 => gemm_micro_narrow::<5>(w, ldw, xt, kc, out, next),
-                    6 => gemm_micro_narrow::<6>(w, ldw, xt, kc, out, next),
-                    7 => gemm_micro_narrow::<7>(w, ldw, xt, kc, out, next),
-                    8 => gemm_micro_narrow::<8>(w, ldw, xt, kc, out, next),
-                    9 => gemm_micro_narrow::<9>(w, ldw, xt, kc, out, next),
-                    10 => gemm_micro_narrow::<10>(w, ldw, xt, kc, out, next),
-                    11 => gemm_micro_narrow::<11>(w, ldw, xt, kc, out, next),
-                    12 => gemm_micro_narrow::<12>(w, ldw, xt, kc, out, next),
-                    13 => gemm_micro_narrow::<13>(w, ldw, xt, kc, out, next),
-                    14 => gemm_micro_narrow::<14>(w, ldw, xt, kc, out, next),
-                    15 => gemm_micro_narrow::<15>(w, ldw, xt, kc, out, next),
-                    16 => gemm_micro_narrow::<16>(w, ldw, xt, kc, out, next),
-                    17 => gemm_micro_narrow::<17>(w, ldw, xt, kc, out, next),
-                    18 => gemm_micro_narrow::<18>(w, ldw, xt, kc, out, next),
-                    19 => gemm_micro_narrow::<19>(w, ldw, xt, kc, out, next),
-                    20 => gemm_micro_narrow::<20>(w, ldw, xt, kc, out, next),
-                    21 => gemm_micro_narrow::<21>(w, ldw, xt, kc, out, next),
-                    22 => gemm_micro_narrow::<22>(w, ldw, xt, kc, out, next),
-                    23 => gemm_micro_narrow::<23>(w, ldw, xt, kc, out, next),
-                    _ => gemm_micro_narrow::<24>(w, ldw, xt, kc, out, next),
+                    1 => gemm_micro_narrow::<1>(panel, xt, kc, out, next),
+                    2 => gemm_micro_narrow::<2>(panel, xt, kc, out, next),
+                    3 => gemm_micro_narrow::<3>(panel, xt, kc, out, next),
+                    4 => gemm_micro_narrow::<4>(panel, xt, kc, out, next),
+                    5 => gemm_micro_narrow::<5>(panel, xt, kc, out, next),
+                    6 => gemm_micro_narrow::<6>(panel, xt, kc, out, next),
+                    7 => gemm_micro_narrow::<7>(panel, xt, kc, out, next),
+                    8 => gemm_micro_narrow::<8>(panel, xt, kc, out, next),
+                    9 => gemm_micro_narrow::<9>(panel, xt, kc, out, next),
+                    10 => gemm_micro_narrow::<10>(panel, xt, kc, out, next),
+                    11 => gemm_micro_narrow::<11>(panel, xt, kc, out, next),
+                    12 => gemm_micro_narrow::<12>(panel, xt, kc, out, next),
+                    13 => gemm_micro_narrow::<13>(panel, xt, kc, out, next),
+                    14 => gemm_micro_narrow::<14>(panel, xt, kc, out, next),
+                    15 => gemm_micro_narrow::<15>(panel, xt, kc, out, next),
+                    16 => gemm_micro_narrow::<16>(panel, xt, kc, out, next),
+                    17 => gemm_micro_narrow::<17>(panel, xt, kc, out, next),
+                    18 => gemm_micro_narrow::<18>(panel, xt, kc, out, next),
+                    19 => gemm_micro_narrow::<19>(panel, xt, kc, out, next),
+                    20 => gemm_micro_narrow::<20>(panel, xt, kc, out, next),
+                    21 => gemm_micro_narrow::<21>(panel, xt, kc, out, next),
+                    22 => gemm_micro_narrow::<22>(panel, xt, kc, out, next),
+                    23 => gemm_micro_narrow::<23>(panel, xt, kc, out, next),
+                    _ => gemm_micro_narrow::<24>(panel, xt, kc, out, next),
                 }
             } else if xw == 16 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(w, ldw, xt, kc, out, next),
-                    2 => gemm_micro::<2, 1>(w, ldw, xt, kc, out, next),
-                    3 => gemm_micro::<3, 1>(w, ldw, xt, kc, out, next),
-                    4 => gemm_micro::<4, 1>(w, ldw, xt, kc, out, next),
-                    5 => gemm_micro::<5, 1>(w, ldw, xt, kc, out, next),
-                    6 => gemm_micro::<6, 1>(w, ldw, xt, kc, out, next),
-                    7 => gemm_micro::<7, 1>(w, ldw, xt, kc, out, next),
-                    8 => gemm_micro::<8, 1>(w, ldw, xt, kc, out, next),
-                    9 => gemm_micro::<9, 1>(w, ldw, xt, kc, out, next),
-                    10 => gemm_micro::<10, 1>(w, ldw, xt, kc, out, next),
-                    11 => gemm_micro::<11, 1>(w, ldw, xt, kc, out, next),
-                    12 => gemm_micro::<12, 1>(w, ldw, xt, kc, out, next),
-                    13 => gemm_micro::<13, 1>(w, ldw, xt, kc, out, next),
-                    14 => gemm_micro::<14, 1>(w, ldw, xt, kc, out, next),
-                    15 => gemm_micro::<15, 1>(w, ldw, xt, kc, out, next),
-                    16 => gemm_micro::<16, 1>(w, ldw, xt, kc, out, next),
-                    17 => gemm_micro::<17, 1>(w, ldw, xt, kc, out, next),
-                    18 => gemm_micro::<18, 1>(w, ldw, xt, kc, out, next),
-                    19 => gemm_micro::<19, 1>(w, ldw, xt, kc, out, next),
-                    20 => gemm_micro::<20, 1>(w, ldw, xt, kc, out, next),
-                    21 => gemm_micro::<21, 1>(w, ldw, xt, kc, out, next),
-                    22 => gemm_micro::<22, 1>(w, ldw, xt, kc, out, next),
-                    23 => gemm_micro::<23, 1>(w, ldw, xt, kc, out, next),
-                    _ => gemm_micro::<24, 1>(w, ldw, xt, kc, out, next),
+                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next),
+                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next),
+                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next),
+                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next),
+                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next),
+                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next),
+                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next),
+                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next),
+                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next),
+                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next),
+                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next),
+                    12 => gemm_micro::<12, 1>(panel, xt, kc, out, next),
+                    13 => gemm_micro::<13, 1>(panel, xt, kc, out, next),
+                    14 => gemm_micro::<14, 1>(panel, xt, kc, out, next),
+                    15 => gemm_micro::<15, 1>(panel, xt, kc, out, next),
+                    16 => gemm_micro::<16, 1>(panel, xt, kc, out, next),
+                    17 => gemm_micro::<17, 1>(panel, xt, kc, out, next),
+                    18 => gemm_micro::<18, 1>(panel, xt, kc, out, next),
+                    19 => gemm_micro::<19, 1>(panel, xt, kc, out, next),
+                    20 => gemm_micro::<20, 1>(panel, xt, kc, out, next),
+                    21 => gemm_micro::<21, 1>(panel, xt, kc, out, next),
+                    22 => gemm_micro::<22, 1>(panel, xt, kc, out, next),
+                    23 => gemm_micro::<23, 1>(panel, xt, kc, out, next),
+                    _ => gemm_micro::<24, 1>(panel, xt, kc, out, next),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(w, ldw, xt, kc, out, next),
-                    2 => gemm_micro::<2, 2>(w, ldw, xt, kc, out, next),
-                    3 => gemm_micro::<3, 2>(w, ldw, xt, kc, out, next),
-                    4 => gemm_micro::<4, 2>(w, ldw, xt, kc, out, next),
-                    5 => gemm_micro::<5, 2>(w, ldw, xt, kc, out, next),
-                    6 => gemm_micro::<6, 2>(w, ldw, xt, kc, out, next),
-                    7 => gemm_micro::<7, 2>(w, ldw, xt, kc, out, next),
-                    8 => gemm_micro::<8, 2>(w, ldw, xt, kc, out, next),
-                    9 => gemm_micro::<9, 2>(w, ldw, xt, kc, out, next),
-                    10 => gemm_micro::<10, 2>(w, ldw, xt, kc, out, next),
-                    11 => gemm_micro::<11, 2>(w, ldw, xt, kc, out, next),
-                    _ => gemm_micro::<12, 2>(w, ldw, xt, kc, out, next),
+                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next),
+                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next),
+                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next),
+                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next),
+                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next),
+                    6 => gemm_micro::<6, 2>(panel, xt, kc, out, next),
+                    7 => gemm_micro::<7, 2>(panel, xt, kc, out, next),
+                    8 => gemm_micro::<8, 2>(panel, xt, kc, out, next),
+                    9 => gemm_micro::<9, 2>(panel, xt, kc, out, next),
+                    10 => gemm_micro::<10, 2>(panel, xt, kc, out, next),
+                    11 => gemm_micro::<11, 2>(panel, xt, kc, out, next),
+                    _ => gemm_micro::<12, 2>(panel, xt, kc, out, next),
                 }
             }
         }
-    }
-
-    unsafe fn f32<const R: usize, const M: usize>(
-        w: [*const f32; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R] {
-        // SAFETY: as above.
-        unsafe { f32_dots(w, x, chunks, e) }
     }
 
     unsafe fn fp8_rows<const M: usize>(

@@ -1,25 +1,75 @@
-//! The GEMM path, for prefill-sized batches (and the experts' share of one): a tile's
-//! weight rows are decoded once into f32 rows, and multiplied with the activations
-//! transposed once per call (`xt: [k][m]`) by a micro-kernel that broadcasts `NW` weights
-//! and multiplies two vectors of activation columns, keeping `2 · NW` accumulators in
-//! registers over the whole inner dimension. Nothing is packed per tile beyond the decode
-//! the dot path does anyway, so the path pays off from a few dozen activation rows.
+//! The GEMM path, for prefill-sized batches (and batched decode's, from a few rows on
+//! AVX-512): a group of weight rows is decoded once into f32 rows and packed into a panel
+//! `[k][rows]`, and a micro-kernel multiplies the panel with the activations transposed
+//! once per call (`xt`, strips `[k][columns]`): each step of the inner dimension broadcasts
+//! the group's weights (consecutive floats, one address register) against one or two
+//! vectors of activation columns, with every accumulator in a register for the whole inner
+//! dimension.
 //!
 //! It sums each output over `k` in one lane, unlike the dot kernels, so a row's result
-//! differs from the small-batch path in the last bits; batches this large are prefills (or
-//! their experts), not the decode steps whose rows must not depend on their neighbours.
+//! differs from the small-batch path in the last bits.
 
 use super::{tails, Kernels, Out, Prefetch, Rows, M_MAX};
 use crate::linear::Plan;
+use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Activation rows from which the GEMM path is used.
-pub(super) const M_GEMM: usize = crate::linear::GEMM_M;
-/// Padding after each decoded weight row, so the `NW` rows a micro-kernel broadcasts from
-/// (`k` floats apart, `k` often a multiple of 4 KiB) do not all fall in the same L1 sets.
+/// Padding after each decoded weight row, so the rows a pack reads (`k` floats apart, `k`
+/// often a multiple of 4 KiB) do not all fall in the same L1 sets.
 const ROW_PAD: usize = 16;
 /// The largest micro-tile of any family (AVX-512: 12 rows × 32 columns or 24 × 16).
 const TILE_MAX: usize = 12 * 32;
+
+/// `out[kk · nr + n] = src[n · lds + kk]`: `nr` rows of `kc` floats (a multiple of 8) into a
+/// panel, in 8 × 8 blocks transposed in registers.
+///
+/// # Safety
+/// The CPU has AVX2; `src` holds the rows, `out` `kc · nr` floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32) {
+    let full = nr / 8 * 8;
+    for n0 in (0..full).step_by(8) {
+        for k0 in (0..kc).step_by(8) {
+            // SAFETY (every block): rows n0..n0 + 8 and columns k0..k0 + 8 are in bounds.
+            let r: [__m256; 8] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add((n0 + i) * lds + k0)) });
+            let t = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            let u = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for j in 0..4 {
+                let lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
+                let hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
+                unsafe {
+                    _mm256_storeu_ps(out.add((k0 + j) * nr + n0), lo);
+                    _mm256_storeu_ps(out.add((k0 + j + 4) * nr + n0), hi);
+                }
+            }
+        }
+    }
+    for n in full..nr {
+        for kk in 0..kc {
+            // SAFETY: as above.
+            unsafe { *out.add(kk * nr + n) = *src.add(n * lds + kk) };
+        }
+    }
+}
 
 /// Rows `rows` of the plan's matrix against every activation row.
 ///
@@ -31,34 +81,41 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
     let (xt, xw, xw_last) = plan.xt();
     let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;
-    // Few activation strips: decode a micro-tile's rows just before they are used (they
-    // stay in L1/L2); many: decode the whole tile once and sweep the strips over it.
+    let n_rows = rows.len();
+    // Few activation strips: decode and pack a group's rows just before they are used
+    // (they stay in L1/L2); many: the whole tile once, then sweep the strips over it.
     let strips = m.div_ceil(xw);
     let per_group = strips <= 3;
-    let buf_rows = if per_group { nw } else { rows.len() };
-    super::super::with_scratch3(buf_rows * ldw, |wbuf| {
-        let decode = |wbuf: &mut [f32], first: usize, n: usize| {
-            for t in 0..n {
-                let r = first + t;
-                let dst = &mut wbuf[t * ldw..t * ldw + k];
-                match how.in_place {
-                    // SAFETY: an F32 row holds k floats.
-                    Some(row) => {
-                        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(row(r), k) })
+    let panel_len = if per_group { nw * main } else { n_rows * main };
+    super::super::with_scratch3(nw * ldw + panel_len, |buf| {
+        let (rowbuf, panels) = buf.split_at_mut(nw * ldw);
+        // Rows first..first + n decoded and packed into `panel` ([main][n]).
+        let mut prepare = |panel: &mut [f32], first: usize, n: usize| {
+            let (src, lds) = match how.in_place {
+                Some(row) => (row(first), k),
+                None => {
+                    for t in 0..n {
+                        (how.decode)(first + t, rowbuf[t * ldw..].as_mut_ptr());
                     }
-                    None => (how.decode)(r, dst.as_mut_ptr()),
+                    (rowbuf.as_ptr(), ldw)
                 }
-            }
+            };
+            // SAFETY: n rows of at least `main` floats, `lds` apart; the panel holds
+            // main · n floats; every AVX family has AVX2.
+            unsafe { pack(src, lds, n, main, panel.as_mut_ptr()) };
         };
         if !per_group {
-            decode(wbuf, rows.start, rows.len());
+            for n0 in (0..n_rows).step_by(nw) {
+                let nr = nw.min(n_rows - n0);
+                prepare(&mut panels[n0 * main..], rows.start + n0, nr);
+            }
         }
         let mut out = [0.0f32; TILE_MAX];
         let n_rows = rows.len();
         // The plan's activations are as given here (the kernels' layout is in `xt`), so the
         // tail takes the exact weights with no factor to undo.
         let (exact, mult) = how.exact.unwrap_or((how.weight, 1.0));
-        let mut tile = |wrows: &[f32], m0: usize, n0: usize, nr: usize, next: Prefetch| {
+        let mut tile = |panel: &[f32], m0: usize, n0: usize, nr: usize, next: Prefetch| {
             let xw = if m0 + xw >= m { xw_last } else { xw };
             let cols = xw.min(m - m0);
             let row0 = rows.start + n0;
@@ -77,12 +134,11 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
                 }
             }
             if main > 0 {
-                // SAFETY: decoded rows hold `main` floats, the strip of `xt` holds `k` rows
-                // of `xw` floats, `out` holds NW · XW floats.
+                // SAFETY: the panel holds `main` rows of `nr` floats, the strip of `xt` holds
+                // `k` rows of `xw` floats, `out` holds NW · XW floats.
                 unsafe {
                     K::gemm(
-                        wrows.as_ptr(),
-                        ldw,
+                        panel.as_ptr(),
                         nr,
                         xt.add(m0 * k),
                         xw,
@@ -126,7 +182,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
             let w_rows = plan.w().rows;
             for n0 in (0..n_rows).step_by(nw) {
                 let nr = nw.min(n_rows - n0);
-                decode(wbuf, rows.start + n0, nr);
+                prepare(panels, rows.start + n0, nr);
                 let first = rows.start + n0 + nr;
                 let next = Prefetch {
                     at: stored.wrapping_add(first * row_bytes),
@@ -134,14 +190,14 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
                 };
                 for m0 in (0..m).step_by(xw) {
                     let next = if m0 == 0 { next } else { Prefetch::NONE };
-                    tile(&wbuf[..], m0, n0, nr, next);
+                    tile(panels, m0, n0, nr, next);
                 }
             }
         } else {
             for m0 in (0..m).step_by(xw) {
                 for n0 in (0..n_rows).step_by(nw) {
                     tile(
-                        &wbuf[n0 * ldw..],
+                        &panels[n0 * main..],
                         m0,
                         n0,
                         nw.min(n_rows - n0),

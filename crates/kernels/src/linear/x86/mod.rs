@@ -2,12 +2,12 @@
 //! the FP8 per-block activation scaling, the scalar tails — written once over a kernel
 //! family ([`Kernels`]: [`avx2::Avx2`], [`avx512::Avx512`]) that differ only in width.
 //!
-//! Three paths by batch size:
-//! * up to [`M_FUSED`] activation rows, the fused kernels decode every weight chunk in
-//!   registers for each group of activation rows;
-//! * up to [`gemm::M_GEMM`], a pair of weight rows is decoded once into an f32 buffer and
-//!   multiplied by groups of `M_DECODED` activation rows — both of these accumulate every
-//!   product in the same order, so which one runs never changes a decode step's result;
+//! Two paths by batch size:
+//! * below [`crate::linear::gemm_from`] activation rows, the fused kernels: every weight
+//!   chunk decoded in registers and used for a group of activation rows, the inner
+//!   dimension in blocks whose activations stay in L1. Every (weight row, activation row)
+//!   pair accumulates its products in the same order whatever the group, so a decode step's
+//!   rows never depend on the rest of the batch;
 //! * from there on, the GEMM of [`gemm`] (prefill, and the dense products of a batched
 //!   decode step).
 
@@ -36,15 +36,10 @@ pub(super) trait Kernels {
     /// activation load then feeds two FMAs): as many as the registers hold both rows'
     /// accumulators for.
     const PAIRS_UP_TO: usize;
-    /// Activation rows per call on the decode-once path: as many as the register file
-    /// holds two accumulators each for, with two weight rows.
-    const M_DECODED: usize;
-    unsafe fn f32<const R: usize, const M: usize>(
-        w: [*const f32; R],
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-    ) -> [[f32; M]; R];
+    /// Activation rows one fused call takes (a larger batch runs in groups, each decoding
+    /// the weights again): as many as the registers hold the accumulators for beside a
+    /// decoded chunk.
+    const M_GROUP: usize;
     /// The dots of `n` consecutive weight rows (`ldw` elements apart, from `w`) with `M`
     /// activation rows, into `out[r · ldo + m]`: the fused kernels' row loop, two rows a call
     /// while the registers allow ([`Self::PAIRS_UP_TO`]).
@@ -91,13 +86,11 @@ pub(super) trait Kernels {
     /// activation columns (`LANES` or `2 · LANES` columns, as many rows as the registers
     /// hold accumulators for).
     const GEMM_NW: [usize; 2];
-    /// `out[n][0..xw] = Σ_k w[n][k] · xt[k][0..xw]` for `nw` weight rows `ldw` apart and one
-    /// strip of the transposed activations (`xw` columns a row), prefetching the `pf`
-    /// bytes at `next` into L2 along the way (the stored weights decoded next).
-    #[allow(clippy::too_many_arguments)]
+    /// `out[n][0..xw] = Σ_k panel[k][n] · xt[k][0..xw]` for a panel of `nw` weight rows
+    /// and one strip of the transposed activations (`xw` columns a row), prefetching the
+    /// bytes `next` names into L2 along the way (the stored weights decoded next).
     unsafe fn gemm(
-        w: *const f32,
-        ldw: usize,
+        panel: *const f32,
         nw: usize,
         xt: *const f32,
         xw: usize,
@@ -196,21 +189,29 @@ impl Prefetch {
 /// Prefetches into L2 the cache lines `PREFETCH` bytes past the `bytes` bytes at `p`.
 #[inline(always)]
 fn prefetch<T>(p: *const T, bytes: usize) {
+    prefetch_lines(p.cast::<u8>().wrapping_add(PREFETCH), bytes);
+}
+
+/// Prefetches into L2 the cache lines of the `bytes` bytes at `p`.
+#[inline(always)]
+fn prefetch_lines(p: *const u8, bytes: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
-    let p = p.cast::<i8>();
     for line in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch(p.wrapping_add(PREFETCH + line), _MM_HINT_T2) };
+        unsafe { _mm_prefetch(p.wrapping_add(line).cast::<i8>(), _MM_HINT_T2) };
     }
 }
 
-/// Activation rows the fused kernels take at once (and the most for which they are used).
-const M_FUSED: usize = 4;
-/// Weight rows per step of the loops: two read streams per core.
+/// The most activation rows a fused call takes (any family's [`Kernels::M_GROUP`]).
+const M_MAX: usize = 8;
+/// Weight rows whose results the tail and store steps take at once.
 const ROWS: usize = 2;
-
-/// The most activation rows any kernel call takes.
-const M_MAX: usize = 6;
+/// Bytes of activations one block of the inner dimension holds for the fused kernels: half
+/// of L1, so they stay there while a group of weight rows passes over them.
+const X_BLOCK: usize = 16 << 10;
+/// Weight rows a fused row loop carries through the blocks of the inner dimension at once
+/// (their partial sums wait on the stack between blocks).
+const SUB_ROWS: usize = 16;
 
 /// A kernel result: `[weight row][activation row]`.
 type Out = [[f32; M_MAX]; ROWS];
@@ -220,16 +221,8 @@ fn take<T: Copy, const N: usize>(a: &[T]) -> [T; N] {
     std::array::from_fn(|i| a[i])
 }
 
-/// Copies a `[R][M]` result into `out` at row `r0`.
-#[inline(always)]
-fn put<const R: usize, const M: usize>(out: &mut Out, r0: usize, v: [[f32; M]; R]) {
-    for (r, row) in v.iter().enumerate() {
-        out[r0 + r][..M].copy_from_slice(row);
-    }
-}
-
 /// Runs the row loop `$K::$rows` over the `n` weight rows from `w` (`ldw` elements apart)
-/// and `mg` (≤ [`M_FUSED`]) activation rows, into `out` (`[n][M_FUSED]`).
+/// and `mg` (≤ [`M_MAX`]) activation rows, into `out` (`[n][M_MAX]`).
 macro_rules! fused {
     ($K:ident :: $rows:ident, $w:expr, $ldw:expr, $n:expr, $mg:expr, $x:expr, $chunks:expr, $extra:expr, $out:expr) => {{
         let (w, ldw, n, mg, x, chunks, extra): (
@@ -241,12 +234,16 @@ macro_rules! fused {
             usize,
             _,
         ) = ($w, $ldw, $n, $mg, $x, $chunks, $extra);
-        let out = ($out, M_FUSED);
+        let out = ($out, M_MAX);
         match mg {
             1 => $K::$rows::<1>(w, ldw, n, take(&x), chunks, extra, out),
             2 => $K::$rows::<2>(w, ldw, n, take(&x), chunks, extra, out),
             3 => $K::$rows::<3>(w, ldw, n, take(&x), chunks, extra, out),
-            _ => $K::$rows::<4>(w, ldw, n, take(&x), chunks, extra, out),
+            4 => $K::$rows::<4>(w, ldw, n, take(&x), chunks, extra, out),
+            5 => $K::$rows::<5>(w, ldw, n, take(&x), chunks, extra, out),
+            6 => $K::$rows::<6>(w, ldw, n, take(&x), chunks, extra, out),
+            7 => $K::$rows::<7>(w, ldw, n, take(&x), chunks, extra, out),
+            _ => $K::$rows::<8>(w, ldw, n, take(&x), chunks, extra, out),
         }
     }};
 }
@@ -255,46 +252,10 @@ macro_rules! fused {
 const FUSED_ROWS: usize = 64;
 
 /// The results of one fused row loop: `[row][activation row]`.
-type FusedOut = [[f32; M_FUSED]; FUSED_ROWS];
+type FusedOut = [[f32; M_MAX]; FUSED_ROWS];
 
 /// A format's fused row loop: rows, activation rows, their pointers, the results.
 type FusedRows<'a> = &'a dyn Fn(Range<usize>, usize, [*const f32; M_MAX], &mut FusedOut);
-
-/// The f32 kernel over one or two decoded rows and up to [`M_MAX`] activation rows.
-///
-/// # Safety
-/// As the kernel's.
-#[inline(always)]
-unsafe fn decoded<K: Kernels>(
-    n: usize,
-    mg: usize,
-    w: [*const f32; ROWS],
-    x: [*const f32; M_MAX],
-    chunks: usize,
-) -> Out {
-    let mut out: Out = [[0.0; M_MAX]; ROWS];
-    macro_rules! rows {
-        ($M:literal) => {
-            if n == 2 {
-                put(&mut out, 0, K::f32::<2, $M>(w, take(&x), chunks, &()))
-            } else {
-                put(&mut out, 0, K::f32::<1, $M>([w[0]], take(&x), chunks, &()))
-            }
-        };
-    }
-    // SAFETY: forwarded contract.
-    unsafe {
-        match mg {
-            1 => rows!(1),
-            2 => rows!(2),
-            3 => rows!(3),
-            4 => rows!(4),
-            5 => rows!(5),
-            _ => rows!(6),
-        }
-    }
-    out
-}
 
 /// Activation rows per cache block: the block stays in L2 while the tile's weight rows pass
 /// over it (at least one group, at most 64 rows).
@@ -360,71 +321,40 @@ impl Rows<'_> {
             self.weight,
         );
     }
-
-    /// Pointers to rows `r`'s f32 values, decoding them into `buf` (`k` floats a row) if
-    /// they are not f32 already.
-    fn f32_rows<const N: usize>(
-        &self,
-        r: Range<usize>,
-        buf: &mut [f32],
-        k: usize,
-    ) -> [*const f32; N] {
-        match self.in_place {
-            Some(row) => std::array::from_fn(|t| row(r.start + t.min(r.len() - 1))),
-            None => {
-                for (t, row) in r.clone().enumerate() {
-                    (self.decode)(row, buf[t * k..].as_mut_ptr());
-                }
-                std::array::from_fn(|t| buf[t.min(r.len() - 1) * k..].as_ptr())
-            }
-        }
-    }
 }
 
-/// The loops of one tile for activation rows `i0..i1` whose pointers `x(i)` gives.
+/// The loops of one tile for activation rows `i0..i1` whose pointers `x(i)` gives: groups
+/// of at most [`Kernels::M_GROUP`] activation rows (as even as can be), each over every
+/// weight row.
 ///
 /// # Safety
-/// As [`tile`]; `buf` holds `ROWS · k` floats.
+/// As [`tile`].
 unsafe fn run_rows<K: Kernels>(
     plan: &Plan,
     rows: Range<usize>,
     (i0, i1): (usize, usize),
     x: &dyn Fn(usize) -> *const f32,
     how: &Rows,
-    buf: &mut [f32],
 ) {
     let k = plan.w().cols;
-    if plan.m <= M_FUSED {
-        let mut res: FusedOut = [[0.0; M_FUSED]; FUSED_ROWS];
+    let group = (i1 - i0).div_ceil((i1 - i0).div_ceil(K::M_GROUP));
+    let mut res: FusedOut = [[0.0; M_MAX]; FUSED_ROWS];
+    for g0 in (i0..i1).step_by(group) {
+        let mg = (i1 - g0).min(group);
+        let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(g0 + t.min(mg - 1)));
         for s0 in rows.clone().step_by(FUSED_ROWS) {
             let sub = s0..(s0 + FUSED_ROWS).min(rows.end);
-            let mg = i1 - i0;
-            let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(i0 + t.min(mg - 1)));
             (how.fused)(sub.clone(), mg, xs, &mut res);
             for r0 in sub.clone().step_by(ROWS) {
                 let r = r0..(r0 + ROWS).min(sub.end);
                 let mut out: Out = [[0.0; M_MAX]; ROWS];
                 for (t, row) in r.clone().enumerate() {
-                    out[t][..M_FUSED].copy_from_slice(&res[row - s0]);
+                    out[t] = res[row - s0];
                 }
                 how.finish::<K>(&mut out, r.clone(), mg, xs, k);
                 // SAFETY: this tile owns the outputs of `r`.
-                unsafe { plan.store(i0, mg, r, &out) };
+                unsafe { plan.store(g0, mg, r, &out) };
             }
-        }
-        return;
-    }
-    for r0 in rows.clone().step_by(ROWS) {
-        let r = r0..(r0 + ROWS).min(rows.end);
-        let wp: [*const f32; ROWS] = how.f32_rows(r.clone(), buf, k);
-        for g0 in (i0..i1).step_by(K::M_DECODED) {
-            let mg = (i1 - g0).min(K::M_DECODED);
-            let xs: [*const f32; M_MAX] = std::array::from_fn(|t| x(g0 + t.min(mg - 1)));
-            // SAFETY: decoded rows and activation rows hold `32 · chunks` floats.
-            let mut out = unsafe { decoded::<K>(r.len(), mg, wp, xs, how.chunks) };
-            how.finish::<K>(&mut out, r.clone(), mg, xs, k);
-            // SAFETY: this tile owns the outputs of `r`.
-            unsafe { plan.store(g0, mg, r.clone(), &out) };
         }
     }
 }
@@ -440,7 +370,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
     let k = w.cols;
     let chunk = 4 * K::LANES;
     let main = k / chunk;
-    let gemm = plan.m >= gemm::M_GEMM;
+    let gemm = plan.m >= crate::linear::gemm_from(K::ISA);
     let mb = m_block(k);
     let blocks = |f: &mut dyn FnMut(usize, usize)| {
         for i0 in (0..plan.m).step_by(mb) {
@@ -450,7 +380,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
     let x_plain = |i: usize| plan.x_row(i).as_ptr();
     // SAFETY (every unsafe block below): rows, chunks and activation rows are in bounds by
     // the plan's shapes; outputs of `rows` belong to this tile alone; the CPU has AVX2+FMA.
-    super::with_scratch(ROWS * k, |buf| match &w.data {
+    match &w.data {
         Data::F32(b) => {
             let wf = b.as_f32();
             let row = |r: usize| wf[r * k..].as_ptr();
@@ -481,7 +411,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
             });
         }
         Data::Bf16(b) => {
@@ -514,7 +444,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
             });
         }
         Data::Fp4 {
@@ -564,7 +494,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how, buf)
+                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
             });
         }
         Data::Fp8 {
@@ -641,13 +571,13 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                         }
                         let base = xs_buf.as_ptr();
                         let x = |i: usize| base.wrapping_add((i - i0) * ldx);
-                        unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how, buf) };
+                        unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how) };
                     });
                     rb_start = rb_end;
                 }
             });
         }
-    })
+    }
 }
 
 /// Adds the elements past the last whole chunk (`from..k`) in scalar code: `weight(row, j)`
