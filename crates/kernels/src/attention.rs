@@ -32,12 +32,15 @@ pub fn sink_attention<'k>(
         scores.resize(heads * n_keys, 0.0);
     }
     let scores = &mut scores[..heads * n_keys];
-    for j in 0..n_keys {
-        let k = key(j);
-        for (h, qh) in q.chunks_exact(d).enumerate() {
-            scores[h * n_keys + j] = dot(qh, k) * softmax_scale;
-        }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::isa().has_avx2() {
+        // SAFETY: AVX2 and FMA are present; the shapes were checked above.
+        unsafe { avx2::scores(q, d, n_keys, &key, softmax_scale, scores) };
+    } else {
+        plain_scores(q, d, n_keys, &key, softmax_scale, scores);
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    plain_scores(q, d, n_keys, &key, softmax_scale, scores);
     // Per head: p_j = exp(s_j − m) with m the max over the scores and the sink.
     let mut inv = [0.0f32; 256];
     assert!(heads <= inv.len(), "sink_attention: more than 256 heads");
@@ -54,15 +57,170 @@ pub fn sink_attention<'k>(
     if n_keys == 0 {
         inv[..heads].iter_mut().for_each(|v| *v = 0.0);
     }
-    out.iter_mut().for_each(|v| *v = 0.0);
-    for j in 0..n_keys {
-        let k = key(j);
-        for (h, o) in out.chunks_exact_mut(d).enumerate() {
-            axpy(o, scores[h * n_keys + j], k);
-        }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::isa().has_avx2() {
+        // SAFETY: as above.
+        unsafe { avx2::weighted_sum(scores, d, n_keys, &key, out) };
+    } else {
+        plain_weighted_sum(scores, d, n_keys, &key, out);
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    plain_weighted_sum(scores, d, n_keys, &key, out);
     for (h, o) in out.chunks_exact_mut(d).enumerate() {
         scale(o, inv[h]);
+    }
+}
+
+/// `scores[h · n + j] = q_h · k_j · scale`.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn plain_scores<'k>(
+    q: &[f32],
+    d: usize,
+    n: usize,
+    key: &impl Fn(usize) -> &'k [f32],
+    softmax_scale: f32,
+    scores: &mut [f32],
+) {
+    for j in 0..n {
+        let k = key(j);
+        for (h, qh) in q.chunks_exact(d).enumerate() {
+            scores[h * n + j] = dot(qh, k) * softmax_scale;
+        }
+    }
+}
+
+/// `out[h] = Σ_j p[h · n + j] · k_j`.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn plain_weighted_sum<'k>(
+    p: &[f32],
+    d: usize,
+    n: usize,
+    key: &impl Fn(usize) -> &'k [f32],
+    out: &mut [f32],
+) {
+    out.iter_mut().for_each(|v| *v = 0.0);
+    for j in 0..n {
+        let k = key(j);
+        for (h, o) in out.chunks_exact_mut(d).enumerate() {
+            axpy(o, p[h * n + j], k);
+        }
+    }
+}
+
+/// The two passes with every key loaded once for several heads: four heads' dots share
+/// each key vector, and the weighted sum keeps two heads' slices of 64 outputs in registers
+/// across all the keys (instead of loading and storing the output for every key and head).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+
+    /// As [`super::plain_scores`].
+    ///
+    /// # Safety
+    /// AVX2 and FMA are present; `q` holds `heads · d` floats, every key `d`, `scores`
+    /// `heads · n`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores<'k>(
+        q: &[f32],
+        d: usize,
+        n: usize,
+        key: &impl Fn(usize) -> &'k [f32],
+        softmax_scale: f32,
+        scores: &mut [f32],
+    ) {
+        let heads = q.len() / d.max(1);
+        let main = d / 16 * 16;
+        for j in 0..n {
+            let k = key(j);
+            for h0 in (0..heads).step_by(4) {
+                let hn = (heads - h0).min(4);
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                for i in (0..main).step_by(16) {
+                    // SAFETY (every load): i + 16 <= d, within the key and each head.
+                    let (k0, k1) = unsafe {
+                        (
+                            _mm256_loadu_ps(k.as_ptr().add(i)),
+                            _mm256_loadu_ps(k.as_ptr().add(i + 8)),
+                        )
+                    };
+                    for (t, a) in acc.iter_mut().enumerate().take(hn) {
+                        let qh = q[(h0 + t) * d..].as_ptr();
+                        unsafe {
+                            a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(i)), k0, a[0]);
+                            a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(i + 8)), k1, a[1]);
+                        }
+                    }
+                }
+                for (t, a) in acc.iter().enumerate().take(hn) {
+                    let qh = &q[(h0 + t) * d..(h0 + t + 1) * d];
+                    let tail: f32 = qh[main..].iter().zip(&k[main..]).map(|(x, y)| x * y).sum();
+                    scores[(h0 + t) * n + j] =
+                        (hsum(_mm256_add_ps(a[0], a[1])) + tail) * softmax_scale;
+                }
+            }
+        }
+    }
+
+    /// As [`super::plain_weighted_sum`].
+    ///
+    /// # Safety
+    /// AVX2 and FMA are present; `p` holds `heads · n` floats, every key `d`, `out`
+    /// `heads · d`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn weighted_sum<'k>(
+        p: &[f32],
+        d: usize,
+        n: usize,
+        key: &impl Fn(usize) -> &'k [f32],
+        out: &mut [f32],
+    ) {
+        let heads = out.len() / d.max(1);
+        let main = d / 64 * 64;
+        for h0 in (0..heads).step_by(2) {
+            let hn = (heads - h0).min(2);
+            for i0 in (0..main).step_by(64) {
+                let mut acc = [[_mm256_setzero_ps(); 8]; 2];
+                for j in 0..n {
+                    let k = key(j)[i0..i0 + 64].as_ptr();
+                    let w = [
+                        _mm256_set1_ps(p[h0 * n + j]),
+                        _mm256_set1_ps(p[(h0 + hn - 1) * n + j]),
+                    ];
+                    for b in 0..8 {
+                        // SAFETY: the key's slice holds 64 floats.
+                        let kv = unsafe { _mm256_loadu_ps(k.add(8 * b)) };
+                        for (a, wt) in acc.iter_mut().zip(&w) {
+                            a[b] = _mm256_fmadd_ps(*wt, kv, a[b]);
+                        }
+                    }
+                }
+                for (t, a) in acc.iter().enumerate().take(hn) {
+                    let o = out[(h0 + t) * d + i0..].as_mut_ptr();
+                    for (b, v) in a.iter().enumerate() {
+                        // SAFETY: the head's output holds d ≥ i0 + 64 floats.
+                        unsafe { _mm256_storeu_ps(o.add(8 * b), *v) };
+                    }
+                }
+            }
+            for t in 0..hn {
+                let o = &mut out[(h0 + t) * d + main..(h0 + t + 1) * d];
+                o.iter_mut().for_each(|v| *v = 0.0);
+                for j in 0..n {
+                    let wt = p[(h0 + t) * n + j];
+                    for (v, &kv) in o.iter_mut().zip(&key(j)[main..]) {
+                        *v += wt * kv;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -72,9 +230,17 @@ mod tests {
 
     #[test]
     fn matches_a_direct_softmax_with_the_sink() {
-        let (heads, d, n) = (3, 20, 7);
+        // Head counts and widths around the vector paths' blocks (4 heads, 16 and 64
+        // floats), with their tails.
+        for (heads, d, n) in [(3, 20, 7), (5, 136, 9), (16, 512, 3)] {
+            check(heads, d, n);
+        }
+    }
+
+    fn check(heads: usize, d: usize, n: usize) {
+        // Scores of the same size whatever d (as a model's 1/√d scale keeps them).
         let q: Vec<f32> = (0..heads * d)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / (d as f32).sqrt())
             .collect();
         let keys: Vec<Vec<f32>> = (0..n)
             .map(|j| {
@@ -83,7 +249,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let sinks = [0.5f32, -2.0, 30.0];
+        let sinks: Vec<f32> = (0..heads).map(|h| [0.5f32, -2.0, 30.0][h % 3]).collect();
         let mut out = vec![0.0; heads * d];
         let mut scratch = Vec::new();
         sink_attention(&q, d, n, |j| &keys[j], &sinks, 0.3, &mut scratch, &mut out);
@@ -106,7 +272,10 @@ mod tests {
                     .map(|(v, k)| (v - m).exp() * k[i] as f64)
                     .sum::<f64>()
                     / denom;
-                assert!((out[h * d + i] as f64 - want).abs() < 1e-5, "h{h} i{i}");
+                assert!(
+                    (out[h * d + i] as f64 - want).abs() < 1e-5,
+                    "heads {heads} d {d}: h{h} i{i}"
+                );
             }
         }
         // No keys at all: the sink takes all the weight and the output is zero.

@@ -109,6 +109,9 @@ pub(crate) struct Plan {
     row0: usize,
     n: usize,
     tile_rows: usize,
+    /// Tiles per row tile, each multiplying a share of the GEMM path's activation strips: a
+    /// matrix of few rows (the mHC mixes have 24) still keeps every core busy on a prefill.
+    m_parts: usize,
     /// Tiles of the plans before this one: tile `t` of a call belongs to the last plan whose
     /// `tiles_before <= t`.
     tiles_before: usize,
@@ -144,7 +147,15 @@ impl Plan {
     }
 
     fn tiles(&self) -> usize {
-        self.n.div_ceil(self.tile_rows)
+        self.n.div_ceil(self.tile_rows) * self.m_parts
+    }
+
+    /// The GEMM path's activation strips that part `part` of a row tile multiplies.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn strips_of(&self, part: usize) -> Range<usize> {
+        let strips = self.m.div_ceil(self.xw);
+        let per = strips.div_ceil(self.m_parts);
+        (part * per).min(strips)..((part + 1) * per).min(strips)
     }
 
     /// Writes `out[r][t]` into `y[g0 + t, row]` for the rows `rows` and `mg` activation rows.
@@ -168,15 +179,17 @@ impl Plan {
 
     /// Runs tile `t` (counted within this plan).
     fn run_tile(&self, t: usize) {
-        let r0 = self.row0 + t * self.tile_rows;
+        let row_tiles = self.n.div_ceil(self.tile_rows);
+        let (rt, part) = (t % row_tiles, t / row_tiles);
+        let r0 = self.row0 + rt * self.tile_rows;
         let rows = r0..(r0 + self.tile_rows).min(self.row0 + self.n);
         match self.family {
             // SAFETY (both arms): a family is only chosen when the CPU has it; the plan is
             // valid for the call, laid out for that family, and tile `t` is run once.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { x86::tile::<x86::Avx2>(self, rows) },
+            Isa::Avx2 => unsafe { x86::tile::<x86::Avx2>(self, rows, part) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { x86::tile::<x86::Avx512>(self, rows) },
+            Isa::Avx512 => unsafe { x86::tile::<x86::Avx512>(self, rows, part) },
             _ => scalar::tile(self, rows),
         }
     }
@@ -568,9 +581,19 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             row0: j.rows.start,
             n: j.rows.len(),
             tile_rows: tile_rows(j.w, j.m, fam),
+            m_parts: 1,
             tiles_before,
             family: fam,
         };
+        let mut p = p;
+        if !p.xt.is_null() {
+            let (row_tiles, threads) = (p.tiles(), rayon::current_num_threads());
+            if row_tiles < 2 * threads {
+                p.m_parts = (2 * threads)
+                    .div_ceil(row_tiles.max(1))
+                    .min(j.m.div_ceil(p.xw));
+            }
+        }
         if j.m > 0 && p.tiles() > 0 {
             tiles_before += p.tiles();
             s.plans.push(p);

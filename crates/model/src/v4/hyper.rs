@@ -8,9 +8,14 @@ use crate::profile::{scope, Op};
 use crate::weights::{HyperWeights, Linear};
 use deepinfer_kernels::norm::rms_factor;
 use deepinfer_kernels::vector::{axpy, scale};
+use rayon::prelude::*;
 
 /// Streams per token the fixed-size scratch below allows (shipped models use 4).
 const MAX_HC: usize = 16;
+
+/// Tokens per parallel task of the per-token loops: a prefill's tokens split over the
+/// cores, a decode step's few stay on the calling thread (a fork-join costs more).
+const TOKENS_PER_TASK: usize = 32;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -22,10 +27,14 @@ fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32, ws: &mut Workspace) -> 
     let mut normed = ws.take(t * width);
     {
         let _p = scope(Op::Hyper);
-        normed.copy_from_slice(&x[..t * width]);
-        for row in normed.chunks_exact_mut(width) {
-            scale(row, rms_factor(row, eps));
-        }
+        normed
+            .par_chunks_mut(width)
+            .zip(x.par_chunks(width))
+            .with_min_len(TOKENS_PER_TASK)
+            .for_each(|(row, src)| {
+                row.copy_from_slice(src);
+                scale(row, rms_factor(row, eps));
+            });
     }
     let mut mix = ws.take(t * f.out_dim());
     f.forward_into(&normed, t, &mut mix);
@@ -70,39 +79,42 @@ pub fn hc_mix(
     let mut post = ws.take(t * hc);
     let mut comb = ws.take(t * hc * hc);
     let mut collapsed = ws.take(t * d);
-    for i in 0..t {
-        let mi = &mix[i * m..(i + 1) * m];
-        let mut pre = [0.0f32; MAX_HC];
-        for j in 0..hc {
-            pre[j] = sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps;
-            post[i * hc + j] = 2.0 * sigmoid(mi[hc + j] * w.scale[1] + w.base[hc + j]);
-        }
-        let c = &mut comb[i * hc * hc..(i + 1) * hc * hc];
-        for j in 0..hc {
-            let row = &mut c[j * hc..(j + 1) * hc];
-            for k in 0..hc {
-                row[k] = mi[2 * hc + j * hc + k] * w.scale[2] + w.base[2 * hc + j * hc + k];
+    post.par_chunks_mut(hc)
+        .zip(comb.par_chunks_mut(hc * hc))
+        .zip(collapsed.par_chunks_mut(d))
+        .enumerate()
+        .with_min_len(TOKENS_PER_TASK)
+        .for_each(|(i, ((post, c), out))| {
+            let mi = &mix[i * m..(i + 1) * m];
+            let mut pre = [0.0f32; MAX_HC];
+            for j in 0..hc {
+                pre[j] = sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps;
+                post[j] = 2.0 * sigmoid(mi[hc + j] * w.scale[1] + w.base[hc + j]);
             }
-            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut s = 0.0;
-            for v in row.iter_mut() {
-                *v = (*v - mx).exp();
-                s += *v;
+            for j in 0..hc {
+                let row = &mut c[j * hc..(j + 1) * hc];
+                for k in 0..hc {
+                    row[k] = mi[2 * hc + j * hc + k] * w.scale[2] + w.base[2 * hc + j * hc + k];
+                }
+                let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let mut s = 0.0;
+                for v in row.iter_mut() {
+                    *v = (*v - mx).exp();
+                    s += *v;
+                }
+                for v in row.iter_mut() {
+                    *v = *v / s + hc_eps;
+                }
             }
-            for v in row.iter_mut() {
-                *v = *v / s + hc_eps;
-            }
-        }
-        normalise_columns(c, hc, hc_eps);
-        for _ in 1..iters {
-            normalise_rows(c, hc, hc_eps);
             normalise_columns(c, hc, hc_eps);
-        }
-        let out = &mut collapsed[i * d..(i + 1) * d];
-        for (s, &p) in pre[..hc].iter().enumerate() {
-            axpy(out, p, &x[(i * hc + s) * d..(i * hc + s + 1) * d]);
-        }
-    }
+            for _ in 1..iters {
+                normalise_rows(c, hc, hc_eps);
+                normalise_columns(c, hc, hc_eps);
+            }
+            for (s, &p) in pre[..hc].iter().enumerate() {
+                axpy(out, p, &x[(i * hc + s) * d..(i * hc + s + 1) * d]);
+            }
+        });
     ws.give(mix);
     HyperMix {
         hc,
@@ -132,24 +144,33 @@ fn normalise_columns(c: &mut [f32], hc: usize, eps: f32) {
 pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize, ws: &mut Workspace) {
     let _p = scope(Op::Hyper);
     let hc = mix.hc;
-    let mut next = ws.take(hc * d);
-    for i in 0..t {
-        let xs = &x[i * hc * d..(i + 1) * hc * d];
-        let c = &mix.comb[i * hc * hc..(i + 1) * hc * hc];
-        let fi = &f[i * d..(i + 1) * d];
-        for k in 0..hc {
-            let out = &mut next[k * d..(k + 1) * d];
-            let p = mix.post[i * hc + k];
-            for (o, v) in out.iter_mut().zip(fi) {
-                *o = p * v;
+    // One token's new streams per task while its old ones are still read.
+    let mut scratch = ws.take(t.div_ceil(TOKENS_PER_TASK) * hc * d);
+    x[..t * hc * d]
+        .par_chunks_mut(TOKENS_PER_TASK * hc * d)
+        .zip(scratch.par_chunks_mut(hc * d))
+        .enumerate()
+        .for_each(|(task, (block, next))| {
+            for (b, xs) in block.chunks_exact_mut(hc * d).enumerate() {
+                let i = task * TOKENS_PER_TASK + b;
+                let (c, fi) = (
+                    &mix.comb[i * hc * hc..(i + 1) * hc * hc],
+                    &f[i * d..(i + 1) * d],
+                );
+                for k in 0..hc {
+                    let out = &mut next[k * d..(k + 1) * d];
+                    let p = mix.post[i * hc + k];
+                    for (o, v) in out.iter_mut().zip(fi) {
+                        *o = p * v;
+                    }
+                    for j in 0..hc {
+                        axpy(out, c[j * hc + k], &xs[j * d..(j + 1) * d]);
+                    }
+                }
+                xs.copy_from_slice(next);
             }
-            for j in 0..hc {
-                axpy(out, c[j * hc + k], &xs[j * d..(j + 1) * d]);
-            }
-        }
-        x[i * hc * d..(i + 1) * hc * d].copy_from_slice(&next);
-    }
-    ws.give(next);
+        });
+    ws.give(scratch);
 }
 
 /// Final collapse of the streams (spec §3.10): sigmoid weights, no Sinkhorn. `[T, D]`.
@@ -166,16 +187,15 @@ pub fn hc_head(
     let mix = normed_mix(x, t, f, c.rms_norm_eps, ws);
     let _p = scope(Op::Hyper);
     let mut out = ws.take(t * d);
-    for i in 0..t {
-        for s in 0..hc {
-            let p = sigmoid(mix[i * hc + s] * scale_ + base[s]) + hc_eps;
-            axpy(
-                &mut out[i * d..(i + 1) * d],
-                p,
-                &x[(i * hc + s) * d..(i * hc + s + 1) * d],
-            );
-        }
-    }
+    out.par_chunks_mut(d)
+        .enumerate()
+        .with_min_len(TOKENS_PER_TASK)
+        .for_each(|(i, out)| {
+            for s in 0..hc {
+                let p = sigmoid(mix[i * hc + s] * scale_ + base[s]) + hc_eps;
+                axpy(out, p, &x[(i * hc + s) * d..(i * hc + s + 1) * d]);
+            }
+        });
     ws.give(mix);
     out
 }

@@ -14,10 +14,16 @@ use crate::weights::{ExpertWeights, MoeWeights, Routing};
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
+use rayon::prelude::*;
 use smallvec::SmallVec;
 
 /// Experts whose products share one parallel pass (bounds the stack-held job list).
 const EXPERTS_PER_PASS: usize = 64;
+
+/// Rows per parallel task of the gathers, activations and sums around the products: a
+/// prefill's thousands of picks split over the cores, a decode step's few stay on the
+/// calling thread.
+const ROWS_PER_TASK: usize = 64;
 
 fn softplus(x: f32) -> f32 {
     // torch's softplus switches to the identity above 20 (beta = 1).
@@ -93,29 +99,29 @@ pub fn route(
     ws.give_idx(chosen);
 }
 
-/// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight.
-fn activate(
-    g: &mut [f32],
-    u: &[f32],
-    weights: impl Iterator<Item = f32>,
-    width: usize,
-    limit: f32,
-    tmp: &mut [f32],
-) {
-    for ((gr, ur), wt) in g
-        .chunks_exact_mut(width)
-        .zip(u.chunks_exact(width))
-        .zip(weights)
-    {
-        for (t, v) in tmp.iter_mut().zip(gr.iter_mut()) {
-            *v = v.min(limit);
-            *t = -*v;
-        }
-        exp_in_place(tmp);
-        for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
-            *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
-        }
-    }
+/// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight;
+/// `tmp` holds `width` floats per task of [`ROWS_PER_TASK`] rows.
+fn activate(g: &mut [f32], u: &[f32], weights: &[f32], width: usize, limit: f32, tmp: &mut [f32]) {
+    g.par_chunks_mut(ROWS_PER_TASK * width)
+        .zip(u.par_chunks(ROWS_PER_TASK * width))
+        .zip(weights.par_chunks(ROWS_PER_TASK))
+        .zip(tmp.par_chunks_mut(width))
+        .for_each(|(((g, u), weights), tmp)| {
+            for ((gr, ur), &wt) in g
+                .chunks_exact_mut(width)
+                .zip(u.chunks_exact(width))
+                .zip(weights)
+            {
+                for (t, v) in tmp.iter_mut().zip(gr.iter_mut()) {
+                    *v = v.min(limit);
+                    *t = -*v;
+                }
+                exp_in_place(tmp);
+                for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
+                    *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
+                }
+            }
+        });
 }
 
 /// The MoE output for `x: [T, D]` (normed FFN input) of tokens `token_ids`; `[T, D]`.
@@ -155,10 +161,10 @@ pub fn moe(
             fill[e] += 1;
         }
         ws.give_idx(fill);
-        for (r, &pick) in order.iter().enumerate() {
-            let tok = pick / k;
-            xs[r * d..(r + 1) * d].copy_from_slice(&x[tok * d..(tok + 1) * d]);
-        }
+        xs.par_chunks_mut(d)
+            .zip(order.par_iter())
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|(row, &pick)| row.copy_from_slice(&x[pick / k * d..(pick / k + 1) * d]));
     }
     let shared_inter = w.shared.as_ref().map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
@@ -203,27 +209,20 @@ pub fn moe(
     }
     {
         let _p = scope(Op::Moe);
-        let mut tmp = ws.take(inter.max(shared_inter));
+        let width = inter.max(shared_inter);
+        let mut tmp = ws.take((t * k).div_ceil(ROWS_PER_TASK).max(1) * width);
+        let mut row_wts = ws.take(t * k);
+        for (w, &p) in row_wts.iter_mut().zip(order.iter()) {
+            *w = wts[p];
+        }
         let limit = c.swiglu_limit;
-        activate(
-            &mut g,
-            &u,
-            order.iter().map(|&p| wts[p]),
-            inter,
-            limit,
-            &mut tmp[..inter],
-        );
+        activate(&mut g, &u, &row_wts, inter, limit, &mut tmp);
         if shared_inter > 0 {
-            activate(
-                &mut gs,
-                &us,
-                std::iter::repeat(1.0),
-                shared_inter,
-                limit,
-                &mut tmp[..shared_inter],
-            );
+            row_wts[..t].iter_mut().for_each(|w| *w = 1.0);
+            activate(&mut gs, &us, &row_wts[..t], shared_inter, limit, &mut tmp);
         }
         ws.give(tmp);
+        ws.give(row_wts);
     }
     for (gi, group) in active.chunks(EXPERTS_PER_PASS).enumerate() {
         let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
@@ -249,19 +248,30 @@ pub fn moe(
     let mut out = ws.take(t * d);
     {
         let _p = scope(Op::Moe);
+        // Each token's rows, in row (expert) order: `rows_of_token[tok · k ..]`.
+        let mut rows_of_token = ws.take_idx(t * k);
+        let mut fill = ws.take_idx(t);
         for (r, &pick) in order.iter().enumerate() {
             let tok = pick / k;
-            axpy(
-                &mut out[tok * d..(tok + 1) * d],
-                1.0,
-                &y[r * d..(r + 1) * d],
-            );
+            rows_of_token[tok * k + fill[tok]] = r;
+            fill[tok] += 1;
         }
-        if w.shared.is_some() {
-            for (o, s) in out.iter_mut().zip(&ys) {
-                *o += s;
-            }
-        }
+        let shared = w.shared.is_some();
+        out.par_chunks_mut(d)
+            .enumerate()
+            .with_min_len(ROWS_PER_TASK / k.max(1))
+            .for_each(|(tok, o)| {
+                for &r in &rows_of_token[tok * k..(tok + 1) * k] {
+                    axpy(o, 1.0, &y[r * d..(r + 1) * d]);
+                }
+                if shared {
+                    for (v, s) in o.iter_mut().zip(&ys[tok * d..(tok + 1) * d]) {
+                        *v += s;
+                    }
+                }
+            });
+        ws.give_idx(rows_of_token);
+        ws.give_idx(fill);
     }
     for v in [wts, xs, g, u, gs, us, y, ys] {
         ws.give(v);

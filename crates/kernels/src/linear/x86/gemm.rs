@@ -71,11 +71,16 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32)
     }
 }
 
-/// Rows `rows` of the plan's matrix against every activation row.
+/// Rows `rows` of the plan's matrix against the activation strips of `part`.
 ///
 /// # Safety
 /// As the tile's; the plan holds the transposed activations for family `K`.
-pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how: &Rows) {
+pub(super) unsafe fn gemm_rows<K: Kernels>(
+    plan: &Plan,
+    rows: Range<usize>,
+    part: usize,
+    how: &Rows,
+) {
     let (k, m) = (plan.w().cols, plan.m);
     let main = how.main_elems::<K>();
     let (xt, xw, xw_last) = plan.xt();
@@ -84,8 +89,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
     let n_rows = rows.len();
     // Few activation strips: decode and pack a group's rows just before they are used
     // (they stay in L1/L2); many: the whole tile once, then sweep the strips over it.
-    let strips = m.div_ceil(xw);
-    let per_group = strips <= 3;
+    let mine = plan.strips_of(part);
+    let per_group = mine.len() <= 3;
     let panel_len = if per_group { nw * main } else { n_rows * main };
     super::super::with_scratch3(nw * ldw + panel_len, |buf| {
         let (rowbuf, panels) = buf.split_at_mut(nw * ldw);
@@ -188,13 +193,17 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(plan: &Plan, rows: Range<usize>, how:
                     at: stored.wrapping_add(first * row_bytes),
                     bytes: nw.min(w_rows.saturating_sub(first)) * row_bytes,
                 };
-                for m0 in (0..m).step_by(xw) {
-                    let next = if m0 == 0 { next } else { Prefetch::NONE };
+                for m0 in mine.clone().map(|s| s * xw) {
+                    let next = if m0 == mine.start * xw {
+                        next
+                    } else {
+                        Prefetch::NONE
+                    };
                     tile(panels, m0, n0, nr, next);
                 }
             }
         } else {
-            for m0 in (0..m).step_by(xw) {
+            for m0 in mine.clone().map(|s| s * xw) {
                 for n0 in (0..n_rows).step_by(nw) {
                     tile(
                         &panels[n0 * main..],

@@ -364,8 +364,8 @@ unsafe fn run_rows<K: Kernels>(
 /// # Safety
 /// The CPU supports `K`, the plan's pointers are valid for its shapes, its activations are
 /// laid out for `K::LANES`, its matrix is on the fast path, and no other running tile of
-/// this plan overlaps `rows`.
-pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
+/// this plan overlaps `rows` and `part` (the GEMM path's share of the activations).
+pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usize) {
     let w = plan.w();
     let k = w.cols;
     let chunk = 4 * K::LANES;
@@ -408,7 +408,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
@@ -441,7 +441,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
@@ -491,7 +491,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                 exact: None,
             };
             if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &how) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
             }
             blocks(&mut |i0, i1| unsafe {
                 run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
@@ -546,7 +546,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>) {
                     },
                     ..how
                 };
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, &scaled) };
+                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &scaled) };
             }
             let ldx = plan.ldx();
             super::with_scratch2(mb * ldx, |xs_buf| {
