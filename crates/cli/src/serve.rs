@@ -44,6 +44,12 @@ pub struct ServeArgs {
     /// Largest request body accepted, in MiB (larger ones get 413).
     #[arg(long, default_value_t = 32)]
     max_request_body_mib: usize,
+    /// Test hook, hidden from --help: every request generates exactly the tokens of TEXT,
+    /// then EOS, through the whole engine path (scheduler, sampler, detokenizer, stop strings,
+    /// chat parsers). A tiny model with random weights never writes tool calls or reasoning,
+    /// so end-to-end tests script its output with this. Never use it to serve.
+    #[arg(long, hide = true, value_name = "TEXT")]
+    debug_force_output: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -125,7 +131,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
         );
     }
-    let config = args.engine.config(&model.config, &name);
+    let mut config = args.engine.config(&model.config, &name);
+    if let Some(text) = &args.debug_force_output {
+        let ids = tokenizer
+            .encode(text, false)
+            .context("tokenizing --debug-force-output")?;
+        tracing::warn!(
+            tokens = ids.len(),
+            "--debug-force-output: every request generates the scripted text (a test hook)"
+        );
+        config.forced_output = Some(ids);
+    }
     let (handle, join) = engine::start(model, config)?;
     eprintln!(
         "loaded {} in {:.1} s",

@@ -24,6 +24,11 @@ pub struct EngineConfig {
     pub cache: CacheConfig,
     /// The `model_name` label of every metric (the served model name).
     pub model_name: String,
+    /// Test hook, `None` in production: every sequence generates exactly these tokens, then
+    /// EOS, whatever the model says (see [`Sampler::scripted`]). It lets end-to-end tests see
+    /// tool calls and reasoning from a model with random weights through the whole serving
+    /// path.
+    pub forced_output: Option<Vec<u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +226,21 @@ pub fn start(
     }
     let vocab = model.config.vocab_size;
     let eos = model.config.eos_token_ids.clone();
+    if let Some(&id) = config
+        .forced_output
+        .iter()
+        .flatten()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return Err(EngineError::InvalidConfig {
+            field: "forced_output",
+            reason: format!("token id {id} is outside the vocabulary of {vocab}"),
+        });
+    }
+    let sampler = match config.forced_output {
+        Some(script) => Sampler::scripted(script),
+        None => Sampler::new(),
+    };
     let runner = ModelRunner::new(model, config.cache)?;
     let max_model_len = config.scheduler.max_model_len;
     let fits = runner.cache().max_tokens_per_seq();
@@ -248,7 +268,7 @@ pub fn start(
         runner,
         scheduler: Scheduler::default(),
         seqs: HashMap::new(),
-        sampler: Sampler::new(),
+        sampler,
         cfg: config.scheduler,
         eos,
         stats,
