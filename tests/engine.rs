@@ -386,3 +386,25 @@ fn a_forced_output_script_is_generated_then_eos() {
     let err = start_with(Some(vec![7, 96])).err().expect("must fail");
     assert!(err.to_string().contains("forced_output"), "{err}");
 }
+
+/// `stop` ends a request like `abort` (cache freed at once) but counts as a normal stop.
+#[test]
+fn a_stop_from_the_caller_counts_as_stop_not_abort() {
+    let (h, join) = start("tiny-a", sched(8, 64, Some(16)), 64 << 20, 8);
+    let (id, rx) = h.add_request((0..50).collect(), greedy(1000)).unwrap();
+    rx.recv().unwrap();
+    h.stop(id);
+    let (_, reason) = collect(rx);
+    assert_eq!(reason, Some(FinishReason::Stop));
+    h.drain().unwrap();
+    let m = h.metrics.render();
+    assert!(
+        m.contains(
+            "deepinfer:request_success_total{finished_reason=\"stop\",model_name=\"test\"} 1"
+        ),
+        "{m}"
+    );
+    assert!(!m.contains("finished_reason=\"abort\""), "{m}");
+    h.shutdown();
+    assert_pools_empty(join);
+}

@@ -67,6 +67,8 @@ pub struct EngineStats {
 enum Command {
     Add(Request, Box<dyn OutputSink>),
     Abort(RequestId),
+    /// Finished by a rule the engine does not see (a stop string in the text).
+    Stop(RequestId),
     /// Reply once nothing is waiting or running (tests, shutdown).
     Drain(Sender<()>),
     Shutdown,
@@ -144,6 +146,14 @@ impl EngineHandle {
     /// the same step. Unknown or finished ids are ignored.
     pub fn abort(&self, id: RequestId) {
         let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Ends a request the caller found finished by a rule the engine cannot see (a stop
+    /// string in the detokenized text): its stream ends and its cache is freed as with
+    /// [`Self::abort`], but metrics count it as `finished_reason="stop"`, not as an abort.
+    /// Unknown or finished ids are ignored.
+    pub fn stop(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Stop(id));
     }
 
     /// Blocks until every queued request has finished.
@@ -352,6 +362,7 @@ impl EngineCore {
                 self.scheduler.add(id);
             }
             Command::Abort(id) => self.finish(id, FinishReason::Abort, Vec::new(), None),
+            Command::Stop(id) => self.finish(id, FinishReason::Stop, Vec::new(), None),
             Command::Drain(reply) => self.drains.push(reply),
             Command::Shutdown => {
                 let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
