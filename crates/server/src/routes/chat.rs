@@ -1,15 +1,15 @@
 //! `POST /v1/chat/completions`: messages rendered in DeepSeek-V4's format, output parsed back
 //! into `reasoning_content`, `content` and `tool_calls`, streamed or whole.
 
-use super::{body_bytes, sse, Shared};
+use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{render_chat, ChatDelta, ChatOutputParser, ReasoningEffort, RenderOptions};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, fields, fields_from_bytes, resolve_max_tokens, ApiError, ChatChoice,
-    ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
-    Usage,
+    body_object, check_sequences, fields, fields_from_bytes, resolve_max_tokens, ApiError,
+    ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields,
+    TopLogprob, Usage,
 };
-use crate::state::{response_id, unix_now, AppState};
+use crate::state::{response_id, unix_now};
 use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -28,7 +28,8 @@ pub(crate) struct ChatPrompt {
 }
 
 /// Renders and tokenizes the conversation of a chat request (shared with `/tokenize`).
-pub(crate) fn chat_prompt(st: &AppState, f: &ChatFields) -> Result<ChatPrompt, ApiError> {
+/// CPU-bound for long conversations: call it through [`super::blocking`].
+pub(crate) fn chat_prompt(tok: &Tokenizer, f: &ChatFields) -> Result<ChatPrompt, ApiError> {
     if f.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -64,8 +65,7 @@ pub(crate) fn chat_prompt(st: &AppState, f: &ChatFields) -> Result<ChatPrompt, A
     let opts = RenderOptions::from_openai(effort, f.chat_template_kwargs.as_ref());
     let text = render_chat(&f.messages, tools, &opts)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    let ids = st
-        .tokenizer
+    let ids = tok
         .encode(&text, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     Ok(ChatPrompt {
@@ -103,7 +103,10 @@ pub async fn chat_completions(
         }
         (true, Some(n)) => Some(n as usize),
     };
-    let prompt = chat_prompt(&st, &cf)?;
+    // Places for every choice before the (possibly long) rendering.
+    let permit = st.admit(check_sequences(1, opts.n)?)?;
+    let tok = st.tokenizer.clone();
+    let (prompt, cf) = blocking(move || chat_prompt(&tok, &cf).map(|p| (p, cf))).await?;
     let (requested, param) = match cf.max_completion_tokens {
         Some(m) => (Some(m), "max_completion_tokens"),
         None => (sf.max_tokens, "max_tokens"),
@@ -124,7 +127,7 @@ pub async fn chat_completions(
             (prompt.ids.clone(), p)
         })
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, st.admit()?, choices, &opts)?;
+    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
     let parsers = (0..opts.n)
         .map(|_| {
             let p = ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some());

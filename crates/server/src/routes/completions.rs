@@ -1,11 +1,11 @@
 //! `POST /v1/completions`: text in, text out; one or several prompts (text or token ids),
 //! `n` choices each, streamed or whole.
 
-use super::{body_bytes, sse, Shared};
+use super::{blocking, body_bytes, sse, Shared};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
-    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
+    body_object, check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice,
+    CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
 };
 use crate::state::{response_id, unix_now};
 use crate::tokenizer::Tokenizer;
@@ -47,30 +47,41 @@ pub async fn completions(
             "`echo` together with `logprobs` (prompt logprobs) is not supported",
         ));
     }
-    let add_special = cf.add_special_tokens.unwrap_or(true);
-    let encode = |text: &str| {
-        st.tokenizer
-            .encode(text, add_special)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-    };
-    // (token ids, echo text) per prompt.
-    let prompts: Vec<(Vec<u32>, String)> = match cf.prompt {
+    let num_prompts = match &cf.prompt {
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(PromptField::Text(t)) => vec![(encode(&t)?, t)],
-        Some(PromptField::Texts(ts)) => ts
-            .into_iter()
-            .map(|t| Ok((encode(&t)?, t)))
-            .collect::<Result<_, ApiError>>()?,
-        Some(PromptField::Ids(ids)) => vec![(ids.clone(), st.tokenizer.decode(&ids, false))],
-        Some(PromptField::IdBatches(b)) => b
-            .into_iter()
-            .map(|ids| {
-                let t = st.tokenizer.decode(&ids, false);
-                (ids, t)
-            })
-            .collect(),
+        Some(PromptField::Text(_) | PromptField::Ids(_)) => 1,
+        Some(PromptField::Texts(v)) => v.len(),
+        Some(PromptField::IdBatches(v)) => v.len(),
     };
-    if prompts.is_empty() || prompts.iter().any(|p| p.0.is_empty()) {
+    if num_prompts == 0 {
+        return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
+    }
+    // Places for every sequence before any tokenizing: an overloaded server refuses work
+    // cheaply, and the queue bounds the tokenizer's work too.
+    let permit = st.admit(check_sequences(num_prompts, opts.n)?)?;
+    let add_special = cf.add_special_tokens.unwrap_or(true);
+    let prompt = cf.prompt.expect("checked above");
+    let tok = st.tokenizer.clone();
+    // (token ids, echo text) per prompt.
+    let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
+        let encode = |text: String| {
+            tok.encode(&text, add_special)
+                .map(|ids| (ids, text))
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        };
+        let decode = |ids: Vec<u32>| {
+            let text = tok.decode(&ids, false);
+            (ids, text)
+        };
+        match prompt {
+            PromptField::Text(t) => Ok(vec![encode(t)?]),
+            PromptField::Texts(ts) => ts.into_iter().map(encode).collect(),
+            PromptField::Ids(ids) => Ok(vec![decode(ids)]),
+            PromptField::IdBatches(b) => Ok(b.into_iter().map(decode).collect()),
+        }
+    })
+    .await?;
+    if prompts.iter().any(|p| p.0.is_empty()) {
         return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
     }
     let max_model_len = st.engine.max_model_len();
@@ -99,7 +110,7 @@ pub async fn completions(
             std::iter::repeat_n(if cf.echo { p.1.clone() } else { String::new() }, opts.n)
         })
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, st.admit()?, choices, &opts)?;
+    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
     let head = CompletionResponse {
         id: response_id("cmpl"),
         object: "text_completion",

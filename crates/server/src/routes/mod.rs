@@ -70,6 +70,17 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
+/// Runs CPU-bound request work (tokenizing prompts, rendering a chat) on tokio's blocking
+/// pool: on the async workers one huge prompt would stall every other client's stream for
+/// as long as it takes.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
 /// The raw body, with axum's plain-text rejections (too large, unreadable) turned into
 /// OpenAI error JSON.
 pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
