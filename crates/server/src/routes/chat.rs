@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deepinfer_engine::request::TokenLogprobs;
+use deepinfer_engine::sampling_params::MAX_LOGPROBS;
 use serde_json::{json, Map, Value};
 
 /// A chat request made ready for the engine.
@@ -58,11 +59,29 @@ pub(crate) fn chat_prompt(tok: &Tokenizer, f: &ChatFields) -> Result<ChatPrompt,
             ));
         }
     }
-    let effort = f
-        .reasoning_effort
-        .as_deref()
-        .map(ReasoningEffort::from_name);
-    let opts = RenderOptions::from_openai(effort, f.chat_template_kwargs.as_ref());
+    let effort = match f.reasoning_effort.as_deref() {
+        None => None,
+        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                "reasoning_effort",
+                format!(
+                    "`reasoning_effort` must be one of {}, got {name:?}",
+                    ReasoningEffort::NAMES.join(", ")
+                ),
+            )
+        })?),
+    };
+    let kwargs = match &f.chat_template_kwargs {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object, got {other}"),
+            ))
+        }
+    };
+    let opts = RenderOptions::from_openai(effort, kwargs);
     let text = render_chat(&f.messages, tools, &opts)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let ids = tok
@@ -99,6 +118,12 @@ pub async fn chat_completions(
             return Err(ApiError::invalid(
                 "top_logprobs",
                 format!("`top_logprobs` must be >= 0, got {n}"),
+            ))
+        }
+        (true, Some(n)) if n as usize > MAX_LOGPROBS => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be at most {MAX_LOGPROBS}, got {n}"),
             ))
         }
         (true, Some(n)) => Some(n as usize),
