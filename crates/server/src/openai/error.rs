@@ -60,6 +60,16 @@ impl ApiError {
         }
     }
 
+    /// 405: the route exists, the method does not.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
     pub fn unauthorized() -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
