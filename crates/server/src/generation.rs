@@ -67,9 +67,16 @@ impl ChoiceText {
             ..Default::default()
         };
         let mut stop_hit = false;
-        for &id in &out.new_token_ids {
+        // An engine stop always ends on the stop token (EOS or a `stop_token_ids` id); as in
+        // vLLM, its text is left out unless `include_stop_str_in_output`.
+        let drop_last = out.finish_reason == Some(FinishReason::Stop) && !self.include_stop;
+        let last = out.new_token_ids.len().saturating_sub(1);
+        for (k, &id) in out.new_token_ids.iter().enumerate() {
             self.num_tokens += 1;
             delta.token_ids.push(id);
+            if drop_last && k == last {
+                continue;
+            }
             let text = self.detok.push(id);
             let (emit, matched) = self.stops.push(&text);
             delta.text.push_str(&emit);
