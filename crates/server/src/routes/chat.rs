@@ -10,7 +10,7 @@ use crate::openai::{
     TopLogprob, Usage,
 };
 use crate::state::{response_id, unix_now};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -201,10 +201,11 @@ fn tool_call_json(index: usize, name: String, arguments: String) -> Value {
 }
 
 fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs]) -> ChatLogprobs {
+    // `bytes` exact, even for part of a character; `token` its text (see
+    // `logprob_token_text`).
     let entry = |id: u32| {
-        let s = tok.decode(&[id], false);
-        let bytes = s.as_bytes().to_vec();
-        (s, bytes)
+        let bytes = tok.token_bytes(id);
+        (logprob_token_text(&bytes), bytes)
     };
     ChatLogprobs {
         content: lps
