@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// Largest request body accepted, in MiB (larger ones get 413).
     #[arg(long, default_value_t = 32)]
     max_request_body_mib: usize,
+    /// On Ctrl-C (or SIGTERM), how long in-flight requests get to finish before they are
+    /// aborted and the process exits; a second Ctrl-C aborts them at once.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout_secs: u64,
     /// Test hook, hidden from --help: every request generates exactly the tokens of TEXT,
     /// then EOS, through the whole engine path (scheduler, sampler, detokenizer, stop strings,
     /// chat parsers). A tiny model with random weights never writes tool calls or reasoning,
@@ -171,11 +175,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
             listener,
             state,
             args.max_request_body_mib << 20,
-            deepinfer_server::shutdown_signal(),
+            deepinfer_server::shutdown_signal,
+            Duration::from_secs(args.shutdown_timeout_secs),
         )
         .await
         .context("serving HTTP")
     });
+    // Tasks still running after an aborted drain (a tokenization on the blocking pool) must
+    // not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     handle.shutdown();
     let engine_result = join.join();
     served?;
