@@ -109,13 +109,22 @@ fn default_model() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Loads the weights with a bar that moves layer by layer, then for the embedding and head
+/// (a real checkpoint takes minutes; a spinner would not say whether it is moving).
 fn load_model(dir: &Path) -> Result<Model> {
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
-    spinner.set_message(format!("loading {}", dir.display()));
-    spinner.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load(dir).with_context(|| format!("loading {}", dir.display()));
-    spinner.finish_and_clear();
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}")?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("loading {}", dir.display()));
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let model = Model::load_with_progress(dir, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| format!("loading {}", dir.display()));
+    bar.finish_and_clear();
     model
 }
 
