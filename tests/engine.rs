@@ -29,6 +29,7 @@ fn start(
             scheduler: sched,
             cache,
             model_name: "test".into(),
+            forced_output: None,
         },
     )
     .unwrap()
@@ -232,6 +233,7 @@ fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
             scheduler: sched(2, 64, None),
             cache,
             model_name: "test".into(),
+            forced_output: None,
         },
     )
     .err()
@@ -260,6 +262,7 @@ fn invalid_engine_settings_are_startup_errors() {
                 scheduler: s,
                 cache,
                 model_name: "test".into(),
+                forced_output: None,
             },
         )
         .err()
@@ -342,4 +345,66 @@ fn decodes_are_not_starved_by_a_long_prefill() {
         seqs[&1].num_computed >= 100,
         "the long prompt was fed meanwhile"
     );
+}
+
+/// The test hook behind `serve --debug-force-output`: every request generates the script,
+/// then EOS, through the scheduler and sampler (both requests of a batch, whatever their
+/// sampling settings), and ids outside the vocabulary are a startup error.
+#[test]
+fn a_forced_output_script_is_generated_then_eos() {
+    let script = vec![7, 8, 9, 10];
+    let start_with = |forced_output| {
+        engine::start(
+            load("tiny-c", "official"),
+            EngineConfig {
+                scheduler: sched(4, 64, None),
+                cache: cache_config(16 << 20, 4, 0),
+                model_name: "test".into(),
+                forced_output,
+            },
+        )
+    };
+    let (h, join) = start_with(Some(script.clone())).unwrap();
+    let sampled = SamplingParams {
+        temperature: 1.0,
+        seed: Some(3),
+        max_tokens: 16,
+        ..SamplingParams::default()
+    };
+    let (_, a) = h.add_request(vec![3, 1, 4], greedy(16).with_eos()).unwrap();
+    let (_, b) = h.add_request(vec![2, 7], sampled).unwrap();
+    let (_, c) = h.add_request(vec![5], greedy(2)).unwrap();
+    for rx in [a, b] {
+        let (toks, reason) = collect(rx);
+        assert_eq!(toks, [7, 8, 9, 10, 1]);
+        assert_eq!(reason, Some(FinishReason::Stop));
+    }
+    assert_eq!(collect(c), (vec![7, 8], Some(FinishReason::Length)));
+    h.shutdown();
+    assert_pools_empty(join);
+
+    let err = start_with(Some(vec![7, 96])).err().expect("must fail");
+    assert!(err.to_string().contains("forced_output"), "{err}");
+}
+
+/// `stop` ends a request like `abort` (cache freed at once) but counts as a normal stop.
+#[test]
+fn a_stop_from_the_caller_counts_as_stop_not_abort() {
+    let (h, join) = start("tiny-a", sched(8, 64, Some(16)), 64 << 20, 8);
+    let (id, rx) = h.add_request((0..50).collect(), greedy(1000)).unwrap();
+    rx.recv().unwrap();
+    h.stop(id);
+    let (_, reason) = collect(rx);
+    assert_eq!(reason, Some(FinishReason::Stop));
+    h.drain().unwrap();
+    let m = h.metrics.render();
+    assert!(
+        m.contains(
+            "deepinfer:request_success_total{finished_reason=\"stop\",model_name=\"test\"} 1"
+        ),
+        "{m}"
+    );
+    assert!(!m.contains("finished_reason=\"abort\""), "{m}");
+    h.shutdown();
+    assert_pools_empty(join);
 }

@@ -1,15 +1,36 @@
 """Drives a running `deepinfer serve` with the official `openai` Python package.
 
-Usage: python tools/openai_e2e.py http://127.0.0.1:PORT
+Usage: python tools/openai_e2e.py http://127.0.0.1:PORT [http://127.0.0.1:TOOL_PORT]
+       python tools/openai_e2e.py --print-tool-script
 Covers completions, chat streaming (with usage), a tool-call round trip (tool definitions,
-the assistant's call and the tool's result sent back), logprobs and error mapping. Exits
-non-zero on the first failed check. Run by .ci/run against the default model.
+the assistant's call and the tool's result sent back), logprobs and error mapping. The
+optional second server runs with `--debug-force-output` set to the text that
+`--print-tool-script` prints (a DeepSeek-V4 DSML tool call: a model with random weights
+never writes one), and the script checks the parsed call exactly, whole and streamed.
+Exits non-zero on the first failed check. Run by tools/openai_e2e.sh.
 """
 
 import json
 import sys
 
 import openai
+
+DSML = "\uff5cDSML\uff5c"  # the ｜DSML｜ token
+TOOL_REASONING = "I should check the weather."
+TOOL_CONTENT = "Let me look that up."
+TOOL_NAME = "get_weather"
+TOOL_ARGUMENTS = '{"city": "Paris", "days": 3}'
+TOOL_SCRIPT = (
+    f"{TOOL_REASONING}</think>{TOOL_CONTENT}\n\n<{DSML}tool_calls>\n"
+    f'<{DSML}invoke name="{TOOL_NAME}">\n'
+    f'<{DSML}parameter name="city" string="true">Paris</{DSML}parameter>\n'
+    f'<{DSML}parameter name="days" string="false">3</{DSML}parameter>\n'
+    f"</{DSML}invoke>\n</{DSML}tool_calls>"
+)
+
+if sys.argv[1:] == ["--print-tool-script"]:
+    sys.stdout.buffer.write(TOOL_SCRIPT.encode())
+    sys.exit(0)
 
 base = sys.argv[1].rstrip("/") + "/v1"
 client = openai.OpenAI(base_url=base, api_key="unused")
@@ -97,4 +118,53 @@ try:
     raise AssertionError("unknown model accepted")
 except openai.NotFoundError:
     pass
+
+if len(sys.argv) > 2:
+    # The scripted server writes a DSML tool call for every request.
+    scripted = openai.OpenAI(base_url=sys.argv[2].rstrip("/") + "/v1", api_key="unused")
+    question = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+    got = scripted.chat.completions.create(model=model, messages=question, tools=tools,
+                                           max_tokens=200)
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    msg = choice.message
+    assert msg.content == TOOL_CONTENT, msg
+    assert (msg.model_extra or {}).get("reasoning_content") == TOOL_REASONING, msg
+    assert len(msg.tool_calls) == 1, msg.tool_calls
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.id, call
+    assert call.function.name == TOOL_NAME, call
+    assert call.function.arguments == TOOL_ARGUMENTS, call
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
+
+    # Streamed: accumulate the tool-call deltas by index, as OpenAI clients do.
+    calls, finish, content = {}, None, ""
+    for chunk in scripted.chat.completions.create(model=model, messages=question, tools=tools,
+                                                  max_tokens=200, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                acc = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                acc["id"] += tc.id or ""
+                if tc.function is not None:
+                    acc["name"] += tc.function.name or ""
+                    acc["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls", finish
+    assert content == TOOL_CONTENT, content
+    assert list(calls) == [0], calls
+    assert calls[0]["name"] == TOOL_NAME and calls[0]["arguments"] == TOOL_ARGUMENTS, calls
+    assert calls[0]["id"], calls
+
+    # The call and the tool's result go back; the next turn is answered.
+    answer = scripted.chat.completions.create(
+        model=model, tools=tools, max_tokens=200,
+        messages=question + [
+            {"role": "assistant", "content": msg.content,
+             "tool_calls": [call.model_dump(exclude_none=True)]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}])
+    assert answer.choices[0].message.role == "assistant", answer
+    assert answer.usage.prompt_tokens > got.usage.prompt_tokens, (answer.usage, got.usage)
+    print(f"scripted tool call: {call.function.name}({call.function.arguments})")
+
 print("openai e2e: all checks passed")

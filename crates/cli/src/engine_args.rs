@@ -41,6 +41,7 @@ impl EngineArgs {
                 rollback_slack: 0,
                 block_entries: 16,
             },
+            forced_output: None,
         }
     }
 }

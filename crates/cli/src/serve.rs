@@ -44,6 +44,16 @@ pub struct ServeArgs {
     /// Largest request body accepted, in MiB (larger ones get 413).
     #[arg(long, default_value_t = 32)]
     max_request_body_mib: usize,
+    /// On Ctrl-C (or SIGTERM), how long in-flight requests get to finish before they are
+    /// aborted and the process exits; a second Ctrl-C aborts them at once.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout_secs: u64,
+    /// Test hook, hidden from --help: every request generates exactly the tokens of TEXT,
+    /// then EOS, through the whole engine path (scheduler, sampler, detokenizer, stop strings,
+    /// chat parsers). A tiny model with random weights never writes tool calls or reasoning,
+    /// so end-to-end tests script its output with this. Never use it to serve.
+    #[arg(long, hide = true, value_name = "TEXT")]
+    debug_force_output: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -99,13 +109,22 @@ fn default_model() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Loads the weights with a bar that moves layer by layer, then for the embedding and head
+/// (a real checkpoint takes minutes; a spinner would not say whether it is moving).
 fn load_model(dir: &Path) -> Result<Model> {
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}")?);
-    spinner.set_message(format!("loading {}", dir.display()));
-    spinner.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load(dir).with_context(|| format!("loading {}", dir.display()));
-    spinner.finish_and_clear();
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}")?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("loading {}", dir.display()));
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let model = Model::load_with_progress(dir, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| format!("loading {}", dir.display()));
+    bar.finish_and_clear();
     model
 }
 
@@ -125,7 +144,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
         );
     }
-    let config = args.engine.config(&model.config, &name);
+    let mut config = args.engine.config(&model.config, &name);
+    if let Some(text) = &args.debug_force_output {
+        let ids = tokenizer
+            .encode(text, false)
+            .context("tokenizing --debug-force-output")?;
+        tracing::warn!(
+            tokens = ids.len(),
+            "--debug-force-output: every request generates the scripted text (a test hook)"
+        );
+        config.forced_output = Some(ids);
+    }
     let (handle, join) = engine::start(model, config)?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -155,11 +184,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
             listener,
             state,
             args.max_request_body_mib << 20,
-            deepinfer_server::shutdown_signal(),
+            deepinfer_server::shutdown_signal,
+            Duration::from_secs(args.shutdown_timeout_secs),
         )
         .await
         .context("serving HTTP")
     });
+    // Tasks still running after an aborted drain (a tokenization on the blocking pool) must
+    // not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     handle.shutdown();
     let engine_result = join.join();
     served?;

@@ -7,7 +7,7 @@ mod support;
 use deepinfer_server::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{engine_greedy, metric, sse_chunks, Server};
+use support::{engine_greedy, metric, sse_chunks, Server, SseEvents};
 
 async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
@@ -266,6 +266,18 @@ async fn bad_requests_get_openai_errors() {
             "invalid type",
         ),
         (with("n", json!(0)), 400, Some("n"), "between 1"),
+        (
+            json!({"prompt": [[5], [6]], "n": 100, "max_tokens": 2}),
+            400,
+            Some("n"),
+            "at most 128 choices",
+        ),
+        (
+            with("prompt", json!(vec![vec![5]; 129])),
+            400,
+            Some("prompt"),
+            "at most 128 choices",
+        ),
         (with("n", json!(1_000_000)), 400, Some("n"), "between 1"),
         (with("top_p", json!(2.0)), 400, Some("top_p"), "(0, 1]"),
         (with("top_k", json!(-5)), 400, Some("top_k"), "-1"),
@@ -402,6 +414,34 @@ async fn api_key_guards_v1_routes_only() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    // The scheme is case-insensitive (RFC 9110).
+    for auth in ["bearer sekret", "BEARER sekret"] {
+        let r = c
+            .post(server.url("/v1/completions"))
+            .header("authorization", auth)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{auth}");
+    }
+    // A known route with the wrong method: 405 in OpenAI's error shape, with `Allow`.
+    for (path, auth) in [("/v1/completions", true), ("/tokenize", false)] {
+        let mut req = c.get(server.url(path));
+        if auth {
+            req = req.bearer_auth("sekret");
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 405, "{path}");
+        assert_eq!(r.headers()["allow"], "POST");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], 405, "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("GET"),
+            "{v}"
+        );
+    }
     assert_eq!(
         c.get(server.url("/v1/models"))
             .send()
@@ -506,6 +546,53 @@ async fn a_full_admission_queue_answers_503() {
     assert_eq!(status, 200);
 }
 
+/// The queue counts sequences, not requests: a batch of prompts with `n` choices each takes
+/// prompts × n places, all or none.
+#[tokio::test]
+async fn admission_counts_every_sequence_of_a_request() {
+    let server = Server::start(&["--max-pending-requests", "4"]);
+    let c = reqwest::Client::new();
+    let batch = |prompts: usize, n: usize| json!({"prompt": vec![vec![5, 6]; prompts], "n": n, "max_tokens": 1});
+    let (status, v) = post(&server, "/v1/completions", batch(2, 3)).await;
+    assert_eq!(status, 503, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("needs 6"),
+        "{v}"
+    );
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "n": 5, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, 503, "{v}");
+    let (status, v) = post(&server, "/v1/completions", batch(2, 2)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 4);
+
+    // One sequence in flight leaves room for three more, not four.
+    let long = c
+        .post(server.url("/v1/completions"))
+        .json(&json!({"prompt": [5, 6], "max_tokens": 20000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status().as_u16(), 200);
+    let (status, v) = post(&server, "/v1/completions", batch(2, 2)).await;
+    assert_eq!(status, 503, "{v}");
+    let (status, v) = post(&server, "/v1/completions", batch(3, 1)).await;
+    assert_eq!(status, 200, "{v}");
+    drop(long);
+    wait_idle(&server).await;
+    let (status, _) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": [5], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn tokenize_and_detokenize_use_the_model_tokenizer() {
     let server = Server::start(&[]);
@@ -540,11 +627,13 @@ async fn ctrl_c_lets_in_flight_streams_finish() {
         .send()
         .await
         .unwrap();
-    let mut body = String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()).into_owned();
+    let mut events = SseEvents::default();
+    let mut body: String = events.push(&r.chunk().await.unwrap().unwrap()).concat();
     let waiter = tokio::task::spawn_blocking(move || server.interrupt_and_wait());
     while let Some(c) = r.chunk().await.unwrap() {
-        body.push_str(&String::from_utf8_lossy(&c));
+        body.extend(events.push(&c));
     }
+    assert!(events.rest().is_empty());
     let chunks = sse_chunks(&body);
     let n: usize = chunks.len();
     assert_eq!(n, 64, "every token arrived before the server exited");
@@ -672,6 +761,26 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
             "logprobs",
         ),
         (
+            json!({"messages": user, "logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+            "at most 20",
+        ),
+        (
+            json!({"messages": user, "reasoning_effort": "extreme"}),
+            "reasoning_effort",
+            "must be one of",
+        ),
+        (
+            json!({"messages": user, "chat_template_kwargs": "thinking"}),
+            "chat_template_kwargs",
+            "must be an object",
+        ),
+        (
+            json!({"messages": user, "chat_template_kwargs": [1]}),
+            "chat_template_kwargs",
+            "must be an object",
+        ),
+        (
             json!({"messages": user, "response_format": {"type": "json_object"}}),
             "response_format",
             "text",
@@ -698,4 +807,566 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
         );
     }
     wait_idle(&server).await;
+}
+
+#[test]
+fn sse_events_are_split_on_bytes_not_chunks() {
+    let body = "data: {\"text\": \"你好🦀\"}\n\ndata: [DONE]\n\n".as_bytes();
+    // Every split point, including inside the multi-byte characters.
+    for at in 0..body.len() {
+        let mut ev = SseEvents::default();
+        let mut got: String = ev.push(&body[..at]).concat();
+        got.extend(ev.push(&body[at..]));
+        assert!(ev.rest().is_empty());
+        assert_eq!(got.as_bytes(), body, "split at {at}");
+    }
+}
+
+const D: &str = "｜DSML｜";
+
+/// What the model is made to write (`--debug-force-output`): reasoning, an answer, and a
+/// DeepSeek-V4 DSML tool call with a string and a non-string argument.
+fn dsml_tool_call_text() -> String {
+    format!(
+        "I should check the weather.</think>Let me look that up.\n\n<{D}tool_calls>\n\
+         <{D}invoke name=\"get_weather\">\n\
+         <{D}parameter name=\"city\" string=\"true\">Paris</{D}parameter>\n\
+         <{D}parameter name=\"days\" string=\"false\">3</{D}parameter>\n\
+         </{D}invoke>\n</{D}tool_calls>"
+    )
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}])
+}
+
+/// The model writes a DSML tool call (scripted through the engine): the answer carries it as
+/// an OpenAI tool call, whole and streamed, with `finish_reason: "tool_calls"`; the call and
+/// its result sent back make a valid next turn.
+#[tokio::test]
+async fn a_dsml_tool_call_comes_back_as_an_openai_tool_call() {
+    let server = Server::start(&["--debug-force-output", &dsml_tool_call_text()]);
+    let req = json!({
+        "messages": [{"role": "user", "content": "Weather in Paris for 3 days?"}],
+        "tools": weather_tools(), "max_tokens": 200,
+    });
+    let (status, v) = post(&server, "/v1/chat/completions", req.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let msg = &choice["message"];
+    assert_eq!(msg["reasoning_content"], "I should check the weather.");
+    assert_eq!(msg["content"], "Let me look that up.");
+    let calls = msg["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["type"], "function");
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call"));
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        r#"{"city": "Paris", "days": 3}"#
+    );
+
+    // Streamed: the deltas of each tool call, accumulated by index, give the same call.
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = post_text(&server, "/v1/chat/completions", streamed).await;
+    assert_eq!(status, 200, "{text}");
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    let mut acc: Vec<(String, String, String)> = Vec::new();
+    let mut finish = Vec::new();
+    for c in sse_chunks(&text) {
+        let ch = &c["choices"][0];
+        let d = &ch["delta"];
+        reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(d["content"].as_str().unwrap_or(""));
+        for tc in d["tool_calls"].as_array().into_iter().flatten() {
+            let i = tc["index"].as_u64().unwrap() as usize;
+            if acc.len() <= i {
+                acc.resize(i + 1, Default::default());
+            }
+            if let Some(id) = tc["id"].as_str() {
+                acc[i].0.push_str(id);
+            }
+            let f = &tc["function"];
+            acc[i].1.push_str(f["name"].as_str().unwrap_or(""));
+            acc[i].2.push_str(f["arguments"].as_str().unwrap_or(""));
+        }
+        if let Some(r) = ch["finish_reason"].as_str() {
+            finish.push(r.to_string());
+        }
+    }
+    assert_eq!(reasoning, "I should check the weather.");
+    assert_eq!(content, "Let me look that up.");
+    assert_eq!(acc.len(), 1, "{text}");
+    assert!(acc[0].0.starts_with("call"));
+    assert_eq!(acc[0].1, "get_weather");
+    assert_eq!(acc[0].2, r#"{"city": "Paris", "days": 3}"#);
+    assert_eq!(finish, ["tool_calls"]);
+
+    // The call and the tool's result sent back: a valid turn that renders both.
+    let round_trip = json!({
+        "messages": [
+            {"role": "user", "content": "Weather in Paris for 3 days?"},
+            {"role": "assistant", "content": msg["content"], "tool_calls": [calls[0]]},
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C, sunny"},
+        ],
+        "tools": weather_tools(), "max_tokens": 200,
+    });
+    let (status, second) = post(&server, "/v1/chat/completions", round_trip.clone()).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["choices"][0]["message"]["role"], "assistant");
+    assert!(
+        second["usage"]["prompt_tokens"].as_u64() > v["usage"]["prompt_tokens"].as_u64(),
+        "{second}"
+    );
+    let (_, t) = post(&server, "/tokenize", round_trip).await;
+    let rendered = Tokenizer::from_dir(model_root(&server).await)
+        .unwrap()
+        .decode(
+            &serde_json::from_value::<Vec<u32>>(t["tokens"].clone()).unwrap(),
+            false,
+        );
+    assert!(
+        rendered.contains(&format!(
+            "<{D}parameter name=\"days\" string=\"false\">3</{D}parameter>"
+        )),
+        "{rendered}"
+    );
+    assert!(rendered.contains("<tool_result>18 C, sunny</tool_result>"));
+
+    // Without tools the same text is not parsed for calls: the markup stays content.
+    let mut no_tools = req;
+    no_tools.as_object_mut().unwrap().remove("tools");
+    let (status, v) = post(&server, "/v1/chat/completions", no_tools).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["message"]["tool_calls"], json!([]));
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("invoke name=\"get_weather\""));
+    wait_idle(&server).await;
+}
+
+/// Scripted reasoning with CJK and characters split across byte-level tokens.
+const THINK_TEXT: &str = "<think>二加二等于四，对吧？🦀 𝄞</think>The answer is 4.";
+const THINK_REASONING: &str = "二加二等于四，对吧？🦀 𝄞";
+
+/// `<think>…</think>` output splits into `reasoning_content` and `content`, in thinking and in
+/// chat mode, whole and streamed; logprobs carry each token's exact bytes (characters split
+/// across tokens included); stop strings, stop token ids, `include_stop_str_in_output` and
+/// `min_tokens` act on the scripted text exactly; a stop string counts as a stop in /metrics.
+#[tokio::test]
+async fn scripted_reasoning_splits_and_stops_exactly() {
+    let server = Server::start(&["--debug-force-output", THINK_TEXT]);
+    let user = json!([{"role": "user", "content": "What is 2 + 2?"}]);
+    for effort in [None, Some("none"), Some("high")] {
+        let mut req = json!({"messages": user, "max_tokens": 100});
+        if let Some(e) = effort {
+            req["reasoning_effort"] = json!(e);
+        }
+        let (status, v) = post(&server, "/v1/chat/completions", req.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        let msg = &v["choices"][0]["message"];
+        assert_eq!(msg["reasoning_content"], THINK_REASONING, "{effort:?}: {v}");
+        assert_eq!(msg["content"], "The answer is 4.", "{effort:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+        req["stream"] = json!(true);
+        let (status, text) = post_text(&server, "/v1/chat/completions", req).await;
+        assert_eq!(status, 200, "{text}");
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        for c in sse_chunks(&text) {
+            let d = &c["choices"][0]["delta"];
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+            content.push_str(d["content"].as_str().unwrap_or(""));
+        }
+        assert_eq!(reasoning, THINK_REASONING, "{effort:?}");
+        assert_eq!(content, "The answer is 4.", "{effort:?}");
+    }
+
+    // Logprobs: `bytes` rebuild the text exactly, even where a token holds part of a
+    // character; such a token's string escapes the partial bytes.
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": user, "max_tokens": 100, "logprobs": true, "top_logprobs": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let entries = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let bytes_of = |e: &Value| -> Vec<u8> {
+        e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect()
+    };
+    let (last, body) = entries.split_last().unwrap();
+    assert_eq!(last["token"], "<｜end▁of▁sentence｜>");
+    let all: Vec<u8> = body.iter().flat_map(bytes_of).collect();
+    assert_eq!(String::from_utf8(all).unwrap(), THINK_TEXT);
+    let mut partial = 0;
+    for e in entries {
+        let b = bytes_of(e);
+        let token = e["token"].as_str().unwrap();
+        match std::str::from_utf8(&b) {
+            Ok(s) => assert_eq!(token, s),
+            Err(_) => {
+                partial += 1;
+                assert!(token.contains("\\x"), "{e}");
+                assert!(!token.contains('\u{FFFD}'), "{e}");
+            }
+        }
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    assert!(partial >= 4, "the emoji and 𝄞 span several tokens: {v}");
+
+    // Completions on the same script: a stop string, then the same with the stop included.
+    let m0 = metrics(&server).await;
+    let stops = |m: &str| {
+        metric(
+            m,
+            "deepinfer:request_success_total",
+            &[("finished_reason", "stop")],
+        )
+        .unwrap_or(0.0)
+    };
+    let base = json!({"prompt": "hi", "max_tokens": 1000, "ignore_eos": true});
+    let with = |extra: Value| {
+        let mut b = base.clone();
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let before_answer = THINK_TEXT.split("answer").next().unwrap();
+    for (extra, text, reason) in [
+        (
+            json!({"stop": ["answer"]}),
+            before_answer.to_string(),
+            json!("answer"),
+        ),
+        (
+            json!({"stop": ["answer"], "include_stop_str_in_output": true}),
+            format!("{before_answer}answer"),
+            json!("answer"),
+        ),
+    ] {
+        for stream in [false, true] {
+            let mut req = with(extra.clone());
+            req["stream"] = json!(stream);
+            let (status, body) = post_text(&server, "/v1/completions", req.clone()).await;
+            assert_eq!(status, 200, "{body}");
+            let (got, finish, stop_reason) = completion_of(&body, stream);
+            assert_eq!(got, text, "{req}");
+            assert_eq!(finish, "stop");
+            assert_eq!(stop_reason, reason);
+        }
+    }
+    // Four requests ended by a stop string: counted as stops, none as an abort.
+    let m = wait_idle(&server).await;
+    assert_eq!(stops(&m) - stops(&m0), 4.0, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "deepinfer:request_success_total",
+            &[("finished_reason", "abort")]
+        ),
+        None,
+        "{m}"
+    );
+
+    // A stop token id: its text is left out unless include_stop_str_in_output.
+    let (_, t) = post(
+        &server,
+        "/tokenize",
+        json!({"prompt": " answer", "add_special_tokens": false}),
+    )
+    .await;
+    let answer_id = t["tokens"][0].as_u64().unwrap();
+    assert_eq!(t["count"], 1, "{t}");
+    let (_, all) = post(
+        &server,
+        "/tokenize",
+        json!({"prompt": THINK_TEXT, "add_special_tokens": false}),
+    )
+    .await;
+    let script_len = all["count"].as_u64().unwrap();
+    let at = all["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|x| x.as_u64() == Some(answer_id))
+        .unwrap() as u64;
+    let before = THINK_TEXT.split(" answer").next().unwrap();
+    for (include, text) in [
+        (false, before.to_string()),
+        (true, format!("{before} answer")),
+    ] {
+        let req =
+            with(json!({"stop_token_ids": [answer_id], "include_stop_str_in_output": include}));
+        let (status, v) = post(&server, "/v1/completions", req).await;
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["text"], text.as_str(), "{v}");
+        assert_eq!(c["finish_reason"], "stop");
+        assert_eq!(c["stop_reason"], answer_id);
+        assert_eq!(v["usage"]["completion_tokens"], at + 1);
+    }
+
+    // EOS after the script ends the request; min_tokens holds it back to exactly that many.
+    for (min_tokens, want) in [(0, script_len + 1), (script_len + 7, script_len + 7)] {
+        let (status, v) = post(
+            &server,
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 100, "min_tokens": min_tokens}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], THINK_TEXT);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            v["usage"]["completion_tokens"], want,
+            "min_tokens {min_tokens}"
+        );
+    }
+    wait_idle(&server).await;
+}
+
+/// The text, finish reason and stop reason of choice 0 of a completions body.
+fn completion_of(body: &str, stream: bool) -> (String, Value, Value) {
+    if stream {
+        let chunks = sse_chunks(body);
+        let got = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect();
+        let last = &chunks.last().unwrap()["choices"][0];
+        (
+            got,
+            last["finish_reason"].clone(),
+            last["stop_reason"].clone(),
+        )
+    } else {
+        let v: Value = serde_json::from_str(body).unwrap();
+        let c = &v["choices"][0];
+        (
+            c["text"].as_str().unwrap().to_string(),
+            c["finish_reason"].clone(),
+            c["stop_reason"].clone(),
+        )
+    }
+}
+
+/// Sampling controls change what the model writes, as the API promises: a seed reproduces
+/// sampled text (another seed does not), `logit_bias` moves greedy output, `echo` prepends
+/// the prompt, `stop_token_ids` end the choice (held back by `min_tokens`),
+/// `max_completion_tokens` wins over `max_tokens`; the latency histograms fill up.
+#[tokio::test]
+async fn sampling_controls_change_the_output() {
+    let server = Server::start(&[]);
+    let root = model_root(&server).await;
+    let tok = Tokenizer::from_dir(&root).unwrap();
+    let p = prompts()[0].clone();
+    let text_of = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+
+    // seed
+    let sampled = |seed: u64| json!({"prompt": p, "max_tokens": 12, "temperature": 1.0, "seed": seed, "ignore_eos": true});
+    let (_, a) = post(&server, "/v1/completions", sampled(7)).await;
+    let (_, b) = post(&server, "/v1/completions", sampled(7)).await;
+    let (_, c) = post(&server, "/v1/completions", sampled(8)).await;
+    assert_eq!(text_of(&a), text_of(&b), "the same seed, the same text");
+    assert_ne!(text_of(&a), text_of(&c), "another seed, another text");
+    let mut streamed = sampled(7);
+    streamed["stream"] = json!(true);
+    let (_, body) = post_text(&server, "/v1/completions", streamed).await;
+    assert_eq!(completion_of(&body, true).0, text_of(&a));
+
+    // logit_bias
+    let greedy = json!({"prompt": p, "max_tokens": 5, "temperature": 0, "ignore_eos": true});
+    let (_, plain) = post(&server, "/v1/completions", greedy.clone()).await;
+    let mut biased = greedy.clone();
+    biased["logit_bias"] = json!({"1000": 100});
+    let (status, v) = post(&server, "/v1/completions", biased).await;
+    assert_eq!(status, 200, "{v}");
+    let forced = tok.decode(&[1000; 5], true);
+    assert_eq!(text_of(&v), forced);
+    assert_ne!(text_of(&plain), forced);
+
+    // echo, whole and streamed
+    let echo = json!({"prompt": "Hello there", "max_tokens": 4, "temperature": 0,
+                      "ignore_eos": true});
+    let (_, noecho) = post(&server, "/v1/completions", echo.clone()).await;
+    let mut req = echo.clone();
+    req["echo"] = json!(true);
+    let (status, v) = post(&server, "/v1/completions", req.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let want = format!("Hello there{}", text_of(&noecho));
+    assert_eq!(text_of(&v), want);
+    req["stream"] = json!(true);
+    let (_, body) = post_text(&server, "/v1/completions", req).await;
+    assert_eq!(completion_of(&body, true).0, want);
+
+    // stop_token_ids, and min_tokens holding them back
+    let ids = &engine_greedy(&root, std::slice::from_ref(&p), 8)[0];
+    let first = ids[0];
+    let mut req = json!({"prompt": p, "max_tokens": 8, "temperature": 0,
+                         "stop_token_ids": [first]});
+    let (status, v) = post(&server, "/v1/completions", req.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], first);
+    assert_eq!(v["choices"][0]["text"], "");
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+    req["min_tokens"] = json!(3);
+    let (status, v) = post(&server, "/v1/completions", req).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() >= 3,
+        "{v}"
+    );
+
+    // max_completion_tokens wins over max_tokens
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
+               "max_completion_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    let m = wait_idle(&server).await;
+    for h in [
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_time_per_output_token_seconds",
+    ] {
+        let count = metric(&m, &format!("deepinfer:{h}_count"), &[]).unwrap_or(0.0);
+        assert!(count > 0.0, "{h}_count is {count}:\n{m}");
+    }
+}
+
+/// Chat with `n > 1`, streamed: every choice starts with its role, carries the whole greedy
+/// answer and finishes exactly once.
+#[tokio::test]
+async fn chat_n_choices_stream_each_complete() {
+    let server = Server::start(&[]);
+    let req = json!({"messages": [{"role": "user", "content": "Count to three."}],
+                     "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+                     "reasoning_effort": "none"});
+    let (status, whole) = post(&server, "/v1/chat/completions", req.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    let want = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut streamed = req;
+    streamed["n"] = json!(3);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, text) = post_text(&server, "/v1/chat/completions", streamed).await;
+    assert_eq!(status, 200, "{text}");
+    let chunks = sse_chunks(&text);
+    let mut content = vec![String::new(); 3];
+    let mut roles = vec![0; 3];
+    let mut finish: Vec<Vec<String>> = vec![Vec::new(); 3];
+    for c in &chunks {
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            assert!(finish[i].is_empty(), "a delta after the finish: {c}");
+            if ch["delta"]["role"] == "assistant" {
+                assert!(content[i].is_empty(), "the role comes first: {c}");
+                roles[i] += 1;
+            }
+            content[i].push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+            if let Some(r) = ch["finish_reason"].as_str() {
+                finish[i].push(r.to_string());
+            }
+        }
+    }
+    assert_eq!(roles, [1, 1, 1]);
+    assert_eq!(content, vec![want; 3]);
+    assert_eq!(finish, vec![vec!["length".to_string()]; 3]);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 18);
+    wait_idle(&server).await;
+}
+
+/// Ctrl-C drains for at most --shutdown-timeout-secs: a generation still running then is
+/// aborted (its stream ends with finish_reason "abort") and the process exits cleanly.
+#[tokio::test]
+async fn ctrl_c_aborts_what_is_left_after_the_drain_deadline() {
+    let server = Server::start(&["--shutdown-timeout-secs", "1"]);
+    let mut r = reqwest::Client::new()
+        .post(server.url("/v1/completions"))
+        .json(
+            &json!({"prompt": [5, 6, 7], "max_tokens": 60000, "ignore_eos": true, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut events = SseEvents::default();
+    let mut body: String = events.push(&r.chunk().await.unwrap().unwrap()).concat();
+    let sent = Instant::now();
+    server.interrupt();
+    let waiter = tokio::task::spawn_blocking(move || server.wait_exit(Duration::from_secs(20)));
+    while let Some(c) = r.chunk().await.unwrap() {
+        body.extend(events.push(&c));
+    }
+    assert!(events.rest().is_empty());
+    let chunks = sse_chunks(&body);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "abort"
+    );
+    let status = waiter.await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "exited before the drain deadline: {took:?}"
+    );
+}
+
+/// A second Ctrl-C aborts at once, whatever the drain deadline.
+#[tokio::test]
+async fn a_second_ctrl_c_aborts_at_once() {
+    let server = Server::start(&[]);
+    let mut r = reqwest::Client::new()
+        .post(server.url("/v1/completions"))
+        .json(
+            &json!({"prompt": [5, 6, 7], "max_tokens": 60000, "ignore_eos": true, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut events = SseEvents::default();
+    let mut body: String = events.push(&r.chunk().await.unwrap().unwrap()).concat();
+    server.interrupt();
+    // Let the first signal start the drain before the second arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.interrupt();
+    let waiter = tokio::task::spawn_blocking(move || server.wait_exit(Duration::from_secs(10)));
+    while let Some(c) = r.chunk().await.unwrap() {
+        body.extend(events.push(&c));
+    }
+    assert!(events.rest().is_empty());
+    let chunks = sse_chunks(&body);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "abort"
+    );
+    let status = waiter.await.unwrap();
+    assert!(status.success(), "{status:?}");
 }

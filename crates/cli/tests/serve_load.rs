@@ -8,7 +8,7 @@ mod support;
 use deepinfer_server::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{engine_greedy, metric, sse_chunks, Server};
+use support::{engine_greedy, metric, sse_chunks, Server, SseEvents};
 
 const STREAMS: usize = 200;
 const DISTINCT: usize = 20;
@@ -55,10 +55,12 @@ async fn two_hundred_concurrent_streams_each_get_the_greedy_text() {
                 assert_eq!(resp.status().as_u16(), 200);
                 let mut raw = String::new();
                 let mut ttft = None;
+                let mut events = SseEvents::default();
                 while let Some(c) = resp.chunk().await.unwrap() {
                     ttft.get_or_insert_with(|| sent.elapsed());
-                    raw.push_str(std::str::from_utf8(&c).unwrap());
+                    raw.extend(events.push(&c));
                 }
+                assert!(events.rest().is_empty(), "a partial event at the end");
                 (r, raw, ttft.unwrap(), sent.elapsed())
             })
         })

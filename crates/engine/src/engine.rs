@@ -24,6 +24,11 @@ pub struct EngineConfig {
     pub cache: CacheConfig,
     /// The `model_name` label of every metric (the served model name).
     pub model_name: String,
+    /// Test hook, `None` in production: every sequence generates exactly these tokens, then
+    /// EOS, whatever the model says (see [`Sampler::scripted`]). It lets end-to-end tests see
+    /// tool calls and reasoning from a model with random weights through the whole serving
+    /// path.
+    pub forced_output: Option<Vec<u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +67,8 @@ pub struct EngineStats {
 enum Command {
     Add(Request, Box<dyn OutputSink>),
     Abort(RequestId),
+    /// Finished by a rule the engine does not see (a stop string in the text).
+    Stop(RequestId),
     /// Reply once nothing is waiting or running (tests, shutdown).
     Drain(Sender<()>),
     Shutdown,
@@ -139,6 +146,14 @@ impl EngineHandle {
     /// the same step. Unknown or finished ids are ignored.
     pub fn abort(&self, id: RequestId) {
         let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Ends a request the caller found finished by a rule the engine cannot see (a stop
+    /// string in the detokenized text): its stream ends and its cache is freed as with
+    /// [`Self::abort`], but metrics count it as `finished_reason="stop"`, not as an abort.
+    /// Unknown or finished ids are ignored.
+    pub fn stop(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Stop(id));
     }
 
     /// Blocks until every queued request has finished.
@@ -221,6 +236,21 @@ pub fn start(
     }
     let vocab = model.config.vocab_size;
     let eos = model.config.eos_token_ids.clone();
+    if let Some(&id) = config
+        .forced_output
+        .iter()
+        .flatten()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return Err(EngineError::InvalidConfig {
+            field: "forced_output",
+            reason: format!("token id {id} is outside the vocabulary of {vocab}"),
+        });
+    }
+    let sampler = match config.forced_output {
+        Some(script) => Sampler::scripted(script),
+        None => Sampler::new(),
+    };
     let runner = ModelRunner::new(model, config.cache)?;
     let max_model_len = config.scheduler.max_model_len;
     let fits = runner.cache().max_tokens_per_seq();
@@ -248,7 +278,7 @@ pub fn start(
         runner,
         scheduler: Scheduler::default(),
         seqs: HashMap::new(),
-        sampler: Sampler::new(),
+        sampler,
         cfg: config.scheduler,
         eos,
         stats,
@@ -332,6 +362,7 @@ impl EngineCore {
                 self.scheduler.add(id);
             }
             Command::Abort(id) => self.finish(id, FinishReason::Abort, Vec::new(), None),
+            Command::Stop(id) => self.finish(id, FinishReason::Stop, Vec::new(), None),
             Command::Drain(reply) => self.drains.push(reply),
             Command::Shutdown => {
                 let ids: Vec<RequestId> = self.seqs.keys().copied().collect();

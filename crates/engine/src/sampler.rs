@@ -84,11 +84,36 @@ pub struct Sampler {
     seen: Vec<bool>,
     /// Ids whose `counts`/`seen` entries were set, so resetting costs O(history), not O(vocab).
     touched: Vec<u32>,
+    /// Test hook (see [`Sampler::scripted`]): the output every row must produce.
+    script: Option<Vec<u32>>,
 }
 
 impl Sampler {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A test hook, never used in production: every row's token at output index `i` is
+    /// `script[i]`, and the row's first EOS id once the script is spent, whatever the logits
+    /// say. A model with random weights never writes tool calls or reasoning markers, so
+    /// end-to-end tests of the output parsers script the model's text this way; everything
+    /// after the choice of token (logprobs from the raw logits, stop checks, detokenization)
+    /// runs as usual. No RNG is drawn for a scripted row.
+    pub fn scripted(script: Vec<u32>) -> Self {
+        Self {
+            script: Some(script),
+            ..Self::default()
+        }
+    }
+
+    /// The scripted token of `row`, when a script is set (a row without EOS ids falls back
+    /// to normal sampling after the script).
+    fn scripted_token(&self, row: &SampleRow<'_>) -> Option<u32> {
+        let script = self.script.as_ref()?;
+        script
+            .get(row.output_ids.len())
+            .or_else(|| row.eos_ids.first())
+            .copied()
     }
 
     /// Samples one token per row of `logits` (`rows.len()` rows of `vocab` each).
@@ -112,6 +137,17 @@ impl Sampler {
 
     fn sample_row(&mut self, raw: &[f32], row: &mut SampleRow<'_>) -> Sample {
         let params = row.params;
+        if let Some(token) = self.scripted_token(row) {
+            let (logprob, top_logprobs) = match params.logprobs {
+                Some(n) => Self::raw_logprobs(raw, token, n),
+                None => (f32::NAN, Vec::new()),
+            };
+            return Sample {
+                token,
+                logprob,
+                top_logprobs,
+            };
+        }
         let mut processed = std::mem::take(&mut self.processed);
         let token = {
             let logits: &[f32] = if needs_processing(row) {
@@ -419,6 +455,39 @@ mod tests {
                 ((s >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0) as f32
             })
             .collect()
+    }
+
+    #[test]
+    fn a_script_overrides_the_logits_then_ends_with_eos() {
+        let mut sampler = Sampler::scripted(vec![4, 2]);
+        let params = SamplingParams {
+            temperature: 0.7,
+            logprobs: Some(1),
+            ..Default::default()
+        };
+        let logits = [0.0, 0.0, 1.0, 9.0, -1.0];
+        let mut got = Vec::new();
+        let mut rng = SeqRng::new(Some(3));
+        let before = rng.clone().uniform();
+        for out in [&[][..], &[4], &[4, 2], &[4, 2, 1]] {
+            let r = SampleRow {
+                params: &params,
+                prompt_ids: &[],
+                output_ids: out,
+                eos_ids: &[1, 0],
+                rng: &mut rng,
+            };
+            got.push(sample_one(&mut sampler, &logits, r));
+        }
+        let tokens: Vec<u32> = got.iter().map(|s| s.token).collect();
+        assert_eq!(tokens, [4, 2, 1, 1]);
+        // Logprobs still describe the model: the forced token's raw logprob, the real top.
+        let (lp, top) = Sampler::raw_logprobs(&logits, 4, 1);
+        assert_eq!(got[0].logprob, lp);
+        assert_eq!(got[0].top_logprobs, top);
+        assert_eq!(top[0].0, 3);
+        // No uniform was drawn.
+        assert_eq!(rng.uniform(), before);
     }
 
     #[test]

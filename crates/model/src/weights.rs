@@ -189,6 +189,18 @@ fn expert(
 impl ModelWeights {
     /// Loads every tensor the forward pass needs, checking each shape against `c`.
     pub fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
+        Self::load_with_progress(ck, c, |_, _| {})
+    }
+
+    /// Like [`Self::load`], calling `progress(done, total)` after each of the `total` steps
+    /// (one per layer, then the embedding and head): a real checkpoint takes minutes to
+    /// load, and a progress bar tells an operator it is moving.
+    pub fn load_with_progress(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self, CheckpointError> {
+        let total = c.num_hidden_layers + 1;
         let d = c.hidden_size;
         let hc = c.hc_mult;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -316,8 +328,9 @@ impl ModelWeights {
                     shared,
                 },
             });
+            progress(l + 1, total);
         }
-        Ok(Self {
+        let weights = Self {
             embed: ck.matrix("embed.weight", &[c.vocab_size, d])?,
             head: Linear::load(ck, "head", c.vocab_size, d)?,
             norm: vec1(ck, "norm.weight", d)?,
@@ -327,6 +340,8 @@ impl ModelWeights {
             hc_head_base: vec1(ck, "hc_head_base", hc)?,
             hc_head_scale: vec1(ck, "hc_head_scale", 1)?,
             layers,
-        })
+        };
+        progress(total, total);
+        Ok(weights)
     }
 }

@@ -12,6 +12,8 @@ use deepinfer_engine::request::{
     FinishReason, OutputSink, RequestId, RequestOutput, TokenLogprobs,
 };
 use deepinfer_engine::sampling_params::SamplingParams;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -19,11 +21,15 @@ use tokio::sync::OwnedSemaphorePermit;
 struct ChoiceSink {
     index: usize,
     tx: UnboundedSender<(usize, RequestOutput)>,
+    /// Set when a stop string ended the choice. The response may then complete and drop
+    /// the receiver before the engine has read the stop; a refused delta would make it
+    /// finish the sequence as an abort, so the sink keeps saying yes until the stop lands.
+    stopped: Arc<AtomicBool>,
 }
 
 impl OutputSink for ChoiceSink {
     fn send(&mut self, out: RequestOutput) -> bool {
-        self.tx.send((self.index, out)).is_ok()
+        self.tx.send((self.index, out)).is_ok() || self.stopped.load(Ordering::Acquire)
     }
 }
 
@@ -48,20 +54,29 @@ struct ChoiceText {
     stop_token_ids: Vec<u32>,
     num_tokens: usize,
     finished: bool,
+    /// Shared with the choice's sink (see [`ChoiceSink::stopped`]).
+    stopped: Arc<AtomicBool>,
 }
 
 impl ChoiceText {
     /// Applies one engine delta. Returns the text delta and whether a stop string ended the
-    /// choice here (the engine does not know; the caller aborts the sequence).
+    /// choice here (the engine does not know; the caller stops the sequence).
     fn apply(&mut self, out: RequestOutput) -> (ChoiceDelta, bool) {
         let mut delta = ChoiceDelta {
             logprobs: out.logprobs.unwrap_or_default(),
             ..Default::default()
         };
         let mut stop_hit = false;
-        for &id in &out.new_token_ids {
+        // An engine stop always ends on the stop token (EOS or a `stop_token_ids` id); as in
+        // vLLM, its text is left out unless `include_stop_str_in_output`.
+        let drop_last = out.finish_reason == Some(FinishReason::Stop) && !self.include_stop;
+        let last = out.new_token_ids.len().saturating_sub(1);
+        for (k, &id) in out.new_token_ids.iter().enumerate() {
             self.num_tokens += 1;
             delta.token_ids.push(id);
+            if drop_last && k == last {
+                continue;
+            }
             let text = self.detok.push(id);
             let (emit, matched) = self.stops.push(&text);
             delta.text.push_str(&emit);
@@ -137,9 +152,11 @@ impl Generation {
                 &prompt_ids,
                 opts.skip_special_tokens,
             );
+            let stopped = Arc::new(AtomicBool::new(false));
             let sink = Box::new(ChoiceSink {
                 index,
                 tx: tx.clone(),
+                stopped: stopped.clone(),
             });
             // On an error the choices already submitted are aborted by `Drop`.
             let request_id = engine.add_request_to(prompt_ids, p, sink)?;
@@ -151,6 +168,7 @@ impl Generation {
                 stop_token_ids,
                 num_tokens: 0,
                 finished: false,
+                stopped,
             });
         }
         Ok(gen)
@@ -188,12 +206,14 @@ impl Generation {
             };
             let choice = &mut self.choices[index];
             if choice.finished {
-                // Deltas after a stop-string hit (the abort's last delta) carry nothing new.
+                // Deltas after a stop-string hit (up to the stop's last delta) carry nothing new.
                 continue;
             }
             let (delta, stop_hit) = choice.apply(out);
             if stop_hit {
-                self.engine.abort(choice.request_id);
+                // A normal finish, not an abort: metrics count it under "stop".
+                choice.stopped.store(true, Ordering::Release);
+                self.engine.stop(choice.request_id);
             }
             return Some(Ok((index, delta)));
         }

@@ -14,8 +14,9 @@ pub struct AppState {
     /// Where the weights came from (`root` in `/v1/models`).
     pub model_root: String,
     pub api_key: Option<String>,
-    /// Generations in flight (waiting or running) across all clients; a full queue answers
-    /// 503 instead of growing without bound.
+    /// Sequences in flight (waiting or running) across all clients, one permit each (a
+    /// request holds one per choice: prompts × n); a full queue answers 503 instead of
+    /// growing without bound.
     admission: Arc<Semaphore>,
     pub max_pending: usize,
     /// Unix time the server started (`created` in `/v1/models`).
@@ -58,12 +59,13 @@ impl AppState {
         }
     }
 
-    /// A place in the admission queue, or 503 when it is full.
-    pub fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        self.admission
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ApiError::overloaded(self.max_pending))
+    /// Places in the admission queue for `sequences` sequences, or 503 when they do not all
+    /// fit now: a batch of prompts with a large `n` counts as every sequence it starts.
+    pub fn admit(&self, sequences: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        u32::try_from(sequences)
+            .ok()
+            .and_then(|n| self.admission.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| ApiError::overloaded(self.max_pending, sequences))
     }
 }
 

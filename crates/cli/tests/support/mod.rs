@@ -69,6 +69,32 @@ impl Server {
         self.child.id()
     }
 
+    /// Sends SIGINT (Ctrl-C) without waiting.
+    pub fn interrupt(&self) {
+        let ok = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "could not signal the server");
+    }
+
+    /// Waits for the process to exit, failing the test if it takes longer than `within`.
+    pub fn wait_exit(mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                std::mem::forget(self);
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server did not exit within {within:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGINT (Ctrl-C) and waits for the exit status.
     pub fn interrupt_and_wait(mut self) -> std::process::ExitStatus {
         let ok = Command::new("kill")
@@ -102,6 +128,45 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Splits a streamed SSE body into events on its raw bytes: an HTTP chunk may end inside a
+/// multi-byte character, so chunks cannot be decoded one by one.
+#[derive(Default)]
+pub struct SseEvents {
+    buf: Vec<u8>,
+}
+
+impl SseEvents {
+    /// Takes one HTTP chunk; returns the events it completed, each ending in its blank line.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.buf.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        while let Some(at) = self.buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buf.drain(..at + 2).collect();
+            events.push(String::from_utf8(event).expect("an SSE event is UTF-8"));
+        }
+        events
+    }
+
+    /// Bytes after the last complete event (none once a stream has ended properly).
+    pub fn rest(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// Reads a streamed response to its end; the events joined, checked to be whole UTF-8.
+pub async fn read_sse(mut r: reqwest::Response) -> String {
+    let mut events = SseEvents::default();
+    let mut body = String::new();
+    while let Some(c) = r.chunk().await.expect("the stream reads") {
+        body.extend(events.push(&c));
+    }
+    assert!(
+        events.rest().is_empty(),
+        "a partial event at the end: {body}"
+    );
+    body
 }
 
 /// The `data:` payloads of an SSE body, in order.

@@ -131,9 +131,18 @@ impl Model {
 
     /// Loads `config.json` and the safetensors checkpoint in `dir` (either name layout).
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        Self::load_with_progress(dir, |_, _| {})
+    }
+
+    /// Like [`Self::load`], reporting `(done, total)` loading steps (see
+    /// [`ModelWeights::load_with_progress`]).
+    pub fn load_with_progress(
+        dir: &Path,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
-        let weights = ModelWeights::load(&ck, &config)?;
+        let weights = ModelWeights::load_with_progress(&ck, &config, progress)?;
         Ok(Self::new(config, weights))
     }
 

@@ -27,6 +27,20 @@ pub enum ReasoningEffort {
 }
 
 impl ReasoningEffort {
+    /// Every name a request's `reasoning_effort` may take.
+    pub const NAMES: [&'static str; 7] =
+        ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+    /// The level of a request's `reasoning_effort`; `None` for a name outside [`Self::NAMES`]
+    /// (the server refuses it rather than guess, as vLLM's request validation does).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "high" => Some(Self::High),
+            other if Self::NAMES.contains(&other) => Some(Self::from_name(other)),
+            _ => None,
+        }
+    }
+
     /// The level a free-form name selects; names the encoder does not know mean `High`, as in
     /// vLLM's mapping.
     pub fn from_name(name: &str) -> Self {

@@ -60,6 +60,16 @@ impl ApiError {
         }
     }
 
+    /// 405: the route exists, the method does not.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
     pub fn unauthorized() -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
@@ -69,12 +79,22 @@ impl ApiError {
         }
     }
 
-    pub fn overloaded(limit: usize) -> Self {
+    /// 503: admitting `asked` more sequences would pass the limit on sequences in flight.
+    pub fn overloaded(limit: usize, asked: usize) -> Self {
+        let message = if asked > limit {
+            format!(
+                "this request needs {asked} sequences, more than the server's limit of {limit} \
+                 sequences in flight (--max-pending-requests)"
+            )
+        } else {
+            format!(
+                "the server is at its limit of {limit} sequences in flight; retry later \
+                 (this request needs {asked})"
+            )
+        };
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "the server is at its limit of {limit} requests in flight; retry later"
-            ),
+            message,
             kind: "server_overloaded",
             param: None,
         }

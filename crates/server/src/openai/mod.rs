@@ -15,5 +15,6 @@ pub use completions::{
 pub use error::ApiError;
 pub use parse::{body_object, fields, fields_from_bytes};
 pub use sampling::{
-    resolve_max_tokens, OutputOptions, SamplingFields, StopField, StreamOptions, MAX_N,
+    check_sequences, resolve_max_tokens, OutputOptions, SamplingFields, StopField, StreamOptions,
+    MAX_N, MAX_SEQUENCES,
 };

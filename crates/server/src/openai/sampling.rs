@@ -9,6 +9,26 @@ use std::collections::BTreeMap;
 /// Most choices one request may ask for (`n`); each is a sequence in the engine.
 pub const MAX_N: usize = 128;
 
+/// Most sequences one request may start in all (prompts × `n`), so one request cannot fill
+/// the engine or the admission queue by itself.
+pub const MAX_SEQUENCES: usize = 128;
+
+/// 400 unless `prompts` × `n` is within [`MAX_SEQUENCES`]; the error names `n` when more
+/// than one choice per prompt was asked for, else `prompt`.
+pub fn check_sequences(prompts: usize, n: usize) -> Result<usize, ApiError> {
+    let total = prompts.saturating_mul(n);
+    if total > MAX_SEQUENCES {
+        return Err(ApiError::invalid(
+            if n > 1 { "n" } else { "prompt" },
+            format!(
+                "a request may generate at most {MAX_SEQUENCES} choices in all (prompts × n), \
+                 got {prompts} × {n} = {total}"
+            ),
+        ));
+    }
+    Ok(total)
+}
+
 /// `stop`: one string or a list of them.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]

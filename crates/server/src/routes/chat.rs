@@ -1,22 +1,23 @@
 //! `POST /v1/chat/completions`: messages rendered in DeepSeek-V4's format, output parsed back
 //! into `reasoning_content`, `content` and `tool_calls`, streamed or whole.
 
-use super::{body_bytes, sse, Shared};
+use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{render_chat, ChatDelta, ChatOutputParser, ReasoningEffort, RenderOptions};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, fields, fields_from_bytes, resolve_max_tokens, ApiError, ChatChoice,
-    ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
-    Usage,
+    body_object, check_sequences, fields, fields_from_bytes, resolve_max_tokens, ApiError,
+    ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields,
+    TopLogprob, Usage,
 };
-use crate::state::{response_id, unix_now, AppState};
-use crate::tokenizer::Tokenizer;
+use crate::state::{response_id, unix_now};
+use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deepinfer_engine::request::TokenLogprobs;
+use deepinfer_engine::sampling_params::MAX_LOGPROBS;
 use serde_json::{json, Map, Value};
 
 /// A chat request made ready for the engine.
@@ -28,7 +29,8 @@ pub(crate) struct ChatPrompt {
 }
 
 /// Renders and tokenizes the conversation of a chat request (shared with `/tokenize`).
-pub(crate) fn chat_prompt(st: &AppState, f: &ChatFields) -> Result<ChatPrompt, ApiError> {
+/// CPU-bound for long conversations: call it through [`super::blocking`].
+pub(crate) fn chat_prompt(tok: &Tokenizer, f: &ChatFields) -> Result<ChatPrompt, ApiError> {
     if f.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -57,15 +59,32 @@ pub(crate) fn chat_prompt(st: &AppState, f: &ChatFields) -> Result<ChatPrompt, A
             ));
         }
     }
-    let effort = f
-        .reasoning_effort
-        .as_deref()
-        .map(ReasoningEffort::from_name);
-    let opts = RenderOptions::from_openai(effort, f.chat_template_kwargs.as_ref());
+    let effort = match f.reasoning_effort.as_deref() {
+        None => None,
+        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                "reasoning_effort",
+                format!(
+                    "`reasoning_effort` must be one of {}, got {name:?}",
+                    ReasoningEffort::NAMES.join(", ")
+                ),
+            )
+        })?),
+    };
+    let kwargs = match &f.chat_template_kwargs {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object, got {other}"),
+            ))
+        }
+    };
+    let opts = RenderOptions::from_openai(effort, kwargs);
     let text = render_chat(&f.messages, tools, &opts)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    let ids = st
-        .tokenizer
+    let ids = tok
         .encode(&text, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     Ok(ChatPrompt {
@@ -101,9 +120,18 @@ pub async fn chat_completions(
                 format!("`top_logprobs` must be >= 0, got {n}"),
             ))
         }
+        (true, Some(n)) if n as usize > MAX_LOGPROBS => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be at most {MAX_LOGPROBS}, got {n}"),
+            ))
+        }
         (true, Some(n)) => Some(n as usize),
     };
-    let prompt = chat_prompt(&st, &cf)?;
+    // Places for every choice before the (possibly long) rendering.
+    let permit = st.admit(check_sequences(1, opts.n)?)?;
+    let tok = st.tokenizer.clone();
+    let (prompt, cf) = blocking(move || chat_prompt(&tok, &cf).map(|p| (p, cf))).await?;
     let (requested, param) = match cf.max_completion_tokens {
         Some(m) => (Some(m), "max_completion_tokens"),
         None => (sf.max_tokens, "max_tokens"),
@@ -124,7 +152,7 @@ pub async fn chat_completions(
             (prompt.ids.clone(), p)
         })
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, st.admit()?, choices, &opts)?;
+    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
     let parsers = (0..opts.n)
         .map(|_| {
             let p = ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some());
@@ -173,10 +201,11 @@ fn tool_call_json(index: usize, name: String, arguments: String) -> Value {
 }
 
 fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs]) -> ChatLogprobs {
+    // `bytes` exact, even for part of a character; `token` its text (see
+    // `logprob_token_text`).
     let entry = |id: u32| {
-        let s = tok.decode(&[id], false);
-        let bytes = s.as_bytes().to_vec();
-        (s, bytes)
+        let bytes = tok.token_bytes(id);
+        (logprob_token_text(&bytes), bytes)
     };
     ChatLogprobs {
         content: lps

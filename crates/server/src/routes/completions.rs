@@ -1,14 +1,14 @@
 //! `POST /v1/completions`: text in, text out; one or several prompts (text or token ids),
 //! `n` choices each, streamed or whole.
 
-use super::{body_bytes, sse, Shared};
+use super::{blocking, body_bytes, sse, Shared};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
-    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
+    body_object, check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice,
+    CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
 };
 use crate::state::{response_id, unix_now};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -47,30 +47,41 @@ pub async fn completions(
             "`echo` together with `logprobs` (prompt logprobs) is not supported",
         ));
     }
-    let add_special = cf.add_special_tokens.unwrap_or(true);
-    let encode = |text: &str| {
-        st.tokenizer
-            .encode(text, add_special)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-    };
-    // (token ids, echo text) per prompt.
-    let prompts: Vec<(Vec<u32>, String)> = match cf.prompt {
+    let num_prompts = match &cf.prompt {
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(PromptField::Text(t)) => vec![(encode(&t)?, t)],
-        Some(PromptField::Texts(ts)) => ts
-            .into_iter()
-            .map(|t| Ok((encode(&t)?, t)))
-            .collect::<Result<_, ApiError>>()?,
-        Some(PromptField::Ids(ids)) => vec![(ids.clone(), st.tokenizer.decode(&ids, false))],
-        Some(PromptField::IdBatches(b)) => b
-            .into_iter()
-            .map(|ids| {
-                let t = st.tokenizer.decode(&ids, false);
-                (ids, t)
-            })
-            .collect(),
+        Some(PromptField::Text(_) | PromptField::Ids(_)) => 1,
+        Some(PromptField::Texts(v)) => v.len(),
+        Some(PromptField::IdBatches(v)) => v.len(),
     };
-    if prompts.is_empty() || prompts.iter().any(|p| p.0.is_empty()) {
+    if num_prompts == 0 {
+        return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
+    }
+    // Places for every sequence before any tokenizing: an overloaded server refuses work
+    // cheaply, and the queue bounds the tokenizer's work too.
+    let permit = st.admit(check_sequences(num_prompts, opts.n)?)?;
+    let add_special = cf.add_special_tokens.unwrap_or(true);
+    let prompt = cf.prompt.expect("checked above");
+    let tok = st.tokenizer.clone();
+    // (token ids, echo text) per prompt.
+    let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
+        let encode = |text: String| {
+            tok.encode(&text, add_special)
+                .map(|ids| (ids, text))
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        };
+        let decode = |ids: Vec<u32>| {
+            let text = tok.decode(&ids, false);
+            (ids, text)
+        };
+        match prompt {
+            PromptField::Text(t) => Ok(vec![encode(t)?]),
+            PromptField::Texts(ts) => ts.into_iter().map(encode).collect(),
+            PromptField::Ids(ids) => Ok(vec![decode(ids)]),
+            PromptField::IdBatches(b) => Ok(b.into_iter().map(decode).collect()),
+        }
+    })
+    .await?;
+    if prompts.iter().any(|p| p.0.is_empty()) {
         return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
     }
     let max_model_len = st.engine.max_model_len();
@@ -99,7 +110,7 @@ pub async fn completions(
             std::iter::repeat_n(if cf.echo { p.1.clone() } else { String::new() }, opts.n)
         })
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, st.admit()?, choices, &opts)?;
+    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
     let head = CompletionResponse {
         id: response_id("cmpl"),
         object: "text_completion",
@@ -124,22 +135,70 @@ pub async fn completions(
     }
 }
 
-/// Builds OpenAI's per-token logprobs for one delta; `offset` is the choice's text length
-/// before it (advanced here).
-fn logprobs_of(tok: &Tokenizer, lps: &[TokenLogprobs], offset: &mut usize) -> CompletionLogprobs {
+/// Where each token starts in a choice's text (`text_offset`, in characters), counted on the
+/// tokens' bytes: a token holding part of a character is placed at that character.
+#[derive(Debug, Default)]
+struct TextOffsets {
+    /// Bytes of a character not yet complete.
+    pending: Vec<u8>,
+    chars: usize,
+}
+
+impl TextOffsets {
+    /// The offset of a token with `bytes`, then moves past it.
+    fn advance(&mut self, bytes: &[u8]) -> usize {
+        let at = self.chars;
+        self.pending.extend_from_slice(bytes);
+        let mut rest: &[u8] = &self.pending;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    self.chars += s.chars().count();
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    self.chars += std::str::from_utf8(&rest[..valid])
+                        .expect("valid up to here")
+                        .chars()
+                        .count();
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for its other bytes.
+                        None => {
+                            rest = &rest[valid..];
+                            break;
+                        }
+                        // Bytes that can never be a character decode as one U+FFFD.
+                        Some(n) => {
+                            self.chars += 1;
+                            rest = &rest[valid + n..];
+                        }
+                    }
+                }
+            }
+        }
+        let keep = rest.len();
+        self.pending.drain(..self.pending.len() - keep);
+        at
+    }
+}
+
+/// Builds OpenAI's per-token logprobs for one delta; `offsets` tracks the choice's text.
+fn logprobs_of(
+    tok: &Tokenizer,
+    lps: &[TokenLogprobs],
+    offsets: &mut TextOffsets,
+) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
+    let text = |id: u32| logprob_token_text(&tok.token_bytes(id));
     for lp in lps {
-        let s = tok.decode(&[lp.token], false);
-        out.text_offset.push(*offset);
-        *offset += s.chars().count();
-        out.tokens.push(s);
+        let bytes = tok.token_bytes(lp.token);
+        out.text_offset.push(offsets.advance(&bytes));
+        out.tokens.push(logprob_token_text(&bytes));
         out.token_logprobs.push(lp.logprob);
-        out.top_logprobs.push(
-            lp.top
-                .iter()
-                .map(|&(id, l)| (tok.decode(&[id], false), l))
-                .collect(),
-        );
+        out.top_logprobs
+            .push(lp.top.iter().map(|&(id, l)| (text(id), l)).collect());
     }
     out
 }
@@ -162,7 +221,7 @@ async fn whole(
             stop_reason: None,
         })
         .collect();
-    let mut offsets = vec![0usize; n];
+    let mut offsets: Vec<TextOffsets> = (0..n).map(|_| TextOffsets::default()).collect();
     while let Some(item) = gen.next().await {
         let (i, d) = item?;
         let c = &mut resp.choices[i];
@@ -193,7 +252,8 @@ fn stream(
     so: crate::openai::StreamOptions,
 ) -> Response {
     let body = async_stream::stream! {
-        let mut offsets = vec![0usize; gen.num_choices()];
+        let mut offsets: Vec<TextOffsets> =
+            (0..gen.num_choices()).map(|_| TextOffsets::default()).collect();
         while let Some(item) = gen.next().await {
             let (i, d): (usize, ChoiceDelta) = match item {
                 Ok(x) => x,
@@ -224,4 +284,22 @@ fn stream(
         yield sse::done_event();
     };
     sse::response(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_offsets_count_characters_across_split_tokens() {
+        let mut o = TextOffsets::default();
+        let crab = "🦀".as_bytes();
+        assert_eq!(o.advance(b"ab"), 0);
+        assert_eq!(o.advance(&crab[..1]), 2);
+        assert_eq!(o.advance(&crab[1..3]), 2);
+        assert_eq!(o.advance(&crab[3..]), 2);
+        assert_eq!(o.advance("你".as_bytes()), 3);
+        assert_eq!(o.advance(&[0xFF, b'x']), 4);
+        assert_eq!(o.advance(b"y"), 6);
+    }
 }

@@ -39,6 +39,8 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .fallback(not_found)
+        // After every route: it applies to the method routers registered so far.
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -49,13 +51,22 @@ async fn require_api_key(State(st): State<Shared>, req: Request, next: Next) -> 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()));
         if !ok {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
+}
+
+/// The credentials of an `Authorization: Bearer …` header; the scheme name is
+/// case-insensitive (RFC 9110 §11.1), so `bearer KEY` works as clients send it.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 /// Compares without an early exit, so response timing does not leak the key's prefix.
@@ -68,6 +79,25 @@ async fn not_found(req: Request) -> ApiError {
         format!("no route for {} {}", req.method(), req.uri().path()),
         None,
     )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+/// Runs CPU-bound request work (tokenizing prompts, rendering a chat) on tokio's blocking
+/// pool: on the async workers one huge prompt would stall every other client's stream for
+/// as long as it takes.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
 }
 
 /// The raw body, with axum's plain-text rejections (too large, unreadable) turned into
@@ -84,4 +114,18 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, A
         }
         err
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_matches_in_any_case() {
+        assert_eq!(bearer_token("Bearer k"), Some("k"));
+        assert_eq!(bearer_token("bearer k"), Some("k"));
+        assert_eq!(bearer_token("BEARER  k"), Some("k"));
+        assert_eq!(bearer_token("Basic k"), None);
+        assert_eq!(bearer_token("k"), None);
+    }
 }

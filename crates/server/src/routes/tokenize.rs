@@ -1,7 +1,7 @@
 //! `/tokenize` and `/detokenize` (vLLM's): the server's own tokenizer, so clients can count
 //! tokens exactly as generation will.
 
-use super::{body_bytes, Shared};
+use super::{blocking, body_bytes, Shared};
 use crate::openai::{body_object, fields, fields_from_bytes, ApiError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -27,13 +27,23 @@ pub async fn tokenize(
     let v = body_object(&bytes)?;
     let f: TokenizeFields = fields(&v)?;
     st.check_model(f.model.as_deref())?;
+    let tok = st.tokenizer.clone();
     let ids = match (f.prompt, v.get("messages")) {
-        (Some(p), _) => st
-            .tokenizer
-            .encode(&p, f.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+        (Some(p), _) => {
+            let add_special = f.add_special_tokens.unwrap_or(true);
+            blocking(move || {
+                tok.encode(&p, add_special)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+            })
+            .await?
+        }
         // The chat form renders the conversation exactly as /v1/chat/completions would.
-        (None, Some(_)) => super::chat::chat_prompt(&st, &fields_from_bytes(&bytes)?)?.ids,
+        (None, Some(_)) => {
+            let cf = fields_from_bytes(&bytes)?;
+            blocking(move || super::chat::chat_prompt(&tok, &cf))
+                .await?
+                .ids
+        }
         (None, None) => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -74,9 +84,11 @@ pub async fn detokenize(
             format!("token id {id} is outside the vocabulary of {vocab}"),
         ));
     }
-    let text = st
-        .tokenizer
-        .try_decode(&f.tokens, false)
-        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    let tok = st.tokenizer.clone();
+    let text = blocking(move || {
+        tok.try_decode(&f.tokens, false)
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))
+    })
+    .await?;
     Ok(Json(json!({ "prompt": text })))
 }

@@ -2,12 +2,16 @@
 //! streaming pieces the server needs — an incremental detokenizer (vLLM / TGI "prefix offset /
 //! read offset" algorithm) and a stop-string matcher for the text stream.
 
+mod bytes;
 mod incremental;
 mod stop;
+
+pub use bytes::logprob_token_text;
 
 pub use incremental::IncrementalDetokenizer;
 pub use stop::StopStrings;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -53,6 +57,11 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     add_bos_token: bool,
     add_eos_token: bool,
+    /// Added tokens (markers, BOS/EOS): their text is their content, not byte-level symbols.
+    added: Arc<HashSet<u32>>,
+    /// Whether the vocabulary spells bytes as GPT-2's byte-level symbols (the decoder is
+    /// `ByteLevel`), so a token's exact bytes can be read off its string.
+    byte_level: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -130,12 +139,19 @@ impl Tokenizer {
                 path: path.to_owned(),
                 message: e.to_string(),
             })?;
+        let added = inner.get_added_tokens_decoder().into_keys().collect();
+        let byte_level = matches!(
+            inner.get_decoder(),
+            Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+        );
         Ok(Self {
             inner: Arc::new(inner),
             bos_id: None,
             eos_id: None,
             add_bos_token: false,
             add_eos_token: false,
+            added: Arc::new(added),
+            byte_level,
         })
     }
 
@@ -190,6 +206,27 @@ impl Tokenizer {
     /// The token string of an id (byte-level form, e.g. `Ġhello`), if the id exists.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The exact bytes token `id` stands for: with a byte-level vocabulary, the bytes its
+    /// symbols spell, even when they hold only part of a UTF-8 character (which decoding the
+    /// id alone would turn into U+FFFD); an added token's content; otherwise its decoded
+    /// text. Empty for an unknown id.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if self.byte_level && !self.added.contains(&id) {
+            if let Some(b) = self
+                .id_to_token(id)
+                .and_then(|t| bytes::byte_level_bytes(&t))
+            {
+                return b;
+            }
+        }
+        if self.added.contains(&id) {
+            if let Some(t) = self.id_to_token(id) {
+                return t.into_bytes();
+            }
+        }
+        self.decode(&[id], false).into_bytes()
     }
 
     /// Number of ids, added tokens included.
