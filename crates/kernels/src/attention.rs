@@ -8,8 +8,10 @@ use crate::vector::{axpy, dot, exp_in_place, max, scale, sum};
 /// `out[h] = Σ_j softmax_j(q_h·k_j · scale | sink_h) · k_j` for the heads `q: [H, d]`.
 ///
 /// `key(j)` gives key `j` of `n_keys` (window rows and compressed entries, wherever they
-/// live); each is read twice (scores, then the sum), so they should fit a core's L2.
-/// `scores` is scratch, grown to `H · n_keys` once and then reused.
+/// live); it is asked once per key (the passes below read each key many times, so they
+/// keep its address in `key_at`), and each key is read in both passes, so they should fit
+/// a core's L2. `scores` and `key_at` are scratch, grown to `H · n_keys` and `n_keys` once
+/// and then reused.
 #[allow(clippy::too_many_arguments)]
 pub fn sink_attention<'k>(
     q: &[f32],
@@ -19,6 +21,7 @@ pub fn sink_attention<'k>(
     sinks: &[f32],
     softmax_scale: f32,
     scores: &mut Vec<f32>,
+    key_at: &mut Vec<usize>,
     out: &mut [f32],
 ) {
     let heads = sinks.len();
@@ -32,6 +35,17 @@ pub fn sink_attention<'k>(
         scores.resize(heads * n_keys, 0.0);
     }
     let scores = &mut scores[..heads * n_keys];
+    key_at.clear();
+    key_at.extend((0..n_keys).map(|j| {
+        let k = key(j);
+        assert_eq!(k.len(), d, "sink_attention: key {j} is not {d} wide");
+        k.as_ptr() as usize
+    }));
+    let key_at = &key_at[..];
+    // SAFETY: each address is of a `d`-float slice borrowed for 'k, which outlives this call.
+    let key = |j: usize| -> &'k [f32] {
+        unsafe { std::slice::from_raw_parts(key_at[j] as *const f32, d) }
+    };
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::isa().has_avx2() {
         // SAFETY: AVX2 and FMA are present; the shapes were checked above.
@@ -251,8 +265,18 @@ mod tests {
             .collect();
         let sinks: Vec<f32> = (0..heads).map(|h| [0.5f32, -2.0, 30.0][h % 3]).collect();
         let mut out = vec![0.0; heads * d];
-        let mut scratch = Vec::new();
-        sink_attention(&q, d, n, |j| &keys[j], &sinks, 0.3, &mut scratch, &mut out);
+        let (mut scratch, mut at) = (Vec::new(), Vec::new());
+        sink_attention(
+            &q,
+            d,
+            n,
+            |j| &keys[j],
+            &sinks,
+            0.3,
+            &mut scratch,
+            &mut at,
+            &mut out,
+        );
         for h in 0..heads {
             let s: Vec<f64> = keys
                 .iter()
@@ -279,7 +303,17 @@ mod tests {
             }
         }
         // No keys at all: the sink takes all the weight and the output is zero.
-        sink_attention(&q, d, 0, |j| &keys[j], &sinks, 0.3, &mut scratch, &mut out);
+        sink_attention(
+            &q,
+            d,
+            0,
+            |j| &keys[j],
+            &sinks,
+            0.3,
+            &mut scratch,
+            &mut at,
+            &mut out,
+        );
         assert!(out.iter().all(|&v| v == 0.0));
     }
 }

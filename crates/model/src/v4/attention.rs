@@ -38,7 +38,8 @@ pub fn reserve_scratch(c: &ModelConfig) {
             let (scores, picked) = &mut *s;
             let floats = (c.num_attention_heads * keys).max(indexed);
             scores.reserve(floats.saturating_sub(scores.len()));
-            picked.reserve(indexed.saturating_sub(picked.len()));
+            let indices = indexed.max(keys);
+            picked.reserve(indices.saturating_sub(picked.len()));
         }
     });
 }
@@ -246,7 +247,7 @@ pub fn attention(
                 };
                 let heads = g * hg..(g + 1) * hg;
                 SCRATCH.with(|cell| {
-                    let scores = &mut cell.borrow_mut().0;
+                    let (scores, key_at) = &mut *cell.borrow_mut();
                     sink_attention(
                         &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd],
                         hd,
@@ -255,6 +256,7 @@ pub fn attention(
                         &w.sink[heads],
                         softmax_scale,
                         scores,
+                        key_at,
                         o,
                     );
                 });
