@@ -1,6 +1,7 @@
 //! Number formats and compute on plain slices.
 
 pub mod attention;
+pub mod awake;
 pub mod buffer;
 pub mod cpu;
 pub mod formats;

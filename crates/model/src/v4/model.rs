@@ -270,6 +270,20 @@ impl Model {
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
         logits: &mut Logits,
+        trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<(), ModelError> {
+        // The step's parallel passes are short and many: see `awake` for what sleeping
+        // workers cost between them.
+        deepinfer_kernels::awake::with_workers_awake(|| {
+            self.forward_pass(batch, cache, logits, trace)
+        })
+    }
+
+    fn forward_pass(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
         mut trace: Option<&mut Vec<Vec<f32>>>,
     ) -> Result<(), ModelError> {
         let _p = scope(Op::Other);
