@@ -52,10 +52,13 @@ GGUF="$P/bench-bf16.gguf"
 #    compares runs made minutes apart at most, and the table gives the medians. Decode:
 #    batch 1, 64 tokens (llama-bench's tg64 starts from an empty cache; deepinfer decodes at
 #    context 32, the middle of those 64). Prefill: 128 and 512 tokens in one step.
+#    A deepinfer repetition times one decode step where llama-bench's averages 64 tokens, so
+#    deepinfer runs four times the repetitions (their median) to be as little at the mercy
+#    of one noisy moment.
 ROUNDS=${ROUNDS:-5}
 rm -f "$P"/deepinfer.*.json "$P"/llama.*.json
 for i in $(seq 1 "$ROUNDS"); do
-    "$BIN" bench model --model "$MODEL" --batch 1 --context 32 --prompt 128,512 -r "$REPS" \
+    "$BIN" bench model --model "$MODEL" --batch 1 --context 32 --prompt 128,512 -r "$((4 * REPS))" \
         --json "$P/deepinfer.$i.json" >/dev/null
     "$LLAMA/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
         -o json > "$P/llama.$i.json"
