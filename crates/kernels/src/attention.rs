@@ -126,15 +126,8 @@ fn plain_weighted_sum<'k>(
 /// across all the keys (instead of loading and storing the output for every key and head).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use crate::vector::avx2::hsum;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-    }
 
     /// As [`super::plain_scores`].
     ///

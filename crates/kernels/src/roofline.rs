@@ -98,9 +98,9 @@ fn sum_bytes(part: &[u8], prefetch: bool) -> u64 {
     sum_words(part)
 }
 
-/// Bytes ahead of the loads that the prefetching pass asks for.
+/// Bytes ahead of the loads that the prefetching pass asks for: the weight streams' own.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH: usize = 8192;
+use crate::linear::PREFETCH;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]

@@ -18,6 +18,8 @@ mod scalar;
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::PREFETCH;
 
 use crate::cpu::{isa, Isa};
 use crate::matrix::{Format, QMatrix};

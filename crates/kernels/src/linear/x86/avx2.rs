@@ -24,6 +24,7 @@
 use super::{
     prefetch, prefetch_lines, Extra, Fp4Scales, Kernels, Prefetch, RowFormat, SUB_ROWS, X_BLOCK,
 };
+use crate::vector::avx2::hsum;
 use std::arch::x86_64::*;
 
 /// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
@@ -53,14 +54,6 @@ const E2M1_AS_E4M3: [u8; 32] = {
 
 /// Sign, exponent and mantissa of an E4M3 byte once shifted into an f32's fields.
 const E4M3_FIELDS: i32 = 0x87F0_0000u32 as i32;
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-}
 
 /// The four f32 vectors of a 32-byte FP8 E4M3 load (vector `q` lane `j` = byte `4j + q`),
 /// each lane `value · 2^-120`.

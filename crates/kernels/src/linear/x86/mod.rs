@@ -156,8 +156,9 @@ pub(super) enum RowFormat {
 /// prefetcher re-trains at every row start (rows are a few KB); software prefetch does not.
 /// Into L2, not L1: on Zen 4 the L1's few miss buffers held a prefetching stream back (an
 /// FP8 matrix-vector product went from 19 to 34 GB/s with `T2` instead of `T0`), and the
-/// L1's own prefetcher takes the lines from L2.
-const PREFETCH: usize = 8192;
+/// L1's own prefetcher takes the lines from L2. The roofline's prefetching probe reads
+/// this far ahead too.
+pub(crate) const PREFETCH: usize = 8192;
 
 /// Stored weight bytes a GEMM micro-kernel prefetches into L2 while it computes, spread
 /// over its inner loop: the rows decoded after it, so their DRAM reads overlap the FMAs.
