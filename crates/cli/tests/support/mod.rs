@@ -97,12 +97,7 @@ impl Server {
 
     /// Sends SIGINT (Ctrl-C) and waits for the exit status.
     pub fn interrupt_and_wait(mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs")
-            .success();
-        assert!(ok, "could not signal the server");
+        self.interrupt();
         let status = self.child.wait().expect("wait");
         std::mem::forget(self);
         status
