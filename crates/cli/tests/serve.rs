@@ -74,6 +74,27 @@ async fn wait_idle(server: &Server) -> String {
     }
 }
 
+/// Waits until the engine has counted `n` aborted requests.
+async fn wait_aborted(server: &Server, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = metrics(server).await;
+        let aborted = metric(
+            &m,
+            "deepinfer:request_success_total",
+            &[("finished_reason", "abort")],
+        );
+        if aborted == Some(n as f64) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} aborts were never counted:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     vec![
         vec![100, 2000, 30000, 5, 77, 1234],
@@ -536,6 +557,9 @@ async fn a_full_admission_queue_answers_503() {
         .unwrap()
         .contains("limit of 1"));
     drop(long);
+    // The place comes back when the server drops the stream, which is when it aborts the
+    // request; the engine's gauges alone can read idle before its first step reports.
+    wait_aborted(&server, 1).await;
     wait_idle(&server).await;
     let (status, _) = post(
         &server,
