@@ -1053,7 +1053,8 @@ async fn scripted_reasoning_splits_and_stops_exactly() {
     assert!(partial >= 4, "the emoji and 𝄞 span several tokens: {v}");
 
     // Completions on the same script: a stop string, then the same with the stop included.
-    let m0 = metrics(&server).await;
+    // (Idle first: the chat request above is counted only after its response is sent.)
+    let m0 = wait_idle(&server).await;
     let stops = |m: &str| {
         metric(
             m,
