@@ -6,15 +6,14 @@ mod common;
 
 use common::*;
 use deepinfer_engine::cache::CacheManager;
-use deepinfer_engine::engine::{self, EngineConfig, EngineError, EngineHandle};
+use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::request::{FinishReason, RequestOutput};
-use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 
-type Join = JoinHandle<Result<ModelRunner, EngineError>>;
+type Join = JoinHandle<Result<EngineCore, EngineError>>;
 
 fn start(
     config: &str,
@@ -30,6 +29,7 @@ fn start(
             cache,
             model_name: "test".into(),
             forced_output: None,
+            speculative: None,
         },
     )
     .unwrap()
@@ -68,8 +68,8 @@ fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
 }
 
 fn assert_pools_empty(join: Join) {
-    let runner = join.join().unwrap().unwrap();
-    for u in runner.cache().usage() {
+    let core = join.join().unwrap().unwrap();
+    for u in core.cache().usage() {
         assert_eq!(
             (u.used_blocks, u.used_bytes),
             (0, 0),
@@ -159,10 +159,7 @@ fn preemption_still_finishes_every_request_with_the_same_tokens() {
         assert_eq!(reason, Some(FinishReason::Length));
     }
     h.drain().unwrap();
-    let preemptions = h
-        .stats
-        .preemptions
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let preemptions = h.metrics.num_preemptions.get();
     assert!(preemptions > 0, "the budget was meant to force preemption");
     h.shutdown();
     assert_pools_empty(join);
@@ -234,6 +231,7 @@ fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
             cache,
             model_name: "test".into(),
             forced_output: None,
+            speculative: None,
         },
     )
     .err()
@@ -263,6 +261,7 @@ fn invalid_engine_settings_are_startup_errors() {
                 cache,
                 model_name: "test".into(),
                 forced_output: None,
+                speculative: None,
             },
         )
         .err()
@@ -282,71 +281,6 @@ impl WithEos for SamplingParams {
     }
 }
 
-/// The scheduler alone: a running decode gets its token every step while a long prompt is
-/// fed in chunks, and no step exceeds the token budget.
-#[test]
-fn decodes_are_not_starved_by_a_long_prefill() {
-    use deepinfer_engine::request::Request;
-    use deepinfer_engine::scheduler::Scheduler;
-    use deepinfer_engine::sequence::Sequence;
-    use std::collections::HashMap;
-
-    let mut runner = runner(load("tiny-c", "official"), 4, 0);
-    let cfg = SchedulerConfig {
-        max_num_seqs: 4,
-        max_num_batched_tokens: 16,
-        prefill_chunk: Some(8),
-        max_model_len: 4096,
-    };
-    let mut seqs = HashMap::new();
-    let mut sched = Scheduler::default();
-    let (tx, _rx) = std::sync::mpsc::channel();
-    for (id, len) in [(0u64, 3usize), (1, 100)] {
-        let req = Request {
-            id,
-            prompt_ids: vec![2; len],
-            params: greedy(1000),
-            arrival: std::time::Instant::now(),
-        };
-        seqs.insert(id, Sequence::new(req, Box::new(tx.clone())));
-        sched.add(id);
-    }
-    let mut decode_steps = 0;
-    for step in 0..30 {
-        let out = sched.schedule(&cfg, &mut seqs, &mut runner).unwrap();
-        let total: usize = out.scheduled.iter().map(|s| s.1).sum();
-        assert!(
-            total <= cfg.max_num_batched_tokens,
-            "step {step}: {total} tokens"
-        );
-        assert!(
-            out.scheduled.iter().all(|s| s.1 <= 8),
-            "step {step}: chunk cap exceeded"
-        );
-        if step > 0 {
-            // Request 0 finished its 3-token prompt in step 0: from then on it decodes.
-            assert_eq!(
-                out.scheduled.first(),
-                Some(&(0, 1)),
-                "step {step}: the decode was starved"
-            );
-            decode_steps += 1;
-        }
-        for &(id, n) in &out.scheduled {
-            let s = seqs.get_mut(&id).unwrap();
-            s.num_computed += n;
-            if s.num_computed == s.num_tokens() {
-                s.output_ids.push(7); // what the sampler would append
-            }
-        }
-    }
-    assert_eq!(decode_steps, 29);
-    assert!(
-        seqs[&1].num_computed >= 100,
-        "the long prompt was fed meanwhile"
-    );
-}
-
 /// The test hook behind `serve --debug-force-output`: every request generates the script,
 /// then EOS, through the scheduler and sampler (both requests of a batch, whatever their
 /// sampling settings), and ids outside the vocabulary are a startup error.
@@ -361,6 +295,7 @@ fn a_forced_output_script_is_generated_then_eos() {
                 cache: cache_config(16 << 20, 4, 0),
                 model_name: "test".into(),
                 forced_output,
+                speculative: None,
             },
         )
     };

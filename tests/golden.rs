@@ -12,12 +12,7 @@ use serde_json::Value;
 
 /// Teacher-forced run over prompt + HF's greedy tokens: one forward gives the logits of every
 /// prompt position and of every greedy step, which must reproduce HF's choices.
-fn check_prompt(
-    r: &mut deepinfer_engine::runner::ModelRunner,
-    g: &Golden,
-    p: &Value,
-    label: &str,
-) -> Vec<f32> {
+fn check_prompt(r: &mut TestRunner, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
     let pi = p["index"].as_u64().unwrap();
     let prompt = ids(&p["ids"]);
     let greedy = ids(&p["greedy"]);
@@ -125,7 +120,7 @@ fn tiny_c_matches_hf() {
 /// Per-layer residual streams for one prompt: where a mismatch would first show.
 fn check_intermediates(config: &str) {
     let g = Golden::load(config);
-    let model = load(config, "official");
+    let mut model = load(config, "official");
     let pi = g.meta["intermediates_prompt"].as_u64().unwrap() as usize;
     let prompt = ids(&g.prompts()[pi]["ids"]);
     let mut trace = Vec::new();
@@ -178,7 +173,7 @@ fn cache_for(model: &Model, max_seqs: usize) -> CacheManager {
 #[test]
 fn flat_batch_of_prompts_equals_one_at_a_time() {
     let g = Golden::load("tiny-a");
-    let model = load("tiny-a", "official");
+    let mut model = load("tiny-a", "official");
     let prompts: Vec<Vec<u32>> = g.prompts().iter().map(|p| ids(&p["ids"])).collect();
     let mut cache = cache_for(&model, prompts.len());
     let seqs: Vec<_> = prompts
@@ -210,17 +205,17 @@ fn flat_batch_of_prompts_equals_one_at_a_time() {
 
 #[test]
 fn bad_batches_are_errors_not_panics() {
-    let model = load("tiny-c", "official");
+    let mut model = load("tiny-c", "official");
     let mut cache = cache_for(&model, 1);
     let seq = cache.add_seq().unwrap();
     cache.ensure_capacity(seq, 3).unwrap();
+    let vocab = model.config.vocab_size as u32;
     let mut run = |b: &ForwardBatch| {
         model
             .forward(b, &mut cache.view(&[seq]).unwrap())
             .unwrap_err()
             .to_string()
     };
-    let vocab = model.config.vocab_size as u32;
     let err = run(&ForwardBatch::from_prompts(&[vec![1, vocab]], false));
     assert!(err.contains(&vocab.to_string()), "{err}");
     let mut b = ForwardBatch::from_prompts(&[vec![1, 2, 3]], false);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::runner::{RunnerError, SeqWork};
+use deepinfer_engine::cache::CacheError;
 use deepinfer_model::kernels::topk::argmax;
 
 /// Prefill the prompt, then decode one token per step feeding back our own argmax.
@@ -126,7 +126,7 @@ fn mixed_batches_equal_running_alone() {
                 continue;
             }
             let n = if fed[i] == 0 { *first } else { *later }.min(tokens.len() - fed[i]);
-            work.push(SeqWork {
+            work.push(Feed {
                 seq: seqs[i],
                 tokens: &tokens[fed[i]..fed[i] + n],
                 all_logits: true,
@@ -201,10 +201,10 @@ fn truncation_beyond_the_rollback_slack_is_refused() {
     feed(&mut r, seq, &tokens, false);
     r.truncate(seq, 26).unwrap();
     let err = r.truncate(seq, 25).unwrap_err();
-    assert!(matches!(err, RunnerError::TruncateTooFar { .. }), "{err}");
+    assert!(matches!(err, CacheError::TruncateTooFar { .. }), "{err}");
     assert!(err.to_string().contains("4 tokens of rollback"), "{err}");
     assert!(matches!(
         r.truncate(seq, 27).unwrap_err(),
-        RunnerError::TruncateBeyondLength { .. }
+        CacheError::TruncateBeyondCapacity { .. }
     ));
 }

@@ -1,15 +1,22 @@
-//! A steady decode step allocates nothing: the model's workspace, the kernels' scratch and
-//! the rayon pool are all reused from step to step. Counted with a global allocator, on
-//! every thread, over whole forward passes (this file holds one test, so nothing else runs
-//! in the process meanwhile).
+//! A steady engine step allocates nothing: scheduling, the batch, the forward pass (the
+//! model's workspace, the kernels' scratch, the rayon pool), sampling, speculative
+//! verification and drafting, the deltas — all reuse their buffers from step to step.
+//! Counted with a global allocator, on every thread, over whole engine steps (this file
+//! holds one test, so nothing else runs in the process meanwhile).
 
 mod common;
 
-use common::{load, runner};
-use deepinfer_engine::runner::SeqWork;
-use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use common::{cache_config, load};
+use deepinfer_engine::engine::{EngineConfig, EngineCore};
+use deepinfer_engine::metrics::EngineMetrics;
+use deepinfer_engine::request::{OutputSink, Request, RequestOutput};
+use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::SpeculativeConfig;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 struct Counting;
 
@@ -43,61 +50,85 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
-fn steady_decode_steps_allocate_nothing() {
-    // tiny-a has every layer kind (SWA, CSA with the indexer, HCA) and both router kinds.
-    let mut r = runner(load("tiny-a", "official"), 3, 1);
-    let prompts: Vec<Vec<u32>> = (0..3u32)
-        .map(|s| (0..40 + 9 * s).map(|i| (i * 37 + s * 11) % 300).collect())
-        .collect();
-    let seqs: Vec<_> = prompts.iter().map(|_| r.add_sequence().unwrap()).collect();
-    for (&seq, p) in seqs.iter().zip(&prompts) {
-        r.reserve(seq, p.len() + 1).unwrap();
-        r.step(&[SeqWork {
-            seq,
-            tokens: p,
-            all_logits: false,
-        }])
-        .unwrap();
+/// A sink that only counts: the server's channels allocate per message on their own side.
+struct CountingSink(Arc<AtomicUsize>);
+
+impl OutputSink for CountingSink {
+    fn send(&mut self, out: RequestOutput) -> bool {
+        self.0.fetch_add(out.new_token_ids.len(), Ordering::Relaxed);
+        true
     }
-    // One decode token for each of the three sequences, rolled back after every step.
-    let mut batch = ForwardBatch::default();
-    for (i, p) in prompts.iter().enumerate() {
-        batch.token_ids.push(7 + i as u32);
-        batch.positions.push(p.len());
-        batch.spans.push(SeqSpan { start: i, len: 1 });
-        batch.logits_rows.push(i);
+}
+
+/// Three requests decoding side by side, run to past their prefill, then `counted` steps
+/// with the allocator watched. Output lists grow by amortised doubling, so the counted
+/// window sits between two doublings (outputs 33..=63 tokens long).
+fn steady_steps_allocate_nothing(speculative: Option<SpeculativeConfig>, counted: usize) {
+    // tiny-a has every layer kind (SWA, CSA with the indexer, HCA), both router kinds, and
+    // an MTP block.
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 256,
+            prefill_chunk: None,
+            max_model_len: 4096,
+        },
+        cache: cache_config(64 << 20, 4, 0),
+        model_name: "no_alloc".into(),
+        forced_output: None,
+        speculative,
+    };
+    let metrics = Arc::new(EngineMetrics::new("no_alloc"));
+    let mut core = EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap();
+    let tokens = Arc::new(AtomicUsize::new(0));
+    for s in 0..3u32 {
+        let prompt = (0..40 + 9 * s).map(|i| (i * 37 + s * 11) % 300).collect();
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_tokens: 1000,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        let req = Request {
+            id: s as u64,
+            prompt_ids: prompt,
+            params,
+            arrival: Instant::now(),
+        };
+        core.add_request(req, Box::new(CountingSink(tokens.clone())));
     }
-    let mut logits = Logits {
-        vocab: 0,
-        data: Vec::new(),
-    };
-    let (model, cache) = r.parts_mut();
-    let mut view = cache.view(&seqs).unwrap();
-    let mut step = |logits: &mut Logits, count: bool| {
-        COUNTING.store(count, Ordering::SeqCst);
-        model.forward_into(&batch, &mut view, logits, None).unwrap();
-        COUNTING.store(false, Ordering::SeqCst);
-    };
-    // As the engine runs it: inside its compute pool, the calling thread one of the workers.
-    let pool = deepinfer_engine::engine::compute_pool().unwrap();
-    let first = pool.install(|| {
-        for _ in 0..3 {
-            step(&mut logits, false);
-        }
-        let first = logits.data.clone();
-        ALLOCS.store(0, Ordering::SeqCst);
-        for _ in 0..5 {
-            step(&mut logits, true);
-        }
-        first
-    });
+    while tokens.load(Ordering::SeqCst) < 3 * 33 {
+        core.step().unwrap();
+    }
+    let before = tokens.load(Ordering::SeqCst);
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..counted {
+        core.step().unwrap();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    let made = tokens.load(Ordering::SeqCst) - before;
+    assert!(made >= 3 * counted, "{made} tokens in {counted} steps");
+    assert!(before + made <= 3 * 63, "the window crossed a doubling");
     assert_eq!(
         ALLOCS.load(Ordering::SeqCst),
         0,
-        "allocations during five steady decode steps"
+        "allocations during {counted} steady engine steps"
     );
-    // The same step on the same cache gives the same logits (rows are rewritten, not added).
-    assert_eq!(logits.data, first);
-    assert!(logits.data.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn steady_engine_steps_allocate_nothing() {
+    // As the engine runs: inside its compute pool, the calling thread one of the workers.
+    let pool = deepinfer_engine::engine::compute_pool().unwrap();
+    pool.install(|| {
+        steady_steps_allocate_nothing(None, 10);
+        // Speculation every step: verification, rollback, and the MTP drafter's passes.
+        let spec = SpeculativeConfig::from_json(
+            r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#,
+            None,
+        )
+        .unwrap();
+        steady_steps_allocate_nothing(Some(spec), 8);
+    });
 }

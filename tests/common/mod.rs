@@ -1,12 +1,13 @@
 //! Fixture access shared by the golden tests.
 #![allow(dead_code)]
 
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
-use deepinfer_engine::runner::{ModelRunner, SeqWork};
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheError, CacheManager, SeqId};
+use deepinfer_engine::runner::{ModelRunner, RunnerError};
 use deepinfer_model::batch::Logits;
 use deepinfer_model::v4::Model;
 use safetensors::SafeTensors;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub const LOGIT_TOL: f32 = 1e-4;
@@ -25,10 +26,15 @@ pub struct Golden {
 
 impl Golden {
     pub fn load(config: &str) -> Self {
+        Self::load_named(config, "golden")
+    }
+
+    /// `{name}.json` and `{name}.safetensors` of a config (`golden`, `mtp_golden`).
+    pub fn load_named(config: &str, name: &str) -> Self {
         let dir = fixture(config);
-        let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
-            .unwrap();
-        let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
+        let json = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+        let meta = serde_json::from_str(&json).unwrap();
+        let bytes = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
         Self { meta, bytes }
     }
 
@@ -83,17 +89,81 @@ pub fn cache_config(budget: usize, max_seqs: usize, slack: usize) -> CacheConfig
         max_seqs,
         rollback_slack: slack,
         block_entries: 4,
+        draft_layers: 0,
+    }
+}
+
+/// The model runner and a cache, driven directly (no scheduler): the harness keeps each
+/// sequence's length, as the engine's `Sequence` does.
+pub struct TestRunner {
+    pub runner: ModelRunner,
+    pub cache: CacheManager,
+    lens: HashMap<SeqId, usize>,
+}
+
+/// Tokens to append to one sequence in a step; logits of every one or of the last.
+pub struct Feed<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub all_logits: bool,
+}
+
+impl TestRunner {
+    pub fn model(&self) -> &Model {
+        self.runner.model()
+    }
+
+    pub fn cache(&self) -> &CacheManager {
+        &self.cache
+    }
+
+    pub fn add_sequence(&mut self) -> Result<SeqId, CacheError> {
+        let s = self.cache.add_seq()?;
+        self.lens.insert(s, 0);
+        Ok(s)
+    }
+
+    /// Appends every item's tokens to its sequence in one step (reserving the room first).
+    pub fn step(&mut self, feeds: &[Feed<'_>]) -> Result<&Logits, RunnerError> {
+        self.runner.clear();
+        for f in feeds {
+            let len = self.lens[&f.seq];
+            self.cache.ensure_capacity(f.seq, len + f.tokens.len())?;
+            let n = if f.all_logits { f.tokens.len() } else { 1 };
+            self.runner.add(f.seq, len, f.tokens.iter().copied(), n);
+        }
+        self.runner.run(&mut self.cache, false)?;
+        for f in feeds {
+            *self.lens.get_mut(&f.seq).unwrap() += f.tokens.len();
+        }
+        Ok(self.runner.logits())
+    }
+
+    pub fn truncate(&mut self, seq: SeqId, to: usize) -> Result<(), CacheError> {
+        self.cache.truncate(seq, to)?;
+        self.lens.insert(seq, to);
+        Ok(())
+    }
+
+    pub fn free(&mut self, seq: SeqId) -> Result<(), CacheError> {
+        self.lens.remove(&seq);
+        self.cache.free_seq(seq)
     }
 }
 
 /// A runner over `model` with room for `max_seqs` sequences and `slack` tokens of rollback.
-pub fn runner(model: Model, max_seqs: usize, slack: usize) -> ModelRunner {
-    ModelRunner::new(model, cache_config(256 << 20, max_seqs, slack)).unwrap()
+pub fn runner(model: Model, max_seqs: usize, slack: usize) -> TestRunner {
+    let cache = CacheManager::new(&model.config, cache_config(256 << 20, max_seqs, slack)).unwrap();
+    TestRunner {
+        runner: ModelRunner::new(model),
+        cache,
+        lens: HashMap::new(),
+    }
 }
 
 /// Appends `tokens` to `seq` in one step; logits of every token or of the last.
-pub fn feed(r: &mut ModelRunner, seq: SeqId, tokens: &[u32], all_logits: bool) -> Logits {
-    r.step(&[SeqWork {
+pub fn feed(r: &mut TestRunner, seq: SeqId, tokens: &[u32], all_logits: bool) -> Logits {
+    r.step(&[Feed {
         seq,
         tokens,
         all_logits,
@@ -103,7 +173,7 @@ pub fn feed(r: &mut ModelRunner, seq: SeqId, tokens: &[u32], all_logits: bool) -
 }
 
 /// Logits of every position of `tokens` fed to a fresh sequence in chunks of `chunk`.
-pub fn chunked_logits(r: &mut ModelRunner, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+pub fn chunked_logits(r: &mut TestRunner, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
     let seq = r.add_sequence().unwrap();
     let mut out = Vec::new();
     for part in tokens.chunks(chunk) {

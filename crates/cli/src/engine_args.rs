@@ -1,9 +1,11 @@
 //! The engine's knobs, shared by every subcommand that runs one.
 
+use anyhow::Result;
 use clap::Args;
 use deepinfer_engine::cache::{CacheBudget, CacheConfig};
 use deepinfer_engine::engine::EngineConfig;
 use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
 use deepinfer_model::config::ModelConfig;
 
 #[derive(Args, Debug, Clone)]
@@ -11,7 +13,7 @@ pub struct EngineArgs {
     /// Most sequences in flight at once.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
-    /// Most tokens in one forward step (prefill chunks and decode tokens together).
+    /// Most tokens in one forward step (prefill chunks, decode and draft tokens together).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
     /// Most prompt tokens one sequence feeds per step (default: the step budget).
@@ -23,11 +25,39 @@ pub struct EngineArgs {
     /// Memory for the cache pools, in MiB.
     #[arg(long, default_value_t = 1024)]
     pub cache_budget_mib: usize,
+    /// Speculative decoding, as vLLM spells it: a JSON object such as
+    /// '{"method": "mtp", "num_speculative_tokens": 3}' (drafts from the checkpoint's MTP
+    /// block; "adaptive": false keeps drafting where it does not pay).
+    #[arg(long)]
+    pub speculative_config: Option<String>,
+    /// Draft tokens per step; alone it means '{"method": "mtp"}' with that many tokens.
+    #[arg(long)]
+    pub num_speculative_tokens: Option<usize>,
 }
 
 impl EngineArgs {
-    pub fn config(&self, model: &ModelConfig, model_name: &str) -> EngineConfig {
-        EngineConfig {
+    pub fn config(&self, model: &ModelConfig, model_name: &str) -> Result<EngineConfig> {
+        let config = self.bench_config(model, model_name)?;
+        if let Some(SpecMethod::Replay { .. }) = config.speculative.as_ref().map(|s| &s.method) {
+            anyhow::bail!(
+                "--speculative-config: method \"replay\" replays a plain run's tokens and only \
+                 `deepinfer bench` makes that run"
+            );
+        }
+        Ok(config)
+    }
+
+    /// [`Self::config`], also taking the replay drafter (which needs a plain run first).
+    pub fn bench_config(&self, model: &ModelConfig, model_name: &str) -> Result<EngineConfig> {
+        let speculative = match (&self.speculative_config, self.num_speculative_tokens) {
+            (Some(json), k) => Some(SpeculativeConfig::from_json(json, k)?),
+            (None, Some(k)) => Some(SpeculativeConfig::from_json(
+                &format!(r#"{{"method": "mtp", "num_speculative_tokens": {k}}}"#),
+                None,
+            )?),
+            (None, None) => None,
+        };
+        Ok(EngineConfig {
             model_name: model_name.into(),
             scheduler: SchedulerConfig {
                 max_num_seqs: self.max_num_seqs,
@@ -40,8 +70,10 @@ impl EngineArgs {
                 max_seqs: self.max_num_seqs,
                 rollback_slack: 0,
                 block_entries: 16,
+                draft_layers: 0,
             },
             forced_output: None,
-        }
+            speculative,
+        })
     }
 }

@@ -126,7 +126,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if prompts.is_empty() {
         bail!("no prompts: give --prompt-ids or --prompt (repeatable) or --num-prompts");
     }
-    let config = args.engine.config(&model.config, "deepinfer");
+    let config = args.engine.config(&model.config, "deepinfer")?;
     let (handle, join) = engine::start(model, config)?;
     let mut streams = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {

@@ -144,7 +144,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
         );
     }
-    let mut config = args.engine.config(&model.config, &name);
+    let mut config = args.engine.config(&model.config, &name)?;
     if let Some(text) = &args.debug_force_output {
         let ids = tokenizer
             .encode(text, false)

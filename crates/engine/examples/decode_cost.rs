@@ -8,10 +8,10 @@
 //!
 //! Run: `cargo run --release -p deepinfer-engine --example decode_cost -- MODEL_DIR [L ...]`
 
-use deepinfer_engine::cache::{CacheBudget, CacheConfig};
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::batch::SeqSpan;
-use deepinfer_model::v4::block::block_forward;
+use deepinfer_model::v4::block::{block_forward, BlockCtx};
 use deepinfer_model::v4::model::{Angles, BatchRows};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
@@ -60,33 +60,41 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         max_seqs: 1,
         rollback_slack: 1,
         block_entries: 64,
+        draft_layers: 0,
     };
-    let mut runner = ModelRunner::new(model, cache)?;
+    let mut cache = CacheManager::new(&model.config, cache)?;
+    let mut runner = ModelRunner::new(model);
     let vocab = c.vocab_size as u32;
     let tokens: Vec<u32> = (0..max_ctx as u32 + 1)
         .map(|i| (i * 7919 + 13) % vocab)
         .collect();
     for &ctx in &contexts {
-        let seq = runner.add_sequence()?;
-        for part in tokens[..ctx].chunks(512) {
-            runner.step(&[SeqWork {
+        let seq = cache.add_seq()?;
+        cache.ensure_capacity(seq, ctx)?;
+        for (i, part) in tokens[..ctx].chunks(512).enumerate() {
+            let work = SeqWork {
                 seq,
+                start: i * 512,
                 tokens: part,
-                all_logits: false,
-            }])?;
+                num_logits: 1,
+            };
+            runner.step(&mut cache, &[work])?;
         }
         // Whole-model decode step at position ctx, rolled back each time.
+        let decode = SeqWork {
+            seq,
+            start: ctx,
+            tokens: &tokens[ctx..ctx + 1],
+            num_logits: 1,
+        };
         let t0 = Instant::now();
         for _ in 0..REPS {
-            runner.step(&[SeqWork {
-                seq,
-                tokens: &tokens[ctx..ctx + 1],
-                all_logits: false,
-            }])?;
-            runner.truncate(seq, ctx)?;
+            cache.ensure_capacity(seq, ctx + 1)?;
+            runner.step(&mut cache, std::slice::from_ref(&decode))?;
+            cache.truncate(seq, ctx)?;
         }
         let model_us = t0.elapsed().as_secs_f64() * 1e6 / REPS as f64;
-        let per_layer = time_layers(&mut runner, seq, ctx, tokens[ctx])?;
+        let per_layer = time_layers(&runner, &mut cache, seq, ctx, tokens[ctx])?;
         println!(
             "{ctx:>8} {model_us:>12.1} {}",
             per_layer
@@ -94,32 +102,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|us| format!("{us:>12.1}"))
                 .collect::<String>()
         );
-        runner.free(seq)?;
+        cache.free_seq(seq)?;
     }
     Ok(())
 }
 
 /// µs per decode token of each layer alone, reading the cache a prefill of `ctx` left.
 fn time_layers(
-    runner: &mut ModelRunner,
-    seq: deepinfer_engine::cache::SeqId,
+    runner: &ModelRunner,
+    cache: &mut CacheManager,
+    seq: SeqId,
     ctx: usize,
     token: u32,
 ) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
-    runner.step(&[SeqWork {
-        seq,
-        tokens: &[token],
-        all_logits: false,
-    }])?; // reserve position ctx
-    let (model, cache) = runner.parts_mut();
+    cache.ensure_capacity(seq, ctx + 1)?; // room for position ctx
+    let model = runner.model();
     let c = &model.config;
     let positions = [ctx];
     let spans = [SeqSpan { start: 0, len: 1 }];
-    let rows = BatchRows {
-        positions: &positions,
-        spans: &spans,
-        row_seq: vec![(0, ctx, 0)],
-    };
+    let rows = BatchRows::new(&positions, &spans, vec![(0, ctx, 0)]);
     let mut out = Vec::new();
     let mut ws = Workspace::default();
     for (l, lw) in model.weights.layers.iter().enumerate() {
@@ -128,24 +129,21 @@ fn time_layers(
             .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
             .collect();
         let mut view = cache.view(&[seq])?;
+        let ctx_l = BlockCtx {
+            c,
+            layer: l,
+            token_ids: &[token],
+            rows: &rows,
+            rope: model.rope_for(l),
+            angles: &angles,
+        };
         let t0 = Instant::now();
         for _ in 0..REPS {
-            block_forward(
-                lw,
-                c,
-                l,
-                &mut x,
-                &[token],
-                &rows,
-                &mut view,
-                model.rope_for(l),
-                &angles,
-                &mut ws,
-            );
+            block_forward(lw, &ctx_l, &mut x, &mut view, &mut ws);
         }
         out.push(t0.elapsed().as_secs_f64() * 1e6 / REPS as f64);
         angles.recycle(&mut ws);
     }
-    runner.truncate(seq, ctx)?;
+    cache.truncate(seq, ctx)?;
     Ok(out)
 }

@@ -2,17 +2,20 @@
 //! model runner, cache pools, sampler); callers talk to it through channels only, so the hot
 //! path takes no locks.
 
-use crate::cache::CacheConfig;
+use crate::cache::{CacheConfig, CacheError, CacheManager};
 use crate::metrics::{secs, EngineMetrics};
-use crate::request::{FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenLogprobs};
-use crate::runner::{ModelRunner, RunnerError, SeqWork};
+use crate::request::{
+    FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenIds, TokenLogprobs,
+};
+use crate::runner::{ModelRunner, RunnerError};
 use crate::sampler::{SampleRow, Sampler};
 use crate::sampling_params::{ParamError, SamplingParams};
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::sequence::Sequence;
+use crate::spec::{SpecMethod, SpeculativeConfig, Speculator, StepRecord, StepTiming};
 use deepinfer_model::v4::Model;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,12 +32,16 @@ pub struct EngineConfig {
     /// tool calls and reasoning from a model with random weights through the whole serving
     /// path.
     pub forced_output: Option<Vec<u32>>,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
     Runner(#[from] RunnerError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
     #[error("invalid sampling parameter: {0}")]
     Param(#[from] ParamError),
     #[error("the prompt is empty")]
@@ -51,17 +58,6 @@ pub enum EngineError {
     Stopped,
     #[error("cannot start the compute threads: {0}")]
     ThreadPool(String),
-}
-
-/// Counters the engine thread updates and anyone may read.
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    pub steps: AtomicU64,
-    pub batched_tokens: AtomicU64,
-    pub preemptions: AtomicU64,
-    pub running: AtomicUsize,
-    pub waiting: AtomicUsize,
-    pub finished: AtomicU64,
 }
 
 enum Command {
@@ -82,7 +78,6 @@ pub struct EngineHandle {
     vocab: usize,
     max_model_len: usize,
     alive: Arc<AtomicBool>,
-    pub stats: Arc<EngineStats>,
     pub metrics: Arc<EngineMetrics>,
 }
 
@@ -193,8 +188,6 @@ impl Drop for AliveGuard {
     }
 }
 
-/// Starts the engine thread. The returned join handle yields the runner back when the
-/// engine stops (so callers can inspect the pools).
 /// The compute threads of a model: one per core, the calling thread being one of them. Run
 /// the forward passes inside it (`pool.install`): the parallel loops of a step then start
 /// from a worker's own queue, with no cross-thread injection (which costs a wake-up and,
@@ -208,81 +201,26 @@ pub fn compute_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> 
         .build()
 }
 
+/// Starts the engine thread. The returned join handle yields the engine back when it stops
+/// (so callers can inspect the pools).
 pub fn start(
     model: Model,
     config: EngineConfig,
-) -> Result<(EngineHandle, JoinHandle<Result<ModelRunner, EngineError>>), EngineError> {
-    let s = &config.scheduler;
-    let invalid = |field, reason: &str| {
-        Err(EngineError::InvalidConfig {
-            field,
-            reason: reason.into(),
-        })
-    };
-    if s.max_num_seqs == 0 {
-        return invalid("max_num_seqs", "must be at least 1");
-    }
-    if s.max_num_batched_tokens == 0 {
-        return invalid("max_num_batched_tokens", "must be at least 1");
-    }
-    if s.prefill_chunk == Some(0) {
-        return invalid("prefill_chunk", "must be at least 1");
-    }
-    if s.max_model_len < 2 {
-        return invalid(
-            "max_model_len",
-            "must leave room for a prompt token and an output token",
-        );
-    }
-    let vocab = model.config.vocab_size;
-    let eos = model.config.eos_token_ids.clone();
-    if let Some(&id) = config
-        .forced_output
-        .iter()
-        .flatten()
-        .find(|&&id| id as usize >= vocab)
-    {
-        return Err(EngineError::InvalidConfig {
-            field: "forced_output",
-            reason: format!("token id {id} is outside the vocabulary of {vocab}"),
-        });
-    }
-    let sampler = match config.forced_output {
-        Some(script) => Sampler::scripted(script),
-        None => Sampler::new(),
-    };
-    let runner = ModelRunner::new(model, config.cache)?;
-    let max_model_len = config.scheduler.max_model_len;
-    let fits = runner.cache().max_tokens_per_seq();
-    if fits < max_model_len {
-        return Err(EngineError::CacheTooSmall {
-            max_model_len,
-            fits,
-        });
-    }
-    let (tx, rx) = mpsc::channel();
-    let stats = Arc::new(EngineStats::default());
+) -> Result<(EngineHandle, JoinHandle<Result<EngineCore, EngineError>>), EngineError> {
     let metrics = Arc::new(EngineMetrics::new(&config.model_name));
-    metrics.set_cache_usage(&runner.cache().usage());
+    let core = EngineCore::new(model, config, metrics.clone())?;
+    let (tx, rx) = mpsc::channel();
     let alive = Arc::new(AtomicBool::new(true));
     let handle = EngineHandle {
         tx,
         next_id: Arc::new(AtomicU64::new(0)),
-        vocab,
-        max_model_len,
+        vocab: core.vocab(),
+        max_model_len: core.cfg.max_model_len,
         alive: alive.clone(),
-        stats: stats.clone(),
-        metrics: metrics.clone(),
-    };
-    let mut core = EngineCore {
-        runner,
-        scheduler: Scheduler::default(),
-        seqs: HashMap::new(),
-        sampler,
-        cfg: config.scheduler,
-        eos,
-        stats,
         metrics,
+    };
+    let mut engine = EngineLoop {
+        core,
         drains: Vec::new(),
     };
     let join = std::thread::Builder::new()
@@ -290,35 +228,29 @@ pub fn start(
         .spawn(move || {
             let _alive = AliveGuard(alive);
             let result = match compute_pool() {
-                Ok(pool) => pool.install(|| core.run(rx)),
+                Ok(pool) => pool.install(|| engine.run(rx)),
                 Err(e) => Err(EngineError::ThreadPool(e.to_string())),
             };
             if let Err(e) = &result {
                 tracing::error!("the engine stopped: {e}");
             }
-            result.map(|()| core.runner)
+            result.map(|()| engine.core)
         })
         .expect("spawn the engine thread");
     Ok((handle, join))
 }
 
-struct EngineCore {
-    runner: ModelRunner,
-    scheduler: Scheduler,
-    seqs: HashMap<RequestId, Sequence>,
-    sampler: Sampler,
-    cfg: SchedulerConfig,
-    eos: Vec<u32>,
-    stats: Arc<EngineStats>,
-    metrics: Arc<EngineMetrics>,
+/// The engine thread: commands in, steps while there is work.
+struct EngineLoop {
+    core: EngineCore,
     drains: Vec<Sender<()>>,
 }
 
-impl EngineCore {
+impl EngineLoop {
     fn run(&mut self, rx: Receiver<Command>) -> Result<(), EngineError> {
         loop {
             // Block only when idle; otherwise take whatever arrived and step.
-            if !self.scheduler.has_work() {
+            if !self.core.has_work() {
                 for d in self.drains.drain(..) {
                     let _ = d.send(());
                 }
@@ -340,15 +272,15 @@ impl EngineCore {
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        if !self.scheduler.has_work() {
+                        if !self.core.has_work() {
                             return Ok(());
                         }
                         break;
                     }
                 }
             }
-            if self.scheduler.has_work() {
-                self.step()?;
+            if self.core.has_work() {
+                self.core.step()?;
             }
         }
     }
@@ -356,179 +288,405 @@ impl EngineCore {
     /// Applies a command; false means shut down.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add(req, out) => {
-                let id = req.id;
-                self.seqs.insert(id, Sequence::new(req, out));
-                self.scheduler.add(id);
-            }
-            Command::Abort(id) => self.finish(id, FinishReason::Abort, Vec::new(), None),
-            Command::Stop(id) => self.finish(id, FinishReason::Stop, Vec::new(), None),
+            Command::Add(req, out) => self.core.add_request(req, out),
+            Command::Abort(id) => self
+                .core
+                .finish(id, FinishReason::Abort, TokenIds::new(), None),
+            Command::Stop(id) => self
+                .core
+                .finish(id, FinishReason::Stop, TokenIds::new(), None),
             Command::Drain(reply) => self.drains.push(reply),
             Command::Shutdown => {
-                let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
-                for id in ids {
-                    self.finish(id, FinishReason::Abort, Vec::new(), None);
-                }
+                self.core.abort_all();
                 return false;
             }
         }
         true
     }
+}
 
-    fn step(&mut self) -> Result<(), EngineError> {
-        let sched = self
-            .scheduler
-            .schedule(&self.cfg, &mut self.seqs, &mut self.runner)?;
-        self.stats
-            .preemptions
-            .fetch_add(sched.preempted.len() as u64, Ordering::Relaxed);
+/// Every piece of mutable serving state, stepped by one thread: sequences, scheduler, cache
+/// pools, model runner, sampler, drafter. [`start`] runs one on its own thread; tests and
+/// benchmarks may drive one directly.
+pub struct EngineCore {
+    runner: ModelRunner,
+    cache: CacheManager,
+    scheduler: Scheduler,
+    seqs: HashMap<RequestId, Sequence>,
+    sampler: Sampler,
+    spec: Option<Speculator>,
+    cfg: SchedulerConfig,
+    eos: Vec<u32>,
+    metrics: Arc<EngineMetrics>,
+    /// This step's plan and what each scheduled sequence committed (reused buffers).
+    plan: SchedulerOutput,
+    records: Vec<StepRecord>,
+    /// Seconds the drafter took to propose the drafts the next step verifies.
+    draft_s: f64,
+}
+
+/// Refuses engine settings that cannot work, naming the field.
+fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
+    let s = &config.scheduler;
+    let invalid = |field, reason: String| Err(EngineError::InvalidConfig { field, reason });
+    if s.max_num_seqs == 0 {
+        return invalid("max_num_seqs", "must be at least 1".into());
+    }
+    if s.max_num_batched_tokens == 0 {
+        return invalid("max_num_batched_tokens", "must be at least 1".into());
+    }
+    if s.prefill_chunk == Some(0) {
+        return invalid("prefill_chunk", "must be at least 1".into());
+    }
+    if s.max_model_len < 2 {
+        return invalid(
+            "max_model_len",
+            "must leave room for a prompt token and an output token".into(),
+        );
+    }
+    let vocab = model.config.vocab_size;
+    if let Some(&id) = config
+        .forced_output
+        .iter()
+        .flatten()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return invalid(
+            "forced_output",
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        );
+    }
+    if let Some(spec) = &config.speculative {
+        if spec.method == SpecMethod::Mtp && !model.has_mtp() {
+            return invalid(
+                "speculative_config",
+                "method \"mtp\" needs the checkpoint's MTP block (mtp.0.*), and this one has none"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+impl EngineCore {
+    pub fn new(
+        model: Model,
+        mut config: EngineConfig,
+        metrics: Arc<EngineMetrics>,
+    ) -> Result<Self, EngineError> {
+        validate(&config, &model)?;
+        let spec = config
+            .speculative
+            .as_ref()
+            .map(|s| Speculator::new(s, config.scheduler.max_num_seqs));
+        if let Some(sp) = &spec {
+            // Rejected drafts are truncated away: the rings keep that many extra rows, and
+            // the MTP block keeps its own window ring after the main layers.
+            let k = sp.num_speculative_tokens();
+            config.cache.rollback_slack = config.cache.rollback_slack.max(k);
+            if sp.needs_hidden() {
+                config.cache.draft_layers = config
+                    .cache
+                    .draft_layers
+                    .max(model.config.num_nextn_predict_layers.max(1));
+            }
+        }
+        let cache = CacheManager::new(&model.config, config.cache)?;
+        let max_model_len = config.scheduler.max_model_len;
+        let fits = cache.max_tokens_per_seq();
+        if fits < max_model_len {
+            return Err(EngineError::CacheTooSmall {
+                max_model_len,
+                fits,
+            });
+        }
+        metrics.set_cache_usage(cache.pool_usage());
+        let sampler = match config.forced_output {
+            Some(script) => Sampler::scripted(script),
+            None => Sampler::new(),
+        };
+        Ok(Self {
+            eos: model.config.eos_token_ids.clone(),
+            runner: ModelRunner::new(model),
+            cache,
+            scheduler: Scheduler::default(),
+            seqs: HashMap::new(),
+            sampler,
+            spec,
+            cfg: config.scheduler,
+            metrics,
+            plan: SchedulerOutput::default(),
+            records: Vec::new(),
+            draft_s: 0.0,
+        })
+    }
+
+    /// Gives the model back (benchmarks run several engines on one loaded model).
+    pub fn into_model(self) -> deepinfer_model::v4::Model {
+        self.runner.into_model()
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.runner.model().config.vocab_size
+    }
+
+    pub fn cache(&self) -> &CacheManager {
+        &self.cache
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// Queues an already validated request (see [`EngineHandle::add_request_to`]).
+    pub fn add_request(&mut self, req: Request, out: Box<dyn OutputSink>) {
+        let id = req.id;
+        self.seqs.insert(id, Sequence::new(req, out));
+        self.scheduler.add(id);
+    }
+
+    /// Ends every request as aborted (shutdown).
+    pub fn abort_all(&mut self) {
+        let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            self.finish(id, FinishReason::Abort, TokenIds::new(), None);
+        }
+    }
+
+    /// One engine step: schedule, run the target model, sample or verify, send the deltas,
+    /// then let the drafter propose the next step's drafts.
+    pub fn step(&mut self) -> Result<(), EngineError> {
+        self.scheduler
+            .schedule(&self.cfg, &mut self.seqs, &mut self.cache, &mut self.plan)?;
         self.metrics
             .num_preemptions
-            .inc_by(sched.preempted.len() as u64);
-        if sched.scheduled.is_empty() {
+            .inc_by(self.plan.preempted.len() as u64);
+        if self.plan.scheduled.is_empty() {
             return Ok(());
         }
         // Before any output of this step is sent: a client that sees its first token and
         // then reads /metrics must find its request counted as running.
         self.update_gauges();
-        let now = Instant::now();
-        for &(id, _) in &sched.scheduled {
-            let s = self.seqs.get_mut(&id).expect("scheduled");
-            if s.first_scheduled.is_none() {
-                s.first_scheduled = Some(now);
-                self.metrics
-                    .request_queue_time
-                    .observe(secs(now - s.request.arrival));
-            }
-        }
-        let tokens: Vec<Vec<u32>> = sched
-            .scheduled
-            .iter()
-            .map(|&(id, n)| {
-                let s = &self.seqs[&id];
-                (s.num_computed..s.num_computed + n)
-                    .map(|i| s.token(i))
-                    .collect()
-            })
-            .collect();
-        let work: Vec<SeqWork<'_>> = sched
-            .scheduled
-            .iter()
-            .zip(&tokens)
-            .map(|(&(id, _), t)| SeqWork {
-                seq: self.seqs[&id]
-                    .cache
-                    .expect("scheduled sequences hold a cache"),
-                tokens: t,
-                all_logits: false,
-            })
-            .collect();
-        let logits = self.runner.step(&work)?;
-        let n_tok: usize = tokens.iter().map(|t| t.len()).sum();
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .batched_tokens
-            .fetch_add(n_tok as u64, Ordering::Relaxed);
-
-        // Rows whose sequence now has every token computed get a new token.
-        let mut rows = Vec::new();
-        for (r, &(id, n)) in sched.scheduled.iter().enumerate() {
-            let s = self.seqs.get_mut(&id).expect("scheduled");
-            s.num_computed += n;
-            if s.num_computed == s.num_tokens() {
-                rows.push((r, id));
-            }
-        }
-        let vocab = logits.vocab;
-        let mut picked = Vec::with_capacity(rows.len() * vocab);
-        for &(r, _) in &rows {
-            picked.extend_from_slice(logits.row(r));
-        }
-        let samples = {
-            let eos = &self.eos;
-            let mut seq_refs: Vec<&mut Sequence> = Vec::with_capacity(rows.len());
-            // Disjoint mutable borrows of the sampled sequences, in row order.
-            let mut by_id: HashMap<RequestId, &mut Sequence> =
-                self.seqs.iter_mut().map(|(k, v)| (*k, v)).collect();
-            for &(_, id) in &rows {
-                seq_refs.push(by_id.remove(&id).expect("distinct"));
-            }
-            let mut srows: Vec<SampleRow<'_>> = seq_refs
-                .iter_mut()
-                .map(|s| {
-                    let s: &mut Sequence = s;
-                    SampleRow {
-                        params: &s.request.params,
-                        prompt_ids: &s.request.prompt_ids,
-                        output_ids: &s.output_ids,
-                        eos_ids: eos,
-                        rng: &mut s.rng,
-                    }
-                })
-                .collect();
-            self.sampler.sample(&picked, vocab, &mut srows)
-        };
-        let now = Instant::now();
-        for (&(_, id), sample) in rows.iter().zip(samples) {
-            let s = self.seqs.get_mut(&id).expect("sampled");
-            s.output_ids.push(sample.token);
-            self.metrics.generation_tokens.inc();
-            match s.last_token_at {
-                None => {
-                    s.first_token_at = Some(now);
-                    self.metrics
-                        .time_to_first_token
-                        .observe(secs(now - s.request.arrival));
-                    self.metrics
-                        .prompt_tokens
-                        .inc_by(s.request.prompt_ids.len() as u64);
-                }
-                Some(prev) => self.metrics.inter_token_latency.observe(secs(now - prev)),
-            }
-            s.last_token_at = Some(now);
-            let logprobs = s.request.params.logprobs.map(|_| {
-                vec![TokenLogprobs {
-                    token: sample.token,
-                    logprob: sample.logprob,
-                    top: sample.top_logprobs,
-                }]
-            });
-            match s.finish_reason(&self.eos, self.cfg.max_model_len) {
-                Some(reason) => self.finish(id, reason, vec![sample.token], logprobs),
-                None => {
-                    let out = RequestOutput {
-                        request_id: id,
-                        new_token_ids: vec![sample.token],
-                        logprobs,
-                        finish_reason: None,
-                        num_prompt_tokens: s.request.prompt_ids.len(),
-                    };
-                    if !s.out.send(out) {
-                        // The client went away: stop spending compute on it.
-                        self.finish(id, FinishReason::Abort, Vec::new(), None);
-                    }
-                }
-            }
-        }
+        self.mark_scheduled();
+        let t0 = Instant::now();
+        self.forward()?;
+        let target_s = t0.elapsed().as_secs_f64();
+        self.metrics
+            .iteration_tokens
+            .observe(self.plan.num_tokens() as f64);
+        self.commit()?;
+        self.spec_observe(target_s);
+        self.draft()?;
         self.update_gauges();
         Ok(())
     }
 
-    fn update_gauges(&self) {
-        let (running, waiting) = (self.scheduler.running.len(), self.scheduler.waiting.len());
-        self.stats.running.store(running, Ordering::Relaxed);
-        self.stats.waiting.store(waiting, Ordering::Relaxed);
-        self.metrics.num_requests_running.set(running as i64);
-        self.metrics.num_requests_waiting.set(waiting as i64);
-        self.metrics.set_cache_usage(&self.runner.cache().usage());
+    fn mark_scheduled(&mut self) {
+        let now = Instant::now();
+        for s in &self.plan.scheduled {
+            let seq = self.seqs.get_mut(&s.id).expect("scheduled");
+            if seq.first_scheduled.is_none() {
+                seq.first_scheduled = Some(now);
+                self.metrics
+                    .request_queue_time
+                    .observe(secs(now - seq.request.arrival));
+            }
+        }
     }
 
-    /// Ends a request: last delta with the reason, cache freed now.
-    fn finish(
+    /// Builds the flat batch (known tokens, then drafts, per sequence) and runs it.
+    fn forward(&mut self) -> Result<(), EngineError> {
+        self.runner.clear();
+        for s in &self.plan.scheduled {
+            let seq = &self.seqs[&s.id];
+            let known = s.num_tokens - s.num_draft;
+            let start = seq.num_computed;
+            let tokens = (start..start + known)
+                .map(|i| seq.token(i))
+                .chain(seq.spec.draft_ids[..s.num_draft].iter().copied());
+            let cache = seq.cache.expect("scheduled sequences hold a cache");
+            self.runner.add(cache, start, tokens, s.num_logits);
+        }
+        let keep_hidden = self.spec.as_ref().is_some_and(Speculator::needs_hidden);
+        self.runner.run(&mut self.cache, keep_hidden)?;
+        Ok(())
+    }
+
+    /// Advances every scheduled sequence past the tokens it computed, samples (or
+    /// verifies drafts) where the step produced logits, sends the deltas, and records what
+    /// each sequence committed for the drafter.
+    fn commit(&mut self) -> Result<(), EngineError> {
+        self.records.clear();
+        let (mut row, mut logits_row) = (0, 0);
+        for i in 0..self.plan.scheduled.len() {
+            let s = self.plan.scheduled[i];
+            let seq = self.seqs.get_mut(&s.id).expect("scheduled");
+            let start = seq.num_computed;
+            seq.num_computed += s.num_tokens - s.num_draft;
+            let accepted = if s.num_logits > 0 {
+                self.emit(s, logits_row)?
+            } else {
+                0
+            };
+            self.records.push(StepRecord {
+                id: s.id,
+                row,
+                start,
+                committed: s.num_tokens - s.num_draft + accepted,
+                drafted: s.num_draft,
+                accepted,
+            });
+            row += s.num_tokens;
+            logits_row += s.num_logits;
+        }
+        Ok(())
+    }
+
+    /// Samples a sequence's new tokens from its logits rows (verifying its drafts first, if
+    /// any), rolls rejected draft rows back, and sends the delta or finishes the request.
+    /// Returns the drafts accepted.
+    fn emit(&mut self, s: ScheduledSeq, first_row: usize) -> Result<usize, EngineError> {
+        let logits = self.runner.logits();
+        let seq = self.seqs.get_mut(&s.id).expect("scheduled");
+        let mut new_tokens = TokenIds::new();
+        let mut logprobs = seq.request.params.logprobs.map(|_| Vec::new());
+        let (mut accepted, mut finish) = (0, None);
+        for j in 0..s.num_logits {
+            let draft = seq
+                .spec
+                .draft_ids
+                .get(j)
+                .copied()
+                .filter(|_| j < s.num_draft);
+            let mut row = SampleRow {
+                params: &seq.request.params,
+                prompt_ids: &seq.request.prompt_ids,
+                output_ids: &seq.output_ids,
+                eos_ids: &self.eos,
+                rng: &mut seq.rng,
+            };
+            let raw = logits.row(first_row + j);
+            let (sample, hit) = match draft {
+                Some(d) => self.sampler.verify_row(raw, &mut row, d),
+                None => (self.sampler.sample_row(raw, &mut row), false),
+            };
+            seq.output_ids.push(sample.token);
+            new_tokens.push(sample.token);
+            if let Some(lp) = &mut logprobs {
+                lp.push(TokenLogprobs {
+                    token: sample.token,
+                    logprob: sample.logprob,
+                    top: sample.top_logprobs,
+                });
+            }
+            accepted += usize::from(hit);
+            finish = seq.finish_reason(&self.eos, self.cfg.max_model_len);
+            if finish.is_some() || !hit {
+                break;
+            }
+        }
+        if s.num_draft > 0 {
+            self.metrics.spec_decode_round(s.num_draft, accepted);
+            seq.num_computed += accepted;
+            if finish.is_none() && accepted < s.num_draft {
+                let cache = seq.cache.expect("scheduled sequences hold a cache");
+                self.cache.truncate(cache, seq.num_computed)?;
+            }
+        }
+        self.record_tokens(s.id, new_tokens.len());
+        let seq = self.seqs.get_mut(&s.id).expect("scheduled");
+        match finish {
+            Some(reason) => self.finish(s.id, reason, new_tokens, logprobs),
+            None => {
+                let out = RequestOutput {
+                    request_id: s.id,
+                    new_token_ids: new_tokens,
+                    logprobs,
+                    finish_reason: None,
+                    num_prompt_tokens: seq.request.prompt_ids.len(),
+                };
+                if !seq.out.send(out) {
+                    // The client went away: stop spending compute on it.
+                    self.finish(s.id, FinishReason::Abort, TokenIds::new(), None);
+                }
+            }
+        }
+        Ok(accepted)
+    }
+
+    /// Token counters and latencies for `n` new tokens of a request (TTFT at its first,
+    /// one inter-token latency per delta, as vLLM counts them).
+    fn record_tokens(&mut self, id: RequestId, n: usize) {
+        let now = Instant::now();
+        let seq = self.seqs.get_mut(&id).expect("scheduled");
+        self.metrics.generation_tokens.inc_by(n as u64);
+        match seq.last_token_at {
+            None => {
+                seq.first_token_at = Some(now);
+                self.metrics
+                    .time_to_first_token
+                    .observe(secs(now - seq.request.arrival));
+                self.metrics
+                    .prompt_tokens
+                    .inc_by(seq.request.prompt_ids.len() as u64);
+            }
+            Some(prev) => self.metrics.inter_token_latency.observe(secs(now - prev)),
+        }
+        seq.last_token_at = Some(now);
+    }
+
+    /// Lets the drafter propose the next step's drafts (timed for the policy).
+    fn draft(&mut self) -> Result<(), EngineError> {
+        let Some(spec) = &mut self.spec else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        spec.propose(
+            &self.records,
+            &mut self.seqs,
+            &mut self.runner,
+            &mut self.cache,
+            self.cfg.max_model_len,
+        )?;
+        self.draft_s = t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn spec_observe(&mut self, target_s: f64) {
+        let Some(spec) = &mut self.spec else {
+            return;
+        };
+        let pure_decode = self
+            .plan
+            .scheduled
+            .iter()
+            .all(|s| s.num_tokens - s.num_draft == 1 && s.num_logits > 0);
+        // `draft_s` still holds the time spent drafting what this step verified.
+        let timing = StepTiming {
+            target_s,
+            draft_s: self.draft_s,
+            pure_decode,
+        };
+        spec.observe(&timing, &self.records, &mut self.seqs);
+    }
+
+    fn update_gauges(&self) {
+        let (running, waiting) = (self.scheduler.running.len(), self.scheduler.waiting.len());
+        self.metrics.num_requests_running.set(running as i64);
+        self.metrics.num_requests_waiting.set(waiting as i64);
+        self.metrics.set_cache_usage(self.cache.pool_usage());
+    }
+
+    /// Ends a request: last delta with the reason, cache freed now. Unknown ids are ignored.
+    pub fn finish(
         &mut self,
         id: RequestId,
         reason: FinishReason,
-        new_token_ids: Vec<u32>,
+        new_token_ids: TokenIds,
         logprobs: Option<Vec<TokenLogprobs>>,
     ) {
         let Some(mut seq) = self.seqs.remove(&id) else {
@@ -536,7 +694,7 @@ impl EngineCore {
         };
         self.scheduler.remove(id);
         if let Some(cache) = seq.cache {
-            if let Err(e) = self.runner.free(cache) {
+            if let Err(e) = self.cache.free_seq(cache) {
                 tracing::error!(request = id, "freeing the cache failed: {e}");
             }
         }
@@ -547,7 +705,6 @@ impl EngineCore {
             finish_reason: Some(reason),
             num_prompt_tokens: seq.request.prompt_ids.len(),
         });
-        self.stats.finished.fetch_add(1, Ordering::Relaxed);
         self.record_finished(&seq, reason);
         self.update_gauges();
     }

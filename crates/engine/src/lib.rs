@@ -9,3 +9,4 @@ pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
+pub mod spec;

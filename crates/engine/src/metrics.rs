@@ -30,8 +30,15 @@ const TOKEN_BUCKETS: &[f64] = &[
     50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
 ];
 
+/// Tokens per engine step (vLLM's `iteration_tokens_total` buckets).
+const STEP_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+
 pub struct EngineMetrics {
     registry: Registry,
+    /// Tokens per engine step; its count is the number of steps.
+    pub iteration_tokens: Histogram,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub request_time_per_output_token: Histogram,
@@ -42,6 +49,12 @@ pub struct EngineMetrics {
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub num_preemptions: IntCounter,
+    /// Speculative decoding (vLLM's names): verify rounds (one per sequence and step with
+    /// drafts), draft tokens verified, accepted, and accepted by draft position.
+    pub spec_decode_num_drafts: IntCounter,
+    pub spec_decode_num_draft_tokens: IntCounter,
+    pub spec_decode_num_accepted_tokens: IntCounter,
+    spec_decode_accepted_per_pos: IntCounterVec,
     request_success: IntCounterVec,
     pub num_requests_running: IntGauge,
     pub num_requests_waiting: IntGauge,
@@ -97,7 +110,36 @@ impl EngineMetrics {
         registry
             .register(Box::new(cache_usage.clone()))
             .expect("unique name");
+        let spec_decode_accepted_per_pos = IntCounterVec::new(
+            Opts::new(
+                "deepinfer:spec_decode_num_accepted_tokens_per_pos_total",
+                "Accepted draft tokens, by position in the draft (0 = first).",
+            ),
+            &["position"],
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(spec_decode_accepted_per_pos.clone()))
+            .expect("unique name");
         Self {
+            iteration_tokens: h(histogram(
+                "iteration_tokens_total",
+                "Tokens per engine step (prefill chunks, decode and draft tokens).",
+                STEP_TOKEN_BUCKETS,
+            )),
+            spec_decode_num_drafts: c(
+                "spec_decode_num_drafts_total",
+                "Verify rounds: sequences that had draft tokens verified, per step.",
+            ),
+            spec_decode_num_draft_tokens: c(
+                "spec_decode_num_draft_tokens_total",
+                "Draft tokens verified.",
+            ),
+            spec_decode_num_accepted_tokens: c(
+                "spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+            ),
+            spec_decode_accepted_per_pos,
             time_to_first_token: h(histogram(
                 "time_to_first_token_seconds",
                 "Time from arrival to the first output token.",
@@ -150,13 +192,35 @@ impl EngineMetrics {
         }
     }
 
+    /// One sequence's verify round: `drafted` draft tokens, of which the first `accepted`
+    /// were accepted.
+    pub fn spec_decode_round(&self, drafted: usize, accepted: usize) {
+        self.spec_decode_num_drafts.inc();
+        self.spec_decode_num_draft_tokens.inc_by(drafted as u64);
+        self.spec_decode_num_accepted_tokens.inc_by(accepted as u64);
+        for pos in POSITION_LABELS.iter().take(accepted) {
+            self.spec_decode_accepted_per_pos
+                .with_label_values(&[pos])
+                .inc();
+        }
+    }
+
+    /// Accepted draft tokens at `position` so far.
+    pub fn spec_decode_accepted_at(&self, position: usize) -> u64 {
+        POSITION_LABELS.get(position).map_or(0, |p| {
+            self.spec_decode_accepted_per_pos
+                .with_label_values(&[p])
+                .get()
+        })
+    }
+
     pub fn request_finished(&self, reason: FinishReason) {
         self.request_success
             .with_label_values(&[reason.as_str()])
             .inc();
     }
 
-    pub fn set_cache_usage(&self, pools: &[PoolUsage]) {
+    pub fn set_cache_usage(&self, pools: impl IntoIterator<Item = PoolUsage>) {
         for p in pools {
             let perc = if p.total_blocks == 0 {
                 0.0
@@ -182,6 +246,11 @@ impl EngineMetrics {
     }
 }
 
+/// Labels of the draft positions, as static strings (no formatting per step).
+const POSITION_LABELS: [&str; 16] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
+];
+
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -196,7 +265,7 @@ mod tests {
         m.time_to_first_token.observe(0.03);
         m.prompt_tokens.inc_by(7);
         m.request_finished(FinishReason::Length);
-        m.set_cache_usage(&[PoolUsage {
+        m.set_cache_usage([PoolUsage {
             name: "csa_entries",
             used_blocks: 1,
             total_blocks: 4,
@@ -216,5 +285,27 @@ mod tests {
             "deepinfer:kv_cache_usage_perc{pool=\"csa_entries\",model_name=\"tiny\"} 0.25"
         ));
         assert_eq!(m.cache_usage("csa_entries"), 0.25);
+    }
+
+    #[test]
+    fn spec_decode_counters() {
+        let m = EngineMetrics::new("tiny");
+        m.spec_decode_round(3, 2);
+        m.spec_decode_round(3, 0);
+        let text = m.render();
+        for line in [
+            "deepinfer:spec_decode_num_drafts_total{model_name=\"tiny\"} 2",
+            "deepinfer:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 6",
+            "deepinfer:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 2",
+            "deepinfer:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\",model_name=\"tiny\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert_eq!(
+            (0..3)
+                .map(|p| m.spec_decode_accepted_at(p))
+                .collect::<Vec<_>>(),
+            [1, 1, 0]
+        );
     }
 }

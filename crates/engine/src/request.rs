@@ -45,11 +45,15 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+/// The tokens of one delta: one in plain decoding, up to `k + 1` with speculation; kept
+/// inline so a step's deltas allocate nothing.
+pub type TokenIds = smallvec::SmallVec<[u32; 8]>;
+
 /// One delta of a request's stream: the tokens sampled since the last delta.
 #[derive(Clone, Debug)]
 pub struct RequestOutput {
     pub request_id: RequestId,
-    pub new_token_ids: Vec<u32>,
+    pub new_token_ids: TokenIds,
     /// Present when the request asked for logprobs; one per new token.
     pub logprobs: Option<Vec<TokenLogprobs>>,
     pub finish_reason: Option<FinishReason>,

@@ -1,15 +1,14 @@
 //! The model runner: turns "append these tokens to these sequences" into one flat
-//! [`ForwardBatch`], makes sure the cache can hold them, and runs the model.
+//! [`ForwardBatch`] and runs the model on the engine's cache.
 //!
-//! It owns the model and the cache pools and tracks every sequence's length. It is where
-//! truncation is checked: a sequence may be shortened by at most the cache's rollback slack
-//! below the furthest position it has written, because the rings only keep that much
-//! history beyond what the model reads.
+//! It owns the model and the batch buffers, and nothing about sequences: the caller says
+//! where each sequence's tokens start (its `Sequence::num_computed`) and reserves the cache
+//! room for them first (the scheduler does, through its allocator).
 
-use crate::cache::{CacheConfig, CacheError, CacheManager, SeqId};
+use crate::cache::{CacheError, CacheManager, SeqId};
 use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use deepinfer_model::v4::model::ForwardExtras;
 use deepinfer_model::v4::{Model, ModelError};
-use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
@@ -17,189 +16,124 @@ pub enum RunnerError {
     Cache(#[from] CacheError),
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("unknown sequence {0:?}")]
-    UnknownSequence(SeqId),
-    #[error("sequence {seq:?} appears twice in one step")]
-    DuplicateSequence { seq: SeqId },
-    #[error("cannot truncate sequence {seq:?} to {to} tokens: it has {len}")]
-    TruncateBeyondLength { seq: SeqId, to: usize, len: usize },
-    #[error(
-        "cannot truncate sequence {seq:?} to {to} tokens: it has written up to {high_water}, and the cache keeps only {slack} tokens of rollback history"
-    )]
-    TruncateTooFar {
-        seq: SeqId,
-        to: usize,
-        high_water: usize,
-        slack: usize,
-    },
 }
 
-#[derive(Clone, Copy, Debug)]
-struct SeqState {
-    /// Tokens whose state is in the cache.
-    len: usize,
-    /// The furthest length ever reached: rings may hold rows up to here.
-    high_water: usize,
+/// One sequence's part of a step: `tokens` appended at positions `start..`, logits for the
+/// last `num_logits` of them.
+pub struct SeqWork<'a> {
+    pub seq: SeqId,
+    pub start: usize,
+    pub tokens: &'a [u32],
+    pub num_logits: usize,
 }
 
 pub struct ModelRunner {
     model: Model,
-    cache: CacheManager,
-    seqs: HashMap<SeqId, SeqState>,
     /// Reused every step, so a decode step's batch and logits allocate nothing.
     batch: ForwardBatch,
     logits: Logits,
+    /// The final residual streams of the last step's rows (`[N, hc, D]`) when it kept them.
+    hidden: Vec<f32>,
     ids: Vec<SeqId>,
 }
 
-/// One sequence's part of a step: the tokens to append at its current length.
-pub struct SeqWork<'a> {
-    pub seq: SeqId,
-    pub tokens: &'a [u32],
-    /// Logits for every appended token (chunked-prefill checks, verification) or the last.
-    pub all_logits: bool,
-}
-
 impl ModelRunner {
-    pub fn new(model: Model, cache: CacheConfig) -> Result<Self, RunnerError> {
-        let cache = CacheManager::new(&model.config, cache)?;
+    pub fn new(model: Model) -> Self {
         let logits = Logits {
             vocab: model.config.vocab_size,
             data: Vec::new(),
         };
-        Ok(Self {
+        Self {
             model,
-            cache,
-            seqs: HashMap::new(),
             batch: ForwardBatch::default(),
             logits,
+            hidden: Vec::new(),
             ids: Vec::new(),
-        })
+        }
     }
 
     pub fn model(&self) -> &Model {
         &self.model
     }
 
-    pub fn cache(&self) -> &CacheManager {
-        &self.cache
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
     }
 
-    /// The model and the cache side by side, for callers that drive single layers
-    /// (benchmarks) without going through [`ModelRunner::step`].
-    pub fn parts_mut(&mut self) -> (&Model, &mut CacheManager) {
-        (&self.model, &mut self.cache)
+    pub fn into_model(self) -> Model {
+        self.model
     }
 
-    pub fn add_sequence(&mut self) -> Result<SeqId, RunnerError> {
-        let id = self.cache.add_seq()?;
-        self.seqs.insert(
-            id,
-            SeqState {
-                len: 0,
-                high_water: 0,
-            },
-        );
-        Ok(id)
+    /// Starts a new batch.
+    pub fn clear(&mut self) {
+        self.batch.clear();
+        self.ids.clear();
     }
 
-    /// Makes room in the cache for `tokens` tokens of `seq` (all or nothing).
-    pub fn reserve(&mut self, seq: SeqId, tokens: usize) -> Result<(), RunnerError> {
-        if !self.seqs.contains_key(&seq) {
-            return Err(RunnerError::UnknownSequence(seq));
-        }
-        Ok(self.cache.ensure_capacity(seq, tokens)?)
+    /// Appends `tokens` of `seq` at positions `start..` to the batch; logits are wanted for
+    /// the last `num_logits` of them.
+    pub fn add(
+        &mut self,
+        seq: SeqId,
+        start: usize,
+        tokens: impl IntoIterator<Item = u32>,
+        num_logits: usize,
+    ) {
+        let b = &mut self.batch;
+        let first = b.token_ids.len();
+        b.token_ids.extend(tokens);
+        let len = b.token_ids.len() - first;
+        b.positions.extend(start..start + len);
+        b.spans.push(SeqSpan { start: first, len });
+        b.logits_rows
+            .extend(first + len - num_logits.min(len)..first + len);
+        self.ids.push(seq);
     }
 
-    pub fn seq_len(&self, seq: SeqId) -> Result<usize, RunnerError> {
-        self.seqs
-            .get(&seq)
-            .map(|s| s.len)
-            .ok_or(RunnerError::UnknownSequence(seq))
-    }
-
-    /// Appends every item's tokens to its sequence in one forward and returns, per item, the
-    /// logits asked for (valid until the next step). On error no sequence's length changes.
-    pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<&Logits, RunnerError> {
-        let (batch, ids) = (&mut self.batch, &mut self.ids);
-        batch.token_ids.clear();
-        batch.positions.clear();
-        batch.spans.clear();
-        batch.logits_rows.clear();
-        ids.clear();
-        for item in work {
-            let state = *self
-                .seqs
-                .get(&item.seq)
-                .ok_or(RunnerError::UnknownSequence(item.seq))?;
-            if ids.contains(&item.seq) {
-                return Err(RunnerError::DuplicateSequence { seq: item.seq });
-            }
-            ids.push(item.seq);
-            let start = batch.token_ids.len();
-            batch.token_ids.extend_from_slice(item.tokens);
-            batch
-                .positions
-                .extend(state.len..state.len + item.tokens.len());
-            batch.spans.push(SeqSpan {
-                start,
-                len: item.tokens.len(),
-            });
-            if item.all_logits {
-                batch.logits_rows.extend(start..start + item.tokens.len());
-            } else if !item.tokens.is_empty() {
-                batch.logits_rows.push(start + item.tokens.len() - 1);
-            }
-            self.cache
-                .ensure_capacity(item.seq, state.len + item.tokens.len())?;
-        }
-        {
-            let mut view = self.cache.view(ids)?;
-            self.model
-                .forward_into(batch, &mut view, &mut self.logits, None)?;
-        }
-        for item in work {
-            let s = self.seqs.get_mut(&item.seq).expect("checked above");
-            s.len += item.tokens.len();
-            s.high_water = s.high_water.max(s.len);
-        }
+    /// Runs the batch built since [`Self::clear`] and returns the logits asked for, in
+    /// batch order (valid until the next step). `keep_hidden`: also keep every row's final
+    /// streams (see [`Self::hidden`]). On error no cache row is trusted to have been written.
+    pub fn run(
+        &mut self,
+        cache: &mut CacheManager,
+        keep_hidden: bool,
+    ) -> Result<&Logits, RunnerError> {
+        let mut view = cache.view(&self.ids)?;
+        let extras = ForwardExtras {
+            hidden: keep_hidden.then_some(&mut self.hidden),
+            ..ForwardExtras::default()
+        };
+        self.model
+            .forward_into(&self.batch, &mut view, &mut self.logits, extras)?;
         Ok(&self.logits)
     }
 
-    /// Shortens a sequence (rejected draft tokens, a rollback): the next step rewrites every
-    /// row past `to` before anything reads it.
-    pub fn truncate(&mut self, seq: SeqId, to: usize) -> Result<(), RunnerError> {
-        let slack = self.cache.rollback_slack();
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(RunnerError::UnknownSequence(seq))?;
-        if to > s.len {
-            return Err(RunnerError::TruncateBeyondLength {
-                seq,
-                to,
-                len: s.len,
-            });
+    /// One step from a list of work items (tests, benchmarks): [`Self::clear`], [`Self::add`]
+    /// each, [`Self::run`].
+    pub fn step(
+        &mut self,
+        cache: &mut CacheManager,
+        work: &[SeqWork<'_>],
+    ) -> Result<&Logits, RunnerError> {
+        self.clear();
+        for w in work {
+            self.add(w.seq, w.start, w.tokens.iter().copied(), w.num_logits);
         }
-        if s.high_water - to > slack {
-            return Err(RunnerError::TruncateTooFar {
-                seq,
-                to,
-                high_water: s.high_water,
-                slack,
-            });
-        }
-        s.len = to;
-        self.cache.truncate(seq, to)?;
-        Ok(())
+        self.run(cache, false)
     }
 
-    /// Frees a finished or aborted sequence's cache.
-    pub fn free(&mut self, seq: SeqId) -> Result<(), RunnerError> {
-        self.seqs
-            .remove(&seq)
-            .ok_or(RunnerError::UnknownSequence(seq))?;
-        self.cache.free_seq(seq)?;
-        Ok(())
+    /// The logits of the last [`Self::run`].
+    pub fn logits(&self) -> &Logits {
+        &self.logits
+    }
+
+    /// The final residual streams `[N, hc, D]` of the last [`Self::run`] that kept them.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// Batch row of span `i`'s first token in the last batch.
+    pub fn span_start(&self, i: usize) -> usize {
+        self.batch.spans[i].start
     }
 }

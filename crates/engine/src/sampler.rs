@@ -135,7 +135,67 @@ impl Sampler {
             .collect()
     }
 
-    fn sample_row(&mut self, raw: &[f32], row: &mut SampleRow<'_>) -> Sample {
+    /// Speculative decoding's test of a draft token at one row. Drafters here propose
+    /// deterministically (the draft distribution is a point mass), so rejection sampling
+    /// accepts the draft with probability `p(draft)` under the row's processed, filtered
+    /// distribution `p`, and on rejection draws from `p` with the draft removed: the
+    /// returned token is distributed exactly as `p`, whatever the draft. Greedy (and
+    /// scripted) rows take their usual token and accept the draft when they agree, drawing
+    /// no randomness. Returns the token and whether it is the draft.
+    pub fn verify_row(
+        &mut self,
+        raw: &[f32],
+        row: &mut SampleRow<'_>,
+        draft: u32,
+    ) -> (Sample, bool) {
+        let params = row.params;
+        if params.is_greedy() || self.script.is_some() {
+            let s = self.sample_row(raw, row);
+            let accepted = s.token == draft;
+            return (s, accepted);
+        }
+        let mut processed = std::mem::take(&mut self.processed);
+        let token = {
+            let logits: &[f32] = if needs_processing(row) {
+                processed.clear();
+                processed.extend_from_slice(raw);
+                self.process_logits(row, &mut processed);
+                &processed
+            } else {
+                raw
+            };
+            match self.candidates(logits, params) {
+                None => argmax(logits),
+                Some(kept) => {
+                    let at = self.cand.iter().position(|c| c.1 == draft);
+                    let w = at.map_or(0.0, |i| self.cand[i].0);
+                    if row.rng.uniform() < w / kept {
+                        draft
+                    } else {
+                        if let Some(i) = at {
+                            self.cand[i].0 = 0.0;
+                        }
+                        let u = row.rng.uniform();
+                        self.pick(u * (kept - w))
+                    }
+                }
+            }
+        };
+        self.processed = processed;
+        let (logprob, top_logprobs) = match params.logprobs {
+            Some(n) => Self::raw_logprobs(raw, token, n),
+            None => (f32::NAN, Vec::new()),
+        };
+        let s = Sample {
+            token,
+            logprob,
+            top_logprobs,
+        };
+        (s, token == draft)
+    }
+
+    /// One row of [`Sampler::sample`]: what the engine calls per sequence.
+    pub fn sample_row(&mut self, raw: &[f32], row: &mut SampleRow<'_>) -> Sample {
         let params = row.params;
         if let Some(token) = self.scripted_token(row) {
             let (logprob, top_logprobs) = match params.logprobs {
@@ -247,12 +307,23 @@ impl Sampler {
 
     /// Inverts the CDF of the filtered, renormalised distribution at `u`, walking tokens in
     /// descending probability (ties by id) so the mapping from `u` to a token is fixed.
-    ///
-    /// Every filter keeps a prefix of that order (top-k, top-p by construction; min-p
-    /// because its threshold is relative to the maximum), and both the top-p cut and the
-    /// draw are "first position whose running mass passes x" questions, which a weighted
-    /// quickselect answers in expected O(n) without sorting the vocabulary.
     fn draw(&mut self, logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
+        match self.candidates(logits, p) {
+            Some(kept) => self.pick(u * kept),
+            // Everything masked (e.g. min_tokens over an all-stop vocabulary; NaN and
+            // infinite logits are never sampleable): fall back to the deterministic choice.
+            None => argmax(logits),
+        }
+    }
+
+    /// Leaves in `cand` the tokens the filters keep, each with its unnormalised weight
+    /// (relative to the maximum), and returns their total; `None` if nothing is sampleable.
+    ///
+    /// Every filter keeps a prefix of the descending order (top-k, top-p by construction;
+    /// min-p because its threshold is relative to the maximum), and the top-p cut is a
+    /// "first position whose running mass passes x" question, which a weighted quickselect
+    /// answers in expected O(n) without sorting the vocabulary.
+    fn candidates(&mut self, logits: &[f32], p: &SamplingParams) -> Option<f64> {
         let cand = &mut self.cand;
         cand.clear();
         cand.extend(
@@ -263,9 +334,7 @@ impl Sampler {
                 .map(|(i, &l)| (l as f64, i as u32)),
         );
         if cand.is_empty() {
-            // Everything masked (e.g. min_tokens over an all-stop vocabulary; NaN and
-            // infinite logits are never sampleable): fall back to the deterministic choice.
-            return argmax(logits);
+            return None;
         }
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, cmp_desc);
@@ -296,8 +365,14 @@ impl Sampler {
             cand.truncate(len);
             kept_mass = cand.iter().map(|c| c.0).sum();
         }
+        Some(kept_mass)
+    }
 
-        match first_passing(cand, u * kept_mass, false) {
+    /// The first candidate, in descending order, at which the running weight passes
+    /// `target`.
+    fn pick(&mut self, target: f64) -> u32 {
+        let cand = &mut self.cand;
+        match first_passing(cand, target, false) {
             Some(i) => cand[i].1,
             None => {
                 // Rounding left the target at the very top of the CDF: take the last

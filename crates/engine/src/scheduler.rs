@@ -1,21 +1,22 @@
 //! Continuous batching (vLLM V1's unified scheduler): every step hands out a token budget,
 //! running sequences first (decodes are never starved by prefills), then waiting ones in
-//! arrival order. Long prompts are split across steps (chunked prefill). When the cache
-//! pools run out, the most recently admitted running sequence is preempted: its cache is
-//! freed and it is recomputed from its tokens later, which under greedy decoding gives the
-//! same tokens (chunked recompute is exact).
+//! arrival order. Long prompts are split across steps (chunked prefill). A decoding
+//! sequence with draft tokens gets room for them too (speculative decoding verifies them in
+//! the same step); drafts are the first thing given up when the budget or the cache is
+//! short. When the cache runs out, the most recently admitted running sequence is
+//! preempted: its cache is freed and it is recomputed from its tokens later, which under
+//! greedy decoding gives the same tokens (chunked recompute is exact).
 
-use crate::cache::CacheError;
+use crate::cache::{is_exhausted, BlockAllocator, CacheError};
 use crate::request::RequestId;
-use crate::runner::{ModelRunner, RunnerError};
-use crate::sequence::{SeqStatus, Sequence};
+use crate::sequence::Sequence;
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     /// Most sequences running at once.
     pub max_num_seqs: usize,
-    /// Most tokens in one forward step.
+    /// Most tokens in one forward step (draft tokens included).
     pub max_num_batched_tokens: usize,
     /// Most prompt tokens one sequence feeds per step (None: only the step budget limits).
     pub prefill_chunk: Option<usize>,
@@ -23,24 +24,41 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
 }
 
-/// What one step computes: `(request, tokens to append)` in batch order.
+/// One sequence's part of a step. Its tokens start at the sequence's `num_computed`: the
+/// known tokens not yet in the cache, then `num_draft` draft tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub id: RequestId,
+    /// Tokens appended this step, drafts included.
+    pub num_tokens: usize,
+    pub num_draft: usize,
+    /// Rows at the end of the span whose logits the step needs: none while a prompt is
+    /// still being fed, one to sample the next token, `1 + num_draft` to verify drafts.
+    pub num_logits: usize,
+}
+
+/// What one step computes, in batch order, and who lost their cache to make room.
 #[derive(Debug, Default)]
 pub struct SchedulerOutput {
-    pub scheduled: Vec<(RequestId, usize)>,
+    pub scheduled: Vec<ScheduledSeq>,
     pub preempted: Vec<RequestId>,
+}
+
+impl SchedulerOutput {
+    pub fn num_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_tokens).sum()
+    }
+
+    fn clear(&mut self) {
+        self.scheduled.clear();
+        self.preempted.clear();
+    }
 }
 
 #[derive(Default)]
 pub struct Scheduler {
     pub waiting: VecDeque<RequestId>,
     pub running: Vec<RequestId>,
-}
-
-fn out_of_blocks(e: &RunnerError) -> bool {
-    matches!(
-        e,
-        RunnerError::Cache(CacheError::OutOfBlocks { .. } | CacheError::NoFreeSlot { .. })
-    )
 }
 
 impl Scheduler {
@@ -57,77 +75,88 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Plans the next step into `out` (its buffers are reused), reserving cache room for
+    /// every scheduled token through `alloc`.
     pub fn schedule(
         &mut self,
         cfg: &SchedulerConfig,
         seqs: &mut HashMap<RequestId, Sequence>,
-        runner: &mut ModelRunner,
-    ) -> Result<SchedulerOutput, RunnerError> {
-        let mut out = SchedulerOutput::default();
+        alloc: &mut dyn BlockAllocator,
+        out: &mut SchedulerOutput,
+    ) -> Result<(), CacheError> {
+        out.clear();
         let mut budget = cfg.max_num_batched_tokens;
         let cap = cfg.prefill_chunk.unwrap_or(usize::MAX);
-
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let seq = &seqs[&id];
-            let n = seq.num_uncomputed().min(cap).min(budget);
-            let target = seq.num_computed + n;
-            let cache = seq.cache.expect("running sequences hold a cache");
-            let mut scheduled = true;
-            loop {
-                match runner.reserve(cache, target) {
-                    Ok(()) => break,
-                    Err(e) if out_of_blocks(&e) => {
-                        let victim = *self.running.last().expect("non-empty");
-                        self.preempt(victim, seqs, runner)?;
-                        out.preempted.push(victim);
-                        if victim == id {
-                            scheduled = false;
-                            break;
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            if scheduled {
-                out.scheduled.push((id, n));
-                budget -= n;
+            // `None`: it preempted itself, and the sequence at `i` is now the next one.
+            let fit = (cap, budget, cfg.max_model_len);
+            if let Some(s) = self.schedule_running(id, fit, seqs, alloc, out)? {
+                out.scheduled.push(s);
+                budget -= s.num_tokens;
                 i += 1;
             }
         }
-
         // Admit waiting requests while budget, slots and blocks last (none in a step that
         // had to preempt: memory is already short).
         while out.preempted.is_empty() && budget > 0 && self.running.len() < cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            let cache = match runner.add_sequence() {
-                Ok(c) => c,
-                Err(e) if out_of_blocks(&e) => break,
-                Err(e) => return Err(e),
+            let Some(s) = admit(id, cap, budget, seqs, alloc)? else {
+                break;
             };
-            let seq = seqs.get_mut(&id).expect("waiting sequences exist");
-            let n = seq.num_uncomputed().min(cap).min(budget);
-            match runner.reserve(cache, n) {
-                Ok(()) => {}
-                Err(e) => {
-                    runner.free(cache)?;
-                    if out_of_blocks(&e) {
-                        break;
+            self.waiting.pop_front();
+            self.running.push(id);
+            out.scheduled.push(s);
+            budget -= s.num_tokens;
+        }
+        Ok(())
+    }
+
+    /// Room for a running sequence's next tokens: with its drafts if they fit, else
+    /// without, else after preempting the newest running sequences. `None` when it was the
+    /// one preempted.
+    fn schedule_running(
+        &mut self,
+        id: RequestId,
+        (cap, budget, max_model_len): (usize, usize, usize),
+        seqs: &mut HashMap<RequestId, Sequence>,
+        alloc: &mut dyn BlockAllocator,
+        out: &mut SchedulerOutput,
+    ) -> Result<Option<ScheduledSeq>, CacheError> {
+        loop {
+            let seq = &seqs[&id];
+            let cache = seq.cache.expect("running sequences hold a cache");
+            let known = seq.num_uncomputed().min(cap).min(budget);
+            let drafts = if seq.num_uncomputed() == 1 {
+                seq.spec
+                    .draft_ids
+                    .len()
+                    .min(budget - known)
+                    .min(seq.max_drafts(max_model_len))
+            } else {
+                0
+            };
+            for d in [drafts, 0] {
+                match alloc.ensure_capacity(cache, seq.num_computed + known + d) {
+                    Ok(()) => return Ok(Some(plan(id, seq, known, d))),
+                    Err(e) if is_exhausted(&e) => {
+                        if d == 0 {
+                            break;
+                        }
                     }
-                    return Err(e);
+                    Err(e) => return Err(e),
                 }
             }
-            self.waiting.pop_front();
-            seq.cache = Some(cache);
-            seq.status = SeqStatus::Running;
-            self.running.push(id);
-            out.scheduled.push((id, n));
-            budget -= n;
+            let victim = *self.running.last().expect("non-empty");
+            self.preempt(victim, seqs, alloc)?;
+            out.preempted.push(victim);
+            if victim == id {
+                return Ok(None);
+            }
         }
-        Ok(out)
     }
 
     /// Frees a running sequence's cache and puts it first in line for recompute.
@@ -135,17 +164,52 @@ impl Scheduler {
         &mut self,
         id: RequestId,
         seqs: &mut HashMap<RequestId, Sequence>,
-        runner: &mut ModelRunner,
-    ) -> Result<(), RunnerError> {
+        alloc: &mut dyn BlockAllocator,
+    ) -> Result<(), CacheError> {
         let seq = seqs.get_mut(&id).expect("running sequences exist");
-        if let Some(cache) = seq.cache.take() {
-            runner.free(cache)?;
+        if let Some(cache) = seq.preempt() {
+            alloc.free_seq(cache)?;
         }
-        seq.num_computed = 0;
-        seq.status = SeqStatus::Waiting;
         self.running.retain(|&r| r != id);
         self.waiting.push_front(id);
         tracing::debug!(request = id, "preempted (recompute)");
         Ok(())
     }
 }
+
+/// A waiting sequence's first chunk, with a cache of its own; `None` when the cache has no
+/// room (it stays waiting).
+fn admit(
+    id: RequestId,
+    cap: usize,
+    budget: usize,
+    seqs: &mut HashMap<RequestId, Sequence>,
+    alloc: &mut dyn BlockAllocator,
+) -> Result<Option<ScheduledSeq>, CacheError> {
+    let cache = match alloc.add_seq() {
+        Ok(c) => c,
+        Err(e) if is_exhausted(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let seq = seqs.get_mut(&id).expect("waiting sequences exist");
+    let n = seq.num_uncomputed().min(cap).min(budget);
+    if let Err(e) = alloc.ensure_capacity(cache, n) {
+        alloc.free_seq(cache)?;
+        return if is_exhausted(&e) { Ok(None) } else { Err(e) };
+    }
+    seq.cache = Some(cache);
+    Ok(Some(plan(id, seq, n, 0)))
+}
+
+fn plan(id: RequestId, seq: &Sequence, known: usize, drafts: usize) -> ScheduledSeq {
+    let completes = seq.num_computed + known == seq.num_tokens();
+    ScheduledSeq {
+        id,
+        num_tokens: known + drafts,
+        num_draft: drafts,
+        num_logits: if completes { 1 + drafts } else { 0 },
+    }
+}
+
+#[cfg(test)]
+mod tests;

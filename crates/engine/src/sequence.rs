@@ -1,26 +1,24 @@
-//! A request in flight: its tokens, how many of them the cache holds, its RNG stream.
+//! A request in flight: its tokens, how many of them the cache holds, its RNG stream, and
+//! its speculative-decoding state.
 
 use crate::cache::SeqId;
 use crate::request::{FinishReason, OutputSink, Request};
 use crate::sampler::SeqRng;
+use crate::spec::SeqSpec;
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SeqStatus {
-    Waiting,
-    Running,
-}
 
 pub struct Sequence {
     pub request: Request,
     pub output_ids: Vec<u32>,
-    /// Tokens (prompt, then output) whose state is in the cache.
+    /// Tokens (prompt, then output) whose state is in the cache: the one owner of the
+    /// sequence's length. Draft tokens are not counted until accepted.
     pub num_computed: usize,
     /// The cache handle while running; preemption gives it back and recomputes later.
     pub cache: Option<SeqId>,
-    pub status: SeqStatus,
     pub rng: SeqRng,
     pub out: Box<dyn OutputSink>,
+    /// Draft tokens to verify in the next step, the drafter's progress, the policy's view.
+    pub spec: SeqSpec,
     /// First time the scheduler gave it a step (end of its queue time).
     pub first_scheduled: Option<Instant>,
     /// When its first and latest tokens were sampled (TTFT, inter-token latency, TPOT).
@@ -36,9 +34,9 @@ impl Sequence {
             output_ids: Vec::new(),
             num_computed: 0,
             cache: None,
-            status: SeqStatus::Waiting,
             rng,
             out,
+            spec: SeqSpec::default(),
             first_scheduled: None,
             first_token_at: None,
             last_token_at: None,
@@ -65,6 +63,31 @@ impl Sequence {
         self.num_tokens() - self.num_computed
     }
 
+    /// Whether the sequence is decoding (one sampled token to feed, so drafts can follow).
+    pub fn is_decoding(&self) -> bool {
+        self.num_uncomputed() == 1
+    }
+
+    /// Most draft tokens the next step may verify: a step emits up to one more token than
+    /// it accepts, and neither `max_tokens` nor the context may be passed.
+    pub fn max_drafts(&self, max_model_len: usize) -> usize {
+        let by_output = self
+            .request
+            .params
+            .max_tokens
+            .saturating_sub(self.output_ids.len() + 1);
+        let by_context = max_model_len.saturating_sub(self.num_tokens() + 1);
+        by_output.min(by_context)
+    }
+
+    /// Gives up the cache for recompute: everything computed is forgotten (drafts and the
+    /// drafter's state included); returns the handle to free.
+    pub fn preempt(&mut self) -> Option<SeqId> {
+        self.num_computed = 0;
+        self.spec.reset();
+        self.cache.take()
+    }
+
     /// Whether sampling `token` (already appended) ends the request.
     pub fn finish_reason(&self, eos_ids: &[u32], max_model_len: usize) -> Option<FinishReason> {
         let p = &self.request.params;
@@ -80,7 +103,6 @@ impl Sequence {
         None
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

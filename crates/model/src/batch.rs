@@ -18,6 +18,9 @@ pub struct ForwardBatch {
     pub spans: Vec<SeqSpan>,
     /// Flat row indices whose logits are wanted, in output order.
     pub logits_rows: Vec<usize>,
+    /// Per span, the first position its sliding window may reach back to (the MTP block
+    /// restarting its context after a pause); empty: 0 for every span.
+    pub window_floor: Vec<usize>,
 }
 
 impl ForwardBatch {
@@ -40,6 +43,15 @@ impl ForwardBatch {
             }
         }
         b
+    }
+
+    /// Empties the batch, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.spans.clear();
+        self.logits_rows.clear();
+        self.window_floor.clear();
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -27,6 +27,8 @@ pub enum Stream {
 /// Cache state of the sequences of one [`crate::batch::ForwardBatch`]; `seq` is the index
 /// of a span in that batch. Reads happen from several threads at once, hence `Sync`.
 pub trait CacheView: Sync {
+    /// Layers the cache keeps state for: the main layers, then any draft (MTP) layers.
+    fn num_layers(&self) -> usize;
     /// Slots in each window ring (at least the model's sliding window).
     fn window_slots(&self) -> usize;
     /// Slots in the pending-row ring of `layer`'s compressors (at least `coff·m`).

@@ -135,6 +135,8 @@ pub struct ModelWeights {
     pub hc_head_base: Vec<f32>,
     pub hc_head_scale: Vec<f32>,
     pub layers: Vec<LayerWeights>,
+    /// The MTP draft block, when the checkpoint ships one.
+    pub mtp: Option<MtpWeights>,
 }
 
 fn vec1(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
@@ -186,6 +188,217 @@ fn expert(
     })
 }
 
+/// The MTP draft block (spec §7.1): the next token's embedding and the main model's final
+/// streams projected into one set of streams, a full sliding-window decoder block, and its
+/// own hyper head and norm in front of the (shared) head.
+#[derive(Debug)]
+pub struct MtpWeights {
+    pub e_proj: Linear,
+    pub h_proj: Linear,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub hc_head_fn: Linear,
+    pub hc_head_base: Vec<f32>,
+    pub hc_head_scale: Vec<f32>,
+    pub block: LayerWeights,
+    /// The checkpoint's own copy of the embedding when it differs from the main one
+    /// (`mtp.0.emb.tok_emb.weight`); `None`: the main embedding is shared.
+    pub embed: Option<QMatrix>,
+    /// Likewise for the head (`mtp.0.head.weight`).
+    pub head: Option<Linear>,
+}
+
+/// Where a layer's weights come from and what kind of layer it is.
+struct LayerSpec<'a> {
+    prefix: &'a str,
+    kind: AttnKind,
+    mlp: MlpKind,
+    ratio: usize,
+}
+
+fn attention(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    s: &LayerSpec,
+) -> Result<AttentionWeights, CheckpointError> {
+    let (p, d) = (s.prefix, c.hidden_size);
+    let (h, hd) = (c.num_attention_heads, c.head_dim);
+    let compressor_w = match s.kind {
+        AttnKind::Sliding => None,
+        AttnKind::Csa | AttnKind::Hca => Some(compressor(
+            ck,
+            &format!("{p}.attn.compressor"),
+            c,
+            s.ratio,
+            s.kind == AttnKind::Csa,
+            hd,
+        )?),
+    };
+    let indexer = match s.kind {
+        AttnKind::Csa => Some(IndexerWeights {
+            wq_b: Linear::load(
+                ck,
+                &format!("{p}.attn.indexer.wq_b"),
+                c.index_n_heads * c.index_head_dim,
+                c.q_lora_rank,
+            )?,
+            weights_proj: Linear::load(
+                ck,
+                &format!("{p}.attn.indexer.weights_proj"),
+                c.index_n_heads,
+                d,
+            )?,
+            compressor: compressor(
+                ck,
+                &format!("{p}.attn.indexer.compressor"),
+                c,
+                s.ratio,
+                true,
+                c.index_head_dim,
+            )?,
+        }),
+        _ => None,
+    };
+    let kv_norm_name = if ck.contains(&format!("{p}.attn.kv_norm.weight"))
+        || !ck.contains(&format!("{p}.attn.norm.weight"))
+    {
+        format!("{p}.attn.kv_norm.weight")
+    } else {
+        format!("{p}.attn.norm.weight")
+    };
+    Ok(AttentionWeights {
+        kind: s.kind,
+        wq_a: Linear::load(ck, &format!("{p}.attn.wq_a"), c.q_lora_rank, d)?,
+        q_norm: vec1(ck, &format!("{p}.attn.q_norm.weight"), c.q_lora_rank)?,
+        wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
+        wkv: Linear::load(ck, &format!("{p}.attn.wkv"), hd, d)?,
+        kv_norm: vec1(ck, &kv_norm_name, hd)?,
+        sink: vec1(ck, &format!("{p}.attn.attn_sink"), h)?,
+        wo_a: Linear::load(
+            ck,
+            &format!("{p}.attn.wo_a"),
+            c.o_groups * c.o_lora_rank,
+            h * hd / c.o_groups,
+        )?,
+        wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
+        compressor: compressor_w,
+        indexer,
+    })
+}
+
+fn moe_weights(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    s: &LayerSpec,
+) -> Result<MoeWeights, CheckpointError> {
+    let (p, d, e) = (s.prefix, c.hidden_size, c.n_routed_experts);
+    let routing = match s.mlp {
+        MlpKind::Hash => {
+            let ids = ck.tensor_i64(
+                &format!("{p}.ffn.gate.tid2eid"),
+                &[c.vocab_size, c.num_experts_per_tok],
+            )?;
+            let mut table = Vec::with_capacity(ids.len());
+            for v in ids {
+                if v < 0 || v as usize >= e {
+                    return Err(CheckpointError::InvalidValue {
+                        name: format!("{p}.ffn.gate.tid2eid"),
+                        reason: format!("expert id {v} outside 0..{e}"),
+                    });
+                }
+                table.push(v as u32);
+            }
+            Routing::Hash(table)
+        }
+        MlpKind::Scored => Routing::Scored {
+            bias: vec1(ck, &format!("{p}.ffn.gate.bias"), e)?,
+        },
+    };
+    let inter = c.moe_intermediate_size;
+    let experts = (0..e)
+        .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shared = if c.n_shared_experts > 0 {
+        Some(expert(
+            ck,
+            &format!("{p}.ffn.shared_experts"),
+            d,
+            inter * c.n_shared_experts,
+        )?)
+    } else {
+        None
+    };
+    Ok(MoeWeights {
+        gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?,
+        routing,
+        experts,
+        shared,
+    })
+}
+
+/// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`).
+fn layer(ck: &Checkpoint, c: &ModelConfig, s: &LayerSpec) -> Result<LayerWeights, CheckpointError> {
+    let (p, d) = (s.prefix, c.hidden_size);
+    Ok(LayerWeights {
+        attn_norm: vec1(ck, &format!("{p}.attn_norm.weight"), d)?,
+        ffn_norm: vec1(ck, &format!("{p}.ffn_norm.weight"), d)?,
+        hc_attn: hyper(ck, &format!("{p}.hc_attn"), c)?,
+        hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
+        attn: attention(ck, c, s)?,
+        ffn: moe_weights(ck, c, s)?,
+    })
+}
+
+/// The MTP block when the config announces one and the checkpoint carries it; `None`
+/// otherwise (a checkpoint without `mtp.*` still serves, it just cannot draft).
+fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, CheckpointError> {
+    const P: &str = "mtp.0";
+    if c.num_nextn_predict_layers == 0 || !ck.contains(&format!("{P}.e_proj.weight")) {
+        return Ok(None);
+    }
+    let (d, hc) = (c.hidden_size, c.hc_mult);
+    let spec = LayerSpec {
+        prefix: P,
+        kind: AttnKind::Sliding,
+        mlp: MlpKind::Scored,
+        ratio: 0,
+    };
+    // Some checkpoints carry copies of the embedding and head under the MTP's prefix; the
+    // reference shares the main ones, so a copy is only kept when it differs.
+    let differs = |name: &str, main: &str| -> Result<bool, CheckpointError> {
+        if !ck.contains(name) || ck.same_stored_tensor(name, main)? {
+            return Ok(false);
+        }
+        tracing::info!("{name} differs from {main}: the MTP block uses its own copy");
+        Ok(true)
+    };
+    const EMBED: &str = "mtp.0.emb.tok_emb.weight";
+    let embed = match differs(EMBED, "embed.weight")? {
+        true => Some(ck.matrix(EMBED, &[c.vocab_size, d])?),
+        false => None,
+    };
+    let head = match differs("mtp.0.head.weight", "head.weight")? {
+        true => Some(Linear::load(ck, "mtp.0.head", c.vocab_size, d)?),
+        false => None,
+    };
+    Ok(Some(MtpWeights {
+        e_proj: Linear::load(ck, &format!("{P}.e_proj"), d, d)?,
+        h_proj: Linear::load(ck, &format!("{P}.h_proj"), d, d)?,
+        enorm: vec1(ck, &format!("{P}.enorm.weight"), d)?,
+        hnorm: vec1(ck, &format!("{P}.hnorm.weight"), d)?,
+        norm: vec1(ck, &format!("{P}.norm.weight"), d)?,
+        hc_head_fn: Linear {
+            w: ck.matrix(&format!("{P}.hc_head_fn"), &[hc, hc * d])?,
+        },
+        hc_head_base: vec1(ck, &format!("{P}.hc_head_base"), hc)?,
+        hc_head_scale: vec1(ck, &format!("{P}.hc_head_scale"), 1)?,
+        block: layer(ck, c, &spec)?,
+        embed,
+        head,
+    }))
+}
+
 impl ModelWeights {
     /// Loads every tensor the forward pass needs, checking each shape against `c`.
     pub fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
@@ -193,141 +406,25 @@ impl ModelWeights {
     }
 
     /// Like [`Self::load`], calling `progress(done, total)` after each of the `total` steps
-    /// (one per layer, then the embedding and head): a real checkpoint takes minutes to
-    /// load, and a progress bar tells an operator it is moving.
+    /// (one per layer, then the embedding, head and MTP block): a real checkpoint takes
+    /// minutes to load, and a progress bar tells an operator it is moving.
     pub fn load_with_progress(
         ck: &Checkpoint,
         c: &ModelConfig,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CheckpointError> {
         let total = c.num_hidden_layers + 1;
-        let d = c.hidden_size;
-        let hc = c.hc_mult;
+        let (d, hc) = (c.hidden_size, c.hc_mult);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            let p = format!("layers.{l}");
-            let kind = c.layer_types[l];
-            let (h, hd) = (c.num_attention_heads, c.head_dim);
-            let ratio = c.compress_ratio(l);
-            let compressor_w = match kind {
-                AttnKind::Sliding => None,
-                AttnKind::Csa => Some(compressor(
-                    ck,
-                    &format!("{p}.attn.compressor"),
-                    c,
-                    ratio,
-                    true,
-                    hd,
-                )?),
-                AttnKind::Hca => Some(compressor(
-                    ck,
-                    &format!("{p}.attn.compressor"),
-                    c,
-                    ratio,
-                    false,
-                    hd,
-                )?),
+            let prefix = format!("layers.{l}");
+            let spec = LayerSpec {
+                prefix: &prefix,
+                kind: c.layer_types[l],
+                mlp: c.mlp_layer_types[l],
+                ratio: c.compress_ratio(l),
             };
-            let indexer = match kind {
-                AttnKind::Csa => Some(IndexerWeights {
-                    wq_b: Linear::load(
-                        ck,
-                        &format!("{p}.attn.indexer.wq_b"),
-                        c.index_n_heads * c.index_head_dim,
-                        c.q_lora_rank,
-                    )?,
-                    weights_proj: Linear::load(
-                        ck,
-                        &format!("{p}.attn.indexer.weights_proj"),
-                        c.index_n_heads,
-                        d,
-                    )?,
-                    compressor: compressor(
-                        ck,
-                        &format!("{p}.attn.indexer.compressor"),
-                        c,
-                        ratio,
-                        true,
-                        c.index_head_dim,
-                    )?,
-                }),
-                _ => None,
-            };
-            let kv_norm_name = if ck.contains(&format!("{p}.attn.kv_norm.weight"))
-                || !ck.contains(&format!("{p}.attn.norm.weight"))
-            {
-                format!("{p}.attn.kv_norm.weight")
-            } else {
-                format!("{p}.attn.norm.weight")
-            };
-            let attn = AttentionWeights {
-                kind,
-                wq_a: Linear::load(ck, &format!("{p}.attn.wq_a"), c.q_lora_rank, d)?,
-                q_norm: vec1(ck, &format!("{p}.attn.q_norm.weight"), c.q_lora_rank)?,
-                wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
-                wkv: Linear::load(ck, &format!("{p}.attn.wkv"), hd, d)?,
-                kv_norm: vec1(ck, &kv_norm_name, hd)?,
-                sink: vec1(ck, &format!("{p}.attn.attn_sink"), h)?,
-                wo_a: Linear::load(
-                    ck,
-                    &format!("{p}.attn.wo_a"),
-                    c.o_groups * c.o_lora_rank,
-                    h * hd / c.o_groups,
-                )?,
-                wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
-                compressor: compressor_w,
-                indexer,
-            };
-            let e = c.n_routed_experts;
-            let routing = match c.mlp_layer_types[l] {
-                MlpKind::Hash => {
-                    let ids = ck.tensor_i64(
-                        &format!("{p}.ffn.gate.tid2eid"),
-                        &[c.vocab_size, c.num_experts_per_tok],
-                    )?;
-                    let mut table = Vec::with_capacity(ids.len());
-                    for v in ids {
-                        if v < 0 || v as usize >= e {
-                            return Err(CheckpointError::InvalidValue {
-                                name: format!("{p}.ffn.gate.tid2eid"),
-                                reason: format!("expert id {v} outside 0..{e}"),
-                            });
-                        }
-                        table.push(v as u32);
-                    }
-                    Routing::Hash(table)
-                }
-                MlpKind::Scored => Routing::Scored {
-                    bias: vec1(ck, &format!("{p}.ffn.gate.bias"), e)?,
-                },
-            };
-            let inter = c.moe_intermediate_size;
-            let experts = (0..e)
-                .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
-                .collect::<Result<Vec<_>, _>>()?;
-            let shared = if c.n_shared_experts > 0 {
-                Some(expert(
-                    ck,
-                    &format!("{p}.ffn.shared_experts"),
-                    d,
-                    inter * c.n_shared_experts,
-                )?)
-            } else {
-                None
-            };
-            layers.push(LayerWeights {
-                attn_norm: vec1(ck, &format!("{p}.attn_norm.weight"), d)?,
-                ffn_norm: vec1(ck, &format!("{p}.ffn_norm.weight"), d)?,
-                hc_attn: hyper(ck, &format!("{p}.hc_attn"), c)?,
-                hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
-                attn,
-                ffn: MoeWeights {
-                    gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?,
-                    routing,
-                    experts,
-                    shared,
-                },
-            });
+            layers.push(layer(ck, c, &spec)?);
             progress(l + 1, total);
         }
         let weights = Self {
@@ -340,6 +437,7 @@ impl ModelWeights {
             hc_head_base: vec1(ck, "hc_head_base", hc)?,
             hc_head_scale: vec1(ck, "hc_head_scale", 1)?,
             layers,
+            mtp: mtp(ck, c)?,
         };
         progress(total, total);
         Ok(weights)

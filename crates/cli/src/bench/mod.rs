@@ -8,12 +8,13 @@ use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use deepinfer_engine::engine;
+use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_engine::spec::config::MAX_SPECULATIVE_TOKENS;
+use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
 use deepinfer_model::v4::Model;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
@@ -126,15 +127,44 @@ struct Report {
     itl_ms: Stats,
     e2el_ms: Stats,
     engine_steps: u64,
+    /// Tokens each forward step computed (prefill, decode and draft tokens).
     tokens_per_step: f64,
+    /// Output tokens per engine step, all sequences together.
+    output_tokens_per_step: f64,
     preemptions: u64,
+    speculative: Option<SpecReport>,
+}
+
+/// vLLM's speculative-decoding figures.
+#[derive(Serialize)]
+struct SpecReport {
+    /// Verify rounds (a sequence's drafts checked in one step).
+    drafts: u64,
+    draft_tokens: u64,
+    accepted_tokens: u64,
+    acceptance_rate: f64,
+    /// Tokens a verify round emits on average: accepted drafts plus the target's own.
+    acceptance_length: f64,
+    per_position_acceptance: Vec<f64>,
 }
 
 struct Timing {
     ttft: f64,
     itls: Vec<f64>,
     e2e: f64,
-    tokens: usize,
+    tokens: Vec<u32>,
+}
+
+/// What the engine counted during a run, and how long the run took.
+struct EngineCounts {
+    duration_s: f64,
+    steps: u64,
+    batched_tokens: f64,
+    preemptions: u64,
+    drafts: u64,
+    draft_tokens: u64,
+    accepted: u64,
+    accepted_per_pos: Vec<u64>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -153,16 +183,62 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let Some(dir) = &args.model else {
         anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");
     };
-    let model = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let mut model = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
     let prompts = random_prompts(
         args.num_prompts,
         args.input_len,
         model.config.vocab_size,
         args.seed,
     );
-    let config = args.engine.config(&model.config, "deepinfer");
+    let mut config = args.engine.bench_config(&model.config, "deepinfer")?;
+    let replay = matches!(
+        config.speculative,
+        Some(SpeculativeConfig {
+            method: SpecMethod::Replay { .. },
+            ..
+        })
+    );
+    if replay {
+        // The replay drafter proposes what a plain run produced: make that run first.
+        eprintln!("replay drafter: a plain run first, for the tokens to replay");
+        let plain = EngineConfig {
+            speculative: None,
+            ..config.clone()
+        };
+        let (timings, _, back) = workload(model, plain, &prompts, &args)?;
+        model = back;
+        if let Some(SpeculativeConfig {
+            method: SpecMethod::Replay { script, .. },
+            ..
+        }) = &mut config.speculative
+        {
+            *script = prompts
+                .iter()
+                .cloned()
+                .zip(timings.into_iter().map(|t| t.tokens))
+                .collect();
+        }
+    }
+    let (timings, counts, _) = workload(model, config, &prompts, &args)?;
+    let report = Report::new(&args, &timings, &counts);
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs every prompt through an engine (arrivals as `--request-rate` says) and returns each
+/// request's timings, the engine's counts, and the model back.
+fn workload(
+    model: Model,
+    config: EngineConfig,
+    prompts: &[Vec<u32>],
+    args: &BenchArgs,
+) -> Result<(Vec<Timing>, EngineCounts, Model)> {
     let (handle, join) = engine::start(model, config)?;
-    let bar = indicatif::ProgressBar::new(args.num_prompts as u64);
+    let bar = indicatif::ProgressBar::new(prompts.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {elapsed_precise}")
             .expect("valid template"),
@@ -190,25 +266,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
             std::thread::sleep(Duration::from_secs_f64(-u.ln() / rate));
         }
         let submitted = Instant::now();
-        let (_, rx) = handle.add_request(p, params.clone())?;
+        let (_, rx) = handle.add_request(p.clone(), params.clone())?;
         let bar = bar.clone();
         workers.push(std::thread::spawn(move || {
             let mut t = Timing {
                 ttft: 0.0,
                 itls: Vec::new(),
                 e2e: 0.0,
-                tokens: 0,
+                tokens: Vec::new(),
             };
             let mut last = submitted;
             for delta in rx {
                 let now = Instant::now();
                 if !delta.new_token_ids.is_empty() {
-                    if t.tokens == 0 {
+                    if t.tokens.is_empty() {
                         t.ttft = (now - submitted).as_secs_f64();
                     } else {
                         t.itls.push((now - last).as_secs_f64());
                     }
-                    t.tokens += delta.new_token_ids.len();
+                    t.tokens.extend(delta.new_token_ids);
                     last = now;
                 }
                 if delta.finish_reason.is_some() {
@@ -223,50 +299,82 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .into_iter()
         .map(|w| w.join().expect("worker"))
         .collect();
-    let duration = start.elapsed().as_secs_f64();
+    let duration_s = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let steps = handle.stats.steps.load(Ordering::Relaxed);
-    let batched = handle.stats.batched_tokens.load(Ordering::Relaxed);
-    let preemptions = handle.stats.preemptions.load(Ordering::Relaxed);
-    handle.shutdown();
-    join.join()
-        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
-
-    let total_in = args.num_prompts * args.input_len;
-    let total_out: usize = timings.iter().map(|t| t.tokens).sum();
-    let report = Report {
-        completed: timings.len(),
-        duration_s: duration,
-        total_input_tokens: total_in,
-        total_output_tokens: total_out,
-        request_throughput: timings.len() as f64 / duration,
-        output_throughput: total_out as f64 / duration,
-        total_token_throughput: (total_in + total_out) as f64 / duration,
-        ttft_ms: stats_ms(timings.iter().map(|t| t.ttft).collect()),
-        tpot_ms: stats_ms(
-            timings
-                .iter()
-                .filter(|t| t.tokens > 1)
-                .map(|t| (t.e2e - t.ttft) / (t.tokens - 1) as f64)
-                .collect(),
-        ),
-        itl_ms: stats_ms(
-            timings
-                .iter()
-                .flat_map(|t| t.itls.iter().copied())
-                .collect(),
-        ),
-        e2el_ms: stats_ms(timings.iter().map(|t| t.e2e).collect()),
-        engine_steps: steps,
-        tokens_per_step: batched as f64 / steps.max(1) as f64,
-        preemptions,
+    let m = &handle.metrics;
+    let counts = EngineCounts {
+        duration_s,
+        steps: m.iteration_tokens.get_sample_count(),
+        batched_tokens: m.iteration_tokens.get_sample_sum(),
+        preemptions: m.num_preemptions.get(),
+        drafts: m.spec_decode_num_drafts.get(),
+        draft_tokens: m.spec_decode_num_draft_tokens.get(),
+        accepted: m.spec_decode_num_accepted_tokens.get(),
+        accepted_per_pos: (0..MAX_SPECULATIVE_TOKENS)
+            .map(|p| m.spec_decode_accepted_at(p))
+            .collect(),
     };
-    print_report(&report);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    handle.shutdown();
+    let core = join
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+    Ok((timings, counts, core.into_model()))
+}
+
+impl Report {
+    fn new(args: &BenchArgs, timings: &[Timing], c: &EngineCounts) -> Self {
+        let duration = c.duration_s;
+        let total_in = args.num_prompts * args.input_len;
+        let total_out: usize = timings.iter().map(|t| t.tokens.len()).sum();
+        let spec = (c.drafts > 0).then(|| {
+            let drafts = c.drafts as f64;
+            let positions = c
+                .accepted_per_pos
+                .iter()
+                .rposition(|&a| a > 0)
+                .map_or(0, |p| p + 1);
+            SpecReport {
+                drafts: c.drafts,
+                draft_tokens: c.draft_tokens,
+                accepted_tokens: c.accepted,
+                acceptance_rate: c.accepted as f64 / c.draft_tokens.max(1) as f64,
+                acceptance_length: 1.0 + c.accepted as f64 / drafts,
+                per_position_acceptance: c.accepted_per_pos[..positions]
+                    .iter()
+                    .map(|&a| a as f64 / drafts)
+                    .collect(),
+            }
+        });
+        Report {
+            completed: timings.len(),
+            duration_s: duration,
+            total_input_tokens: total_in,
+            total_output_tokens: total_out,
+            request_throughput: timings.len() as f64 / duration,
+            output_throughput: total_out as f64 / duration,
+            total_token_throughput: (total_in + total_out) as f64 / duration,
+            ttft_ms: stats_ms(timings.iter().map(|t| t.ttft).collect()),
+            tpot_ms: stats_ms(
+                timings
+                    .iter()
+                    .filter(|t| t.tokens.len() > 1)
+                    .map(|t| (t.e2e - t.ttft) / (t.tokens.len() - 1) as f64)
+                    .collect(),
+            ),
+            itl_ms: stats_ms(
+                timings
+                    .iter()
+                    .flat_map(|t| t.itls.iter().copied())
+                    .collect(),
+            ),
+            e2el_ms: stats_ms(timings.iter().map(|t| t.e2e).collect()),
+            engine_steps: c.steps,
+            tokens_per_step: c.batched_tokens / c.steps.max(1) as f64,
+            output_tokens_per_step: total_out as f64 / c.steps.max(1) as f64,
+            preemptions: c.preemptions,
+            speculative: spec,
+        }
     }
-    Ok(())
 }
 
 fn print_report(r: &Report) {
@@ -307,6 +415,25 @@ fn print_report(r: &Report) {
     println!("{:-^50}", "Engine");
     line("Engine steps:", r.engine_steps.to_string());
     line("Tokens per step:", format!("{:.2}", r.tokens_per_step));
+    line(
+        "Output tokens per step:",
+        format!("{:.2}", r.output_tokens_per_step),
+    );
     line("Preemptions:", r.preemptions.to_string());
+    if let Some(sp) = &r.speculative {
+        println!("{:-^50}", "Speculative Decoding");
+        line(
+            "Acceptance rate (%):",
+            format!("{:.2}", 100.0 * sp.acceptance_rate),
+        );
+        line("Acceptance length:", format!("{:.2}", sp.acceptance_length));
+        line("Drafts:", sp.drafts.to_string());
+        line("Draft tokens:", sp.draft_tokens.to_string());
+        line("Accepted tokens:", sp.accepted_tokens.to_string());
+        println!("Per-position acceptance rate (%):");
+        for (p, a) in sp.per_position_acceptance.iter().enumerate() {
+            line(&format!("  position {p}:"), format!("{:.2}", 100.0 * a));
+        }
+    }
     println!("{}", "=".repeat(50));
 }

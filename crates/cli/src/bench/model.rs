@@ -10,7 +10,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, SeqId};
+use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::cpu::isa;
 use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
@@ -125,15 +125,27 @@ fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn prefill(runner: &mut ModelRunner, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
-    for part in ids.chunks(chunk.max(1)) {
-        runner.step(&[SeqWork {
-            seq,
-            tokens: part,
-            all_logits: false,
-        }])?;
+/// The model and its cache, driven directly (no scheduler).
+struct Bench {
+    runner: ModelRunner,
+    cache: CacheManager,
+}
+
+impl Bench {
+    /// Feeds `ids` to a fresh sequence in chunks of `chunk` tokens.
+    fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
+        self.cache.ensure_capacity(seq, ids.len())?;
+        for (i, part) in ids.chunks(chunk.max(1)).enumerate() {
+            let work = SeqWork {
+                seq,
+                start: i * chunk.max(1),
+                tokens: part,
+                num_logits: 1,
+            };
+            self.runner.step(&mut self.cache, &[work])?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Prints one step's time per op kind (it must have run with profiling on), and for the
@@ -197,14 +209,17 @@ fn bench(args: ModelArgs) -> Result<()> {
     );
     let vocab = model.config.vocab_size;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
-    let max_len = (args.context + 1).max(args.prompt.iter().copied().max().unwrap_or(0) + 1);
     let cache = CacheConfig {
         budget: CacheBudget::Bytes(2 << 30),
         max_seqs: max_batch.max(1),
         rollback_slack: 1,
         block_entries: 16,
+        draft_layers: 0,
     };
-    let mut runner = ModelRunner::new(model, cache)?;
+    let mut bench = Bench {
+        cache: CacheManager::new(&model.config, cache)?,
+        runner: ModelRunner::new(model),
+    };
     let reps = args.reps.max(1);
     let r0 = roofs(threads);
     println!(
@@ -235,11 +250,10 @@ fn bench(args: ModelArgs) -> Result<()> {
     );
     for &b in &args.batch {
         let seqs: Vec<SeqId> = (0..b)
-            .map(|_| runner.add_sequence())
+            .map(|_| bench.cache.add_seq())
             .collect::<Result<_, _>>()?;
         for (i, &s) in seqs.iter().enumerate() {
-            runner.reserve(s, max_len)?;
-            prefill(&mut runner, s, &tokens(args.context, vocab, i), 512)?;
+            bench.prefill(s, &tokens(args.context, vocab, i), 512)?;
         }
         let next: Vec<Vec<u32>> = (0..b).map(|i| tokens(1, vocab, 1000 + i)).collect();
         let work: Vec<SeqWork> = seqs
@@ -247,29 +261,33 @@ fn bench(args: ModelArgs) -> Result<()> {
             .zip(&next)
             .map(|(&seq, t)| SeqWork {
                 seq,
+                start: args.context,
                 tokens: t,
-                all_logits: false,
+                num_logits: 1,
             })
             .collect();
-        let step = |runner: &mut ModelRunner| -> Result<(f64, Snapshot)> {
+        let step = |bench: &mut Bench| -> Result<(f64, Snapshot)> {
+            for &s in &seqs {
+                bench.cache.ensure_capacity(s, args.context + 1)?;
+            }
             let before = Snapshot::now();
             let t = Instant::now();
-            runner.step(&work)?;
+            bench.runner.step(&mut bench.cache, &work)?;
             let secs = t.elapsed().as_secs_f64();
             let d = Snapshot::now().since(&before);
             for &s in &seqs {
-                runner.truncate(s, args.context)?;
+                bench.cache.truncate(s, args.context)?;
             }
             Ok((secs, d))
         };
-        let (_, counters) = step(&mut runner)?; // warm-up: the workspace grows once
+        let (_, counters) = step(&mut bench)?; // warm-up: the workspace grows once
         let bytes = counters.weight_bytes + counters.cache_bytes;
         let flops = counters.flops as f64;
         let (mut times, mut bw_pct, mut fma_pct, mut bound_pct) = (vec![], vec![], vec![], vec![]);
         let (mut bws, mut fmas) = (vec![], vec![]);
         for _ in 0..reps {
             let r = quick_roofs(threads);
-            let (secs, _) = step(&mut runner)?;
+            let (secs, _) = step(&mut bench)?;
             let (t_bw, t_fma) = (
                 bytes as f64 / (r.read_gbs * 1e9),
                 flops / (r.fma_gflops * 1e9),
@@ -322,7 +340,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             profile::set_enabled(true);
             let before = Snapshot::now();
             for _ in 0..reps {
-                step(&mut runner)?;
+                step(&mut bench)?;
             }
             profile::set_enabled(false);
             print_profile(
@@ -333,7 +351,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             );
         }
         for s in seqs {
-            runner.free(s)?;
+            bench.cache.free_seq(s)?;
         }
     }
 
@@ -345,22 +363,22 @@ fn bench(args: ModelArgs) -> Result<()> {
     );
     for &p in &args.prompt {
         let ids = tokens(p, vocab, 7);
-        let once = |runner: &mut ModelRunner| -> Result<(f64, Snapshot)> {
-            let seq = runner.add_sequence()?;
-            runner.reserve(seq, p)?;
+        let once = |bench: &mut Bench| -> Result<(f64, Snapshot)> {
+            let seq = bench.cache.add_seq()?;
+            bench.cache.ensure_capacity(seq, p)?;
             let before = Snapshot::now();
             let t = Instant::now();
-            prefill(runner, seq, &ids, p)?;
+            bench.prefill(seq, &ids, p)?;
             let secs = t.elapsed().as_secs_f64();
             let d = Snapshot::now().since(&before);
-            runner.free(seq)?;
+            bench.cache.free_seq(seq)?;
             Ok((secs, d))
         };
-        let (_, counters) = once(&mut runner)?;
+        let (_, counters) = once(&mut bench)?;
         let (mut times, mut pct, mut fmas) = (vec![], vec![], vec![]);
         for _ in 0..reps {
             let peak = fma_peak(threads, 1);
-            let (secs, _) = once(&mut runner)?;
+            let (secs, _) = once(&mut bench)?;
             times.push(secs);
             pct.push(100.0 * counters.flops as f64 / secs / 1e9 / peak);
             fmas.push(peak);
@@ -369,7 +387,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         let peak = median(fmas);
         // One profiled repetition for the matrix products' own share of the time.
         profile::set_enabled(true);
-        let (_, prof) = once(&mut runner)?;
+        let (_, prof) = once(&mut bench)?;
         profile::set_enabled(false);
         let mm_ns: u64 = [Op::MatmulF32, Op::MatmulBf16, Op::MatmulFp8, Op::MatmulFp4]
             .iter()

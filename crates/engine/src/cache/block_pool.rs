@@ -95,6 +95,10 @@ impl BlockPool {
         }
     }
 
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
     pub fn data_mut(&mut self) -> &mut [f32] {
         &mut self.data
     }

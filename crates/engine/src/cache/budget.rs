@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn split_is_proportional_and_within_budget() {
-        let layout = CacheLayout::new(&tiny_config(), 0, 8).unwrap();
+        let layout = CacheLayout::new(&tiny_config(), 0, 8, 0).unwrap();
         // Per token: csa 2·96/4 = 48, hca 96/8 = 12, indexer 2·64/4 = 32 floats (92 in all).
         // Block bytes: csa 6144 (32 tokens), hca 3072 (64 tokens), indexer 4096 (32 tokens).
         let min: usize = layout.pools.iter().map(|p| p.block_bytes()).sum();
@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn too_small_names_the_numbers() {
-        let layout = CacheLayout::new(&tiny_config(), 0, 8).unwrap();
+        let layout = CacheLayout::new(&tiny_config(), 0, 8, 0).unwrap();
         let slot = layout.slot_bytes();
         let e = split(&layout, 2 * slot, 2).unwrap_err();
         assert_eq!(

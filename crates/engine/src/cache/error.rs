@@ -37,4 +37,20 @@ pub enum CacheError {
     UnknownSeq(SeqId),
     #[error("sequence {0} appears more than once in one batch")]
     DuplicateSeq(SeqId),
+    #[error("cannot truncate sequence {seq} to {to} tokens: only {capacity} are reserved")]
+    TruncateBeyondCapacity {
+        seq: SeqId,
+        to: usize,
+        capacity: usize,
+    },
+    #[error(
+        "cannot truncate sequence {seq} to {to} tokens: it has reserved up to {high_water}, and \
+         the rings keep only {slack} tokens of rollback history"
+    )]
+    TruncateTooFar {
+        seq: SeqId,
+        to: usize,
+        high_water: usize,
+        slack: usize,
+    },
 }

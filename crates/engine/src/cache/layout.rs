@@ -145,11 +145,14 @@ pub const HCA_ENTRIES: &str = "hca_entries";
 pub const INDEXER_KEYS: &str = "indexer_keys";
 
 impl CacheLayout {
-    /// Layout for the decoder layers of `cfg` (`cfg.layer_types`).
+    /// Layout for the decoder layers of `cfg` (`cfg.layer_types`), then `draft_layers`
+    /// sliding-window layers for a draft model (the MTP block), which keep only a window
+    /// ring.
     pub fn new(
         cfg: &ModelConfig,
         rollback_slack: usize,
         block_entries: usize,
+        draft_layers: usize,
     ) -> Result<Self, CacheError> {
         if block_entries == 0 {
             return Err(CacheError::InvalidConfig {
@@ -172,7 +175,8 @@ impl CacheLayout {
         };
         let mut members = [Vec::new(), Vec::new(), Vec::new()]; // csa, hca, indexer
         let mut layers = Vec::with_capacity(cfg.layer_types.len());
-        for (layer, &kind) in cfg.layer_types.iter().enumerate() {
+        let draft = std::iter::repeat_n(AttnKind::Sliding, draft_layers);
+        for (layer, kind) in cfg.layer_types.iter().copied().chain(draft).enumerate() {
             let window = ring(window_slots, hd);
             let (ratio, coff) = match kind {
                 AttnKind::Sliding => (0, 0),
@@ -278,7 +282,7 @@ mod tests {
     fn tiny_sizes() {
         // tiny-a: [sliding, csa, hca, csa], csa m=4, hca m=8, head_dim 96, index_head_dim 64,
         // sliding_window 8.
-        let l = CacheLayout::new(&tiny_config(), 2, 8).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 2, 8, 0).unwrap();
         assert_eq!(l.window_slots, 10);
         let pend: Vec<usize> = l.layers.iter().map(LayerLayout::pending_slots).collect();
         assert_eq!(pend, [0, 2 * 4 + 2, 8 + 2, 2 * 4 + 2]);
@@ -320,8 +324,22 @@ mod tests {
     }
 
     #[test]
+    fn draft_layers_add_a_window_ring_each() {
+        let main = CacheLayout::new(&tiny_config(), 2, 8, 0).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 2, 8, 1).unwrap();
+        assert_eq!(l.layers.len(), 5);
+        let mtp = &l.layers[4];
+        assert_eq!(mtp.kind, AttnKind::Sliding);
+        assert_eq!(mtp.window.offset, main.slot_floats);
+        assert_eq!(mtp.window.floats(), 10 * 96);
+        assert_eq!((mtp.attn_pending, mtp.attn_entries), (None, None));
+        assert_eq!(l.slot_floats, main.slot_floats + 10 * 96);
+        assert_eq!(l.pools, main.pools, "draft layers have no paged state");
+    }
+
+    #[test]
     fn rings_tile_the_slot() {
-        let l = CacheLayout::new(&tiny_config(), 3, 4).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 3, 4, 0).unwrap();
         let mut rings: Vec<Ring> = l
             .layers
             .iter()
@@ -341,19 +359,19 @@ mod tests {
     fn empty_groups_have_no_pool() {
         let mut cfg = tiny_config();
         cfg.layer_types = vec![AttnKind::Sliding, AttnKind::Hca];
-        let l = CacheLayout::new(&cfg, 0, 4).unwrap();
+        let l = CacheLayout::new(&cfg, 0, 4, 0).unwrap();
         assert_eq!(l.pools.len(), 1);
         assert_eq!(l.pools[0].name, HCA_ENTRIES);
         assert_eq!(
             l.layers[1].attn_entries,
             Some(EntryPlace { pool: 0, member: 0 })
         );
-        assert!(CacheLayout::new(&cfg, 0, 0).is_err());
+        assert!(CacheLayout::new(&cfg, 0, 0, 0).is_err());
     }
 
     #[test]
     fn entry_range_follows_table() {
-        let l = CacheLayout::new(&tiny_config(), 0, 4).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 0, 4, 0).unwrap();
         let p = &l.pools[0]; // 2 layers × 4 entries × 96
         let table = [5, 2];
         assert_eq!(p.entry_range(&table, 0, 0), 5 * 768..5 * 768 + 96);

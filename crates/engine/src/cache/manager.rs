@@ -8,7 +8,7 @@ use deepinfer_model::config::ModelConfig;
 use super::block_pool::{BlockPool, BlockTable};
 use super::budget::{split, CacheBudget};
 use super::layout::CacheLayout;
-use super::view::{BatchView, SeqRef};
+use super::view::BatchView;
 use super::CacheError;
 
 /// How big the cache is and what it must allow.
@@ -22,12 +22,22 @@ pub struct CacheConfig {
     pub rollback_slack: usize,
     /// Compressed entries per block (per member layer).
     pub block_entries: usize,
+    /// Window-only layers of a draft model (the MTP block) kept after the main layers.
+    pub draft_layers: usize,
 }
 
 /// A sequence's handle. Never reused, so a stale handle is reported, not confused with a
 /// newer sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(u64);
+
+impl SeqId {
+    /// A handle no manager gave out (for fake allocators in tests).
+    #[cfg(test)]
+    pub(crate) fn fake(n: u64) -> Self {
+        Self(n)
+    }
+}
 
 impl fmt::Display for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -51,7 +61,9 @@ struct SeqState {
     slot: usize,
     /// Tokens reserved; every table has exactly `blocks_for(capacity)` blocks.
     capacity: usize,
-    tables: Vec<BlockTable>,
+    /// The most tokens ever reserved: the rings may hold rows up to here (only what is
+    /// reserved is written), which bounds how far back a truncation may go.
+    high_water: usize,
 }
 
 /// All cache memory of the engine: `max_seqs` state slots and one paged pool per group of
@@ -63,6 +75,11 @@ pub struct CacheManager {
     free_slots: Vec<usize>,
     pools: Vec<BlockPool>,
     seqs: HashMap<SeqId, SeqState>,
+    /// Block tables by state slot, one per pool: kept for the slot's next sequence, so
+    /// admitting one allocates nothing.
+    slot_tables: Vec<Vec<BlockTable>>,
+    /// `(slot, capacity)` of the sequences of the last view, reused.
+    batch: Vec<(usize, usize)>,
     next_id: u64,
 }
 
@@ -76,7 +93,12 @@ impl CacheManager {
                 reason: "the cache must hold at least one sequence",
             });
         }
-        let layout = CacheLayout::new(cfg, cache.rollback_slack, cache.block_entries)?;
+        let layout = CacheLayout::new(
+            cfg,
+            cache.rollback_slack,
+            cache.block_entries,
+            cache.draft_layers,
+        )?;
         let budget = cache.budget.resolve()?;
         if budget > isize::MAX as usize {
             return Err(CacheError::InvalidConfig {
@@ -97,8 +119,10 @@ impl CacheManager {
             free_slots: (0..cache.max_seqs).rev().collect(),
             max_seqs: cache.max_seqs,
             layout,
+            slot_tables: vec![vec![BlockTable::default(); pools.len()]; cache.max_seqs],
             pools,
             seqs: HashMap::new(),
+            batch: Vec::new(),
             next_id: 0,
         };
         for u in this.usage() {
@@ -148,13 +172,12 @@ impl CacheManager {
         })?;
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        let tables = vec![BlockTable::default(); self.pools.len()];
         self.seqs.insert(
             id,
             SeqState {
                 slot,
                 capacity: 0,
-                tables,
+                high_water: 0,
             },
         );
         Ok(id)
@@ -176,29 +199,47 @@ impl CacheManager {
         if tokens <= s.capacity {
             return Ok(());
         }
+        let tables = &mut self.slot_tables[s.slot];
         for i in 0..self.pools.len() {
             let want = self.layout.pools[i].blocks_for(tokens);
-            if let Err(e) = self.pools[i].grow(&mut s.tables[i], want) {
-                for j in 0..i {
+            if let Err(e) = self.pools[i].grow(&mut tables[i], want) {
+                for (j, table) in tables.iter_mut().enumerate().take(i) {
                     let had = self.layout.pools[j].blocks_for(s.capacity);
-                    self.pools[j].shrink(&mut s.tables[j], had);
+                    self.pools[j].shrink(table, had);
                 }
                 return Err(e);
             }
         }
         s.capacity = tokens;
+        s.high_water = s.high_water.max(tokens);
         Ok(())
     }
 
-    /// Lowers `seq`'s capacity to `tokens` (no-op if it is not above) and releases the
-    /// blocks no longer needed. Data is not touched.
+    /// Shortens `seq` to `tokens` (rejected draft tokens, a rollback) and releases the
+    /// blocks no longer needed. Data is not touched: the next step rewrites every row past
+    /// `tokens` before anything reads it, which holds only while the rings still keep the
+    /// rows below: at most `rollback_slack` tokens under the furthest ever reserved.
     pub fn truncate(&mut self, seq: SeqId, tokens: usize) -> Result<(), CacheError> {
+        let slack = self.layout.rollback_slack;
         let s = self.seqs.get_mut(&seq).ok_or(CacheError::UnknownSeq(seq))?;
-        if tokens >= s.capacity {
-            return Ok(());
+        if tokens > s.capacity {
+            return Err(CacheError::TruncateBeyondCapacity {
+                seq,
+                to: tokens,
+                capacity: s.capacity,
+            });
         }
+        if s.high_water - tokens > slack {
+            return Err(CacheError::TruncateTooFar {
+                seq,
+                to: tokens,
+                high_water: s.high_water,
+                slack,
+            });
+        }
+        let tables = &mut self.slot_tables[s.slot];
         for (i, pool) in self.pools.iter_mut().enumerate() {
-            pool.shrink(&mut s.tables[i], self.layout.pools[i].blocks_for(tokens));
+            pool.shrink(&mut tables[i], self.layout.pools[i].blocks_for(tokens));
         }
         s.capacity = tokens;
         Ok(())
@@ -206,8 +247,8 @@ impl CacheManager {
 
     /// Returns `seq`'s state slot and all its blocks.
     pub fn free_seq(&mut self, seq: SeqId) -> Result<(), CacheError> {
-        let mut s = self.seqs.remove(&seq).ok_or(CacheError::UnknownSeq(seq))?;
-        for (pool, table) in self.pools.iter_mut().zip(&mut s.tables) {
+        let s = self.seqs.remove(&seq).ok_or(CacheError::UnknownSeq(seq))?;
+        for (pool, table) in self.pools.iter_mut().zip(&mut self.slot_tables[s.slot]) {
             pool.shrink(table, 0);
         }
         self.free_slots.push(s.slot);
@@ -228,41 +269,46 @@ impl CacheManager {
 
     /// Occupancy: `"state_slots"` first, then the paged pools in layout order.
     pub fn usage(&self) -> Vec<PoolUsage> {
+        self.pool_usage().collect()
+    }
+
+    /// [`Self::usage`] without collecting it (the engine reads it every step).
+    pub fn pool_usage(&self) -> impl Iterator<Item = PoolUsage> + '_ {
         let slot_bytes = self.layout.slot_bytes();
         let used_slots = self.max_seqs - self.free_slots.len();
-        let mut out = vec![PoolUsage {
+        let slots = PoolUsage {
             name: "state_slots",
             used_blocks: used_slots,
             total_blocks: self.max_seqs,
             used_bytes: used_slots * slot_bytes,
             total_bytes: self.max_seqs * slot_bytes,
-        }];
-        out.extend(self.pools.iter().map(|p| PoolUsage {
+        };
+        std::iter::once(slots).chain(self.pools.iter().map(|p| PoolUsage {
             name: p.name(),
             used_blocks: p.used_blocks(),
             total_blocks: p.total_blocks(),
             used_bytes: p.used_blocks() * p.block_bytes(),
             total_bytes: p.total_blocks() * p.block_bytes(),
-        }));
-        out
+        }))
     }
 
     /// The cache state of one batch; batch span `i` is `seqs[i]`.
     pub fn view(&mut self, seqs: &[SeqId]) -> Result<BatchView<'_>, CacheError> {
-        let mut refs = Vec::with_capacity(seqs.len());
+        self.batch.clear();
         for (i, &id) in seqs.iter().enumerate() {
             if seqs[..i].contains(&id) {
                 return Err(CacheError::DuplicateSeq(id));
             }
             let s = self.seqs.get(&id).ok_or(CacheError::UnknownSeq(id))?;
-            refs.push(SeqRef {
-                slot: s.slot,
-                capacity: s.capacity,
-                tables: &s.tables,
-            });
+            self.batch.push((s.slot, s.capacity));
         }
-        let pools = self.pools.iter_mut().map(BlockPool::data_mut).collect();
-        Ok(BatchView::new(&self.layout, &mut self.states, pools, refs))
+        Ok(BatchView::new(
+            &self.layout,
+            &mut self.states,
+            &mut self.pools,
+            &self.slot_tables,
+            &self.batch,
+        ))
     }
 }
 
@@ -287,12 +333,15 @@ mod tests {
             max_seqs,
             rollback_slack: 2,
             block_entries: 8,
+            draft_layers: 0,
         };
         CacheManager::new(&tiny_config(), cfg).unwrap()
     }
 
     fn slot_bytes() -> usize {
-        CacheLayout::new(&tiny_config(), 2, 8).unwrap().slot_bytes()
+        CacheLayout::new(&tiny_config(), 2, 8, 0)
+            .unwrap()
+            .slot_bytes()
     }
 
     /// Bytes of one block of each pool (csa, hca, indexer) for tiny-a with 8 entries a block.
@@ -307,7 +356,7 @@ mod tests {
             for (i, pool) in self.pools.iter().enumerate() {
                 let mut owned = vec![false; pool.total_blocks()];
                 for s in self.seqs.values() {
-                    let t = &s.tables[i];
+                    let t = &self.slot_tables[s.slot][i];
                     assert_eq!(t.len(), self.layout.pools[i].blocks_for(s.capacity));
                     for &b in t.blocks() {
                         assert!(!owned[b], "pool {}: block {b} owned twice", pool.name());
@@ -351,6 +400,7 @@ mod tests {
         let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
         let mut live: Vec<SeqId> = Vec::new();
         let (mut failures, mut successes) = (0, 0);
+        let (mut truncations, mut refused) = (0, 0);
         for _ in 0..5000 {
             match rng.below(10) {
                 0 | 1 => match m.add_seq() {
@@ -381,9 +431,23 @@ mod tests {
                 6 | 7 if !live.is_empty() => {
                     let id = live[rng.below(live.len())];
                     let cap = m.capacity_tokens(id).unwrap();
-                    let to = rng.below(cap + 1);
-                    m.truncate(id, to).unwrap();
-                    assert_eq!(m.capacity_tokens(id).unwrap(), to);
+                    let to = cap.saturating_sub(rng.below(4));
+                    match m.truncate(id, to) {
+                        Ok(()) => {
+                            truncations += 1;
+                            assert_eq!(m.capacity_tokens(id).unwrap(), to);
+                        }
+                        Err(CacheError::TruncateTooFar { high_water, .. }) => {
+                            refused += 1;
+                            assert!(high_water - to > 2, "{high_water} {to}");
+                            assert_eq!(m.capacity_tokens(id).unwrap(), cap);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    assert!(matches!(
+                        m.truncate(id, m.capacity_tokens(id).unwrap() + 1),
+                        Err(CacheError::TruncateBeyondCapacity { .. })
+                    ));
                 }
                 8 | 9 if !live.is_empty() => {
                     let id = live.swap_remove(rng.below(live.len()));
@@ -395,6 +459,7 @@ mod tests {
             m.check_invariants();
         }
         assert!(failures > 10 && successes > 100, "{failures} {successes}");
+        assert!(truncations > 100 && refused > 10, "{truncations} {refused}");
         for id in live.drain(..) {
             m.free_seq(id).unwrap();
         }
@@ -416,7 +481,7 @@ mod tests {
             m.add_seq().unwrap(),
             m.add_seq().unwrap(),
         );
-        m.ensure_capacity(a, 32).unwrap();
+        m.ensure_capacity(a, 9).unwrap();
         m.ensure_capacity(b, 32).unwrap();
         // c: the csa pool has a block left, the hca pool none.
         let before = m.usage();
@@ -436,7 +501,15 @@ mod tests {
         m.ensure_capacity(c, 7).unwrap();
         assert_eq!(m.usage()[1].used_blocks, 3);
         m.check_invariants();
-        // Truncating a frees its hca block for c.
+        // Truncating a frees its hca block for c (within the slack of 2: 9 → 7, not 6).
+        assert!(matches!(
+            m.truncate(a, 6),
+            Err(CacheError::TruncateTooFar {
+                high_water: 9,
+                slack: 2,
+                ..
+            })
+        ));
         m.truncate(a, 7).unwrap();
         m.ensure_capacity(c, 8).unwrap();
         assert_eq!(m.add_seq(), Err(CacheError::NoFreeSlot { max_seqs: 3 }));
@@ -467,6 +540,7 @@ mod tests {
             max_seqs: 4,
             rollback_slack: 2,
             block_entries: 8,
+            draft_layers: 0,
         };
         let e = CacheManager::new(&tiny_config(), cfg).unwrap_err();
         let msg = e.to_string();

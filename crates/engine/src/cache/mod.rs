@@ -36,6 +36,7 @@
 //! Everything reachable from user input is a [`CacheError`]; misuse of the view by the model
 //! is a bug and panics with the numbers.
 
+mod allocator;
 mod block_pool;
 mod budget;
 mod error;
@@ -43,6 +44,7 @@ pub mod layout;
 mod manager;
 mod view;
 
+pub use allocator::{is_exhausted, BlockAllocator};
 pub use block_pool::BlockTable;
 pub use budget::CacheBudget;
 pub use error::CacheError;

@@ -5,16 +5,8 @@ use std::ops::Range;
 
 use deepinfer_model::cache::{CacheView, Stream};
 
-use super::block_pool::BlockTable;
+use super::block_pool::{BlockPool, BlockTable};
 use super::layout::{CacheLayout, LayerLayout, PoolLayout};
-
-/// One batch sequence's place in the cache.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct SeqRef<'a> {
-    pub slot: usize,
-    pub capacity: usize,
-    pub tables: &'a [BlockTable],
-}
 
 /// The cache state of the sequences of one batch, `seq` being the batch span index.
 ///
@@ -25,21 +17,26 @@ pub(super) struct SeqRef<'a> {
 pub struct BatchView<'a> {
     layout: &'a CacheLayout,
     states: &'a mut [f32],
-    pools: Vec<&'a mut [f32]>,
-    seqs: Vec<SeqRef<'a>>,
+    pools: &'a mut [BlockPool],
+    /// Block tables by state slot, one per pool.
+    tables: &'a [Vec<BlockTable>],
+    /// `(state slot, capacity)` per batch sequence.
+    seqs: &'a [(usize, usize)],
 }
 
 impl<'a> BatchView<'a> {
     pub(super) fn new(
         layout: &'a CacheLayout,
         states: &'a mut [f32],
-        pools: Vec<&'a mut [f32]>,
-        seqs: Vec<SeqRef<'a>>,
+        pools: &'a mut [BlockPool],
+        tables: &'a [Vec<BlockTable>],
+        seqs: &'a [(usize, usize)],
     ) -> Self {
         Self {
             layout,
             states,
             pools,
+            tables,
             seqs,
         }
     }
@@ -53,8 +50,8 @@ impl<'a> BatchView<'a> {
         self.seqs.is_empty()
     }
 
-    fn seq(&self, seq: usize) -> &SeqRef<'a> {
-        self.seqs.get(seq).unwrap_or_else(|| {
+    fn seq(&self, seq: usize) -> (usize, usize) {
+        *self.seqs.get(seq).unwrap_or_else(|| {
             panic!(
                 "cache view: sequence {seq} out of range: the batch has {}",
                 self.seqs.len()
@@ -72,7 +69,7 @@ impl<'a> BatchView<'a> {
     }
 
     fn slot_base(&self, seq: usize) -> usize {
-        self.seq(seq).slot * self.layout.slot_floats
+        self.seq(seq).0 * self.layout.slot_floats
     }
 
     fn window_range(&self, seq: usize, layer: usize, slot: usize) -> Range<usize> {
@@ -110,17 +107,16 @@ impl<'a> BatchView<'a> {
             )
         });
         let pool: &PoolLayout = &self.layout.pools[place.pool];
-        let s = self.seq(seq);
-        let n = pool.entries_for(s.capacity);
+        let (slot, capacity) = self.seq(seq);
+        let n = pool.entries_for(capacity);
         assert!(
             w < n,
             "cache view: entry {w} of layer {layer} ({stream:?}) is beyond the capacity of \
-             sequence {seq}: {} tokens reserved = {n} entries",
-            s.capacity
+             sequence {seq}: {capacity} tokens reserved = {n} entries"
         );
         (
             place.pool,
-            pool.entry_range(s.tables[place.pool].blocks(), place.member, w),
+            pool.entry_range(self.tables[slot][place.pool].blocks(), place.member, w),
         )
     }
 }
@@ -134,6 +130,10 @@ impl fmt::Debug for BatchView<'_> {
 }
 
 impl CacheView for BatchView<'_> {
+    fn num_layers(&self) -> usize {
+        self.layout.layers.len()
+    }
+
     fn window_slots(&self) -> usize {
         self.layout.window_slots
     }
@@ -143,7 +143,7 @@ impl CacheView for BatchView<'_> {
     }
 
     fn capacity_tokens(&self, seq: usize) -> usize {
-        self.seq(seq).capacity
+        self.seq(seq).1
     }
 
     fn window(&self, seq: usize, layer: usize, slot: usize) -> &[f32] {
@@ -166,12 +166,12 @@ impl CacheView for BatchView<'_> {
 
     fn entry(&self, seq: usize, layer: usize, stream: Stream, w: usize) -> &[f32] {
         let (p, r) = self.entry_range(seq, layer, stream, w);
-        &self.pools[p][r]
+        &self.pools[p].data()[r]
     }
 
     fn entry_mut(&mut self, seq: usize, layer: usize, stream: Stream, w: usize) -> &mut [f32] {
         let (p, r) = self.entry_range(seq, layer, stream, w);
-        &mut self.pools[p][r]
+        &mut self.pools[p].data_mut()[r]
     }
 }
 
@@ -236,6 +236,7 @@ mod tests {
             max_seqs: 3,
             rollback_slack: 1,
             block_entries: 2,
+            draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let (a, b, c) = (
@@ -280,7 +281,6 @@ mod tests {
                 "{addr:?} was overwritten"
             );
         }
-        drop(view);
         // The data stays with the sequence, whatever batch position it takes.
         let view = m.view(&[a]).unwrap();
         let first_a = addrs.iter().position(|a| a.1 == 1).unwrap();
@@ -295,6 +295,7 @@ mod tests {
             max_seqs: 1,
             rollback_slack: 0,
             block_entries: 8,
+            draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let a = m.add_seq().unwrap();
@@ -311,6 +312,7 @@ mod tests {
             max_seqs: 1,
             rollback_slack: 0,
             block_entries: 8,
+            draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let a = m.add_seq().unwrap();

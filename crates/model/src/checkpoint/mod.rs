@@ -94,13 +94,14 @@ fn shape_err(
 }
 
 impl Checkpoint {
-    /// `path` is a directory holding `model.safetensors` or `model.safetensors.index.json`
-    /// (+ shards), or any single `*.safetensors` in it, or a path to one .safetensors file.
+    /// `path` is a directory holding `model.safetensors.index.json` (+ shards) or
+    /// `*.safetensors` files, or a path to one .safetensors file.
     ///
-    /// A directory with several `.safetensors` files and no index is opened as one checkpoint
-    /// sharded across all of them (a tensor present in two files is an error, which also
-    /// catches model-parallel splits that cannot simply be merged). A path to an
-    /// `*.index.json` file opens that index.
+    /// A directory without an index is opened as one checkpoint sharded across all of its
+    /// `.safetensors` files (`model.safetensors` plus, say, an `mtp.safetensors` with the
+    /// draft block); a tensor present in two files is an error, which also catches
+    /// model-parallel splits that cannot simply be merged. A path to an `*.index.json` file
+    /// opens that index.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
@@ -120,10 +121,6 @@ impl Checkpoint {
         let index = path.join("model.safetensors.index.json");
         if index.is_file() {
             return Self::from_index(&index);
-        }
-        let single = path.join("model.safetensors");
-        if single.is_file() {
-            return Self::from_files(&[single]);
         }
         let mut files = Vec::new();
         for entry in std::fs::read_dir(path).map_err(io)? {
@@ -288,9 +285,13 @@ impl Checkpoint {
                 }
             }
             NameLayout::Hf => match names::official_to_hf(official) {
-                None => Err(missing(
-                    "nothing: HF checkpoints have no counterpart of this name".into(),
-                )),
+                // Tensors HF has no name for (the MTP block, which HF drops) keep their
+                // official names when a checkpoint in HF's layout carries them.
+                None => self.stored(official).map(whole).ok_or_else(|| {
+                    missing(format!(
+                        "`{official}` (HF checkpoints have no other name for it)"
+                    ))
+                }),
                 Some(HfName::Plain(h)) => self
                     .stored(&h)
                     .map(whole)
@@ -319,6 +320,22 @@ impl Checkpoint {
                 }
             },
         }
+    }
+
+    /// Whether two whole tensors are stored identically (dtype, shape and bytes), without
+    /// copying either: how duplicated tensors (the MTP block's copies of the embedding and
+    /// head) are recognised.
+    pub fn same_stored_tensor(&self, a: &str, b: &str) -> Result<bool, CheckpointError> {
+        let whole = |name: &str| match self.locate(name)? {
+            Located::Whole { shard, info, .. } => Ok((info, shard.bytes(info)?)),
+            Located::Expert { stored, .. } => Err(CheckpointError::Dtype {
+                tensor: describe(name, stored),
+                found: "a stacked expert weight".into(),
+                expected: "a whole tensor".into(),
+            }),
+        };
+        let ((ia, ba), (ib, bb)) = (whole(a)?, whole(b)?);
+        Ok(ia.dtype == ib.dtype && ia.shape == ib.shape && ba == bb)
     }
 
     /// Load a tensor by its OFFICIAL name (spec §4.1) as f32 with the given logical shape,

@@ -217,7 +217,7 @@ pub fn attention(
                 let (i, g) = (t / head_groups, t % head_groups);
                 let (s, p0, start) = rows.row_seq[i];
                 let p = positions[i];
-                let lo = p.saturating_sub(window - 1);
+                let lo = p.saturating_sub(window - 1).max(rows.window_floor(s));
                 let n_window = p + 1 - lo;
                 // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
                 let n_comp = match (ratio, w.indexer.is_some()) {

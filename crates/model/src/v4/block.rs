@@ -13,21 +13,28 @@ use crate::weights::LayerWeights;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::Rope;
 
-/// Runs layer `layer` on the streams `x: [N, hc, D]` of a flat batch, in place.
-#[allow(clippy::too_many_arguments)]
+/// What a block needs to know about the batch and its place in the model.
+pub struct BlockCtx<'a> {
+    pub c: &'a ModelConfig,
+    /// The block's layer id in the cache: `0..num_hidden_layers`, or `num_hidden_layers` for
+    /// the MTP block.
+    pub layer: usize,
+    pub token_ids: &'a [u32],
+    pub rows: &'a BatchRows<'a>,
+    pub rope: &'a Rope,
+    pub angles: &'a Angles,
+}
+
+/// Runs one block on the streams `x: [N, hc, D]` of a flat batch, in place.
 pub fn block_forward(
     w: &LayerWeights,
-    c: &ModelConfig,
-    layer: usize,
+    ctx: &BlockCtx,
     x: &mut [f32],
-    token_ids: &[u32],
-    rows: &BatchRows,
     cache: &mut dyn CacheView,
-    rope: &Rope,
-    angles: &Angles,
     ws: &mut Workspace,
 ) {
-    let (d, n, eps) = (c.hidden_size, token_ids.len(), c.rms_norm_eps);
+    let c = ctx.c;
+    let (d, n, eps) = (c.hidden_size, ctx.token_ids.len(), c.rms_norm_eps);
 
     let mut mix = hc_mix(x, n, &w.hc_attn, c, ws);
     {
@@ -37,12 +44,12 @@ pub fn block_forward(
     let o = attention(
         &w.attn,
         c,
-        layer,
+        ctx.layer,
         &mix.collapsed,
-        rows,
+        ctx.rows,
         cache,
-        rope,
-        angles,
+        ctx.rope,
+        ctx.angles,
         ws,
     );
     hc_post(x, &o, &mix, n, d, ws);
@@ -54,7 +61,7 @@ pub fn block_forward(
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.ffn_norm, eps);
     }
-    let m = moe(&w.ffn, c, &mix.collapsed, token_ids, ws);
+    let m = moe(&w.ffn, c, &mix.collapsed, ctx.token_ids, ws);
     hc_post(x, &m, &mix, n, d, ws);
     ws.give(m);
     mix.recycle(ws);

@@ -1,7 +1,7 @@
 //! The whole model: embedding → mHC residual streams → blocks → hyper head → norm → lm_head,
 //! over a flat batch whose sequences keep their state in a [`CacheView`].
 
-use super::block::block_forward;
+use super::block::{block_forward, BlockCtx};
 use super::hyper::hc_head;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits, SeqSpan};
@@ -9,11 +9,13 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::profile::{scope, Op};
-use crate::weights::ModelWeights;
+use crate::weights::{Linear, ModelWeights, MtpWeights};
+use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
+use smallvec::SmallVec;
 use std::path::Path;
-use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -48,6 +50,20 @@ pub enum ModelError {
         len: usize,
         tokens: usize,
     },
+    #[error("the batch has {floors} window floors for {spans} spans")]
+    WindowFloors { floors: usize, spans: usize },
+    #[error("sequence {seq}: window floor {floor} is after its first position {first}")]
+    FloorAfterStart {
+        seq: usize,
+        floor: usize,
+        first: usize,
+    },
+    #[error("the checkpoint has no MTP block (mtp.0.*): it cannot draft tokens")]
+    NoMtp,
+    #[error("the cache has {layers} layers: none for the MTP block's window")]
+    NoMtpCache { layers: usize },
+    #[error("the MTP block got {floats} floats of hidden state; the batch needs {expected}")]
+    HiddenLength { floats: usize, expected: usize },
 }
 
 /// Where each flat row of a batch belongs: `(span index, the span's first position, the
@@ -56,6 +72,29 @@ pub struct BatchRows<'a> {
     pub positions: &'a [usize],
     pub spans: &'a [SeqSpan],
     pub row_seq: Vec<(usize, usize, usize)>,
+    window_floor: &'a [usize],
+}
+
+impl<'a> BatchRows<'a> {
+    /// Rows of a batch whose windows reach back as far as they can (benchmarks that drive
+    /// single blocks).
+    pub fn new(
+        positions: &'a [usize],
+        spans: &'a [SeqSpan],
+        row_seq: Vec<(usize, usize, usize)>,
+    ) -> Self {
+        Self {
+            positions,
+            spans,
+            row_seq,
+            window_floor: &[],
+        }
+    }
+
+    /// The first position span `s`'s sliding window may reach back to.
+    pub fn window_floor(&self, s: usize) -> usize {
+        self.window_floor.get(s).copied().unwrap_or(0)
+    }
 }
 
 /// One rope table's `(cos, sin)` at every row's position, `[N, rd/2]` each: computed once
@@ -97,13 +136,22 @@ struct Scratch {
     reserved_pool: Option<usize>,
 }
 
+/// What a forward pass hands back besides the logits.
+#[derive(Default)]
+pub struct ForwardExtras<'a> {
+    /// Receives the final residual streams `[N, hc, D]` of every row, before the hyper
+    /// head: what the MTP block drafts from. The buffer is swapped in, not copied.
+    pub hidden: Option<&'a mut Vec<f32>>,
+    /// Receives the streams after every layer (how a mismatch with the reference is found).
+    pub trace: Option<&'a mut Vec<Vec<f32>>>,
+}
+
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
     rope_main: Rope,
     rope_compress: Rope,
-    /// Locked for the length of a forward; a model runs one batch at a time.
-    scratch: Mutex<Scratch>,
+    scratch: Scratch,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -125,7 +173,7 @@ impl Model {
             weights,
             rope_main,
             rope_compress,
-            scratch: Mutex::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -155,11 +203,14 @@ impl Model {
     }
 
     /// Checks the batch against the model and the cache, and maps rows to sequences.
+    /// `paged`: whether the pass writes paged entries, so positions must lie within each
+    /// sequence's reserved capacity (the MTP block only has a window ring).
     fn rows<'a>(
         &self,
         batch: &'a ForwardBatch,
         cache: &dyn CacheView,
         mut row_seq: Vec<(usize, usize, usize)>,
+        paged: bool,
     ) -> Result<BatchRows<'a>, ModelError> {
         let (vocab, n) = (self.config.vocab_size, batch.num_tokens());
         if batch.positions.len() != n {
@@ -201,7 +252,7 @@ impl Model {
                         expected,
                     });
                 }
-                if pos >= cache.capacity_tokens(s) {
+                if paged && pos >= cache.capacity_tokens(s) {
                     return Err(ModelError::CacheTooSmall {
                         seq: s,
                         pos,
@@ -225,17 +276,35 @@ impl Model {
                 tokens: n,
             });
         }
+        let floors = &batch.window_floor;
+        if !floors.is_empty() && floors.len() != batch.spans.len() {
+            return Err(ModelError::WindowFloors {
+                floors: floors.len(),
+                spans: batch.spans.len(),
+            });
+        }
+        for (s, (span, &floor)) in batch.spans.iter().zip(floors).enumerate() {
+            let first = batch.positions.get(span.start).copied().unwrap_or(0);
+            if span.len > 0 && floor > first {
+                return Err(ModelError::FloorAfterStart {
+                    seq: s,
+                    floor,
+                    first,
+                });
+            }
+        }
         Ok(BatchRows {
             positions: &batch.positions,
             spans: &batch.spans,
             row_seq,
+            window_floor: floors,
         })
     }
 
     /// Runs the batch, leaves its state in `cache`, and returns the logits of
     /// `batch.logits_rows`.
     pub fn forward(
-        &self,
+        &mut self,
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
     ) -> Result<Logits, ModelError> {
@@ -243,14 +312,14 @@ impl Model {
             vocab: self.config.vocab_size,
             data: Vec::new(),
         };
-        self.forward_into(batch, cache, &mut logits, None)?;
+        self.forward_into(batch, cache, &mut logits, ForwardExtras::default())?;
         Ok(logits)
     }
 
     /// [`Model::forward`], also recording the residual streams `[N, hc, D]` after every
     /// layer (how a mismatch with the reference is located).
     pub fn forward_traced(
-        &self,
+        &mut self,
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
         trace: &mut Vec<Vec<f32>>,
@@ -259,126 +328,299 @@ impl Model {
             vocab: self.config.vocab_size,
             data: Vec::new(),
         };
-        self.forward_into(batch, cache, &mut logits, Some(trace))?;
+        let extras = ForwardExtras {
+            trace: Some(trace),
+            ..ForwardExtras::default()
+        };
+        self.forward_into(batch, cache, &mut logits, extras)?;
         Ok(logits)
     }
 
     /// [`Model::forward`] into a reused `logits` (its buffer is kept when large enough): with
     /// the model's workspace this is a forward that allocates nothing in steady state.
     pub fn forward_into(
-        &self,
+        &mut self,
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
         logits: &mut Logits,
-        trace: Option<&mut Vec<Vec<f32>>>,
+        extras: ForwardExtras<'_>,
     ) -> Result<(), ModelError> {
         // The step's parallel passes are short and many: see `awake` for what sleeping
         // workers cost between them.
         deepinfer_kernels::awake::with_workers_awake(|| {
-            self.forward_pass(batch, cache, logits, trace)
+            self.forward_pass(batch, cache, logits, extras)
         })
     }
 
+    /// Whether the checkpoint carries the MTP draft block.
+    pub fn has_mtp(&self) -> bool {
+        self.weights.mtp.is_some()
+    }
+
+    /// The MTP draft block (spec §7.1) over a flat batch: row `i` sits at position
+    /// `positions[i]`, takes the main model's final streams at that position
+    /// (`hidden_in[i]`, `[hc, D]`) and the token that follows it (`token_ids[i]`), and its
+    /// logits predict the token after that. The block keeps its window ring in cache layer
+    /// `num_hidden_layers`; `hidden_out` receives its output streams `[N, hc, D]` (the `h` of
+    /// a chained draft step).
+    pub fn forward_mtp(
+        &mut self,
+        batch: &ForwardBatch,
+        hidden_in: &[f32],
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
+        hidden_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        deepinfer_kernels::awake::with_workers_awake(|| {
+            self.mtp_pass(batch, hidden_in, cache, logits, hidden_out)
+        })
+    }
+
+    /// Once per compute pool: every thread's scratch grown to what any step can need, so
+    /// steady steps allocate nothing whichever thread runs which task.
+    fn reserve_thread_scratch(&mut self) {
+        let pool = rayon::current_thread_index().map(|_| rayon::current_num_threads());
+        if self.scratch.reserved_pool == pool {
+            return;
+        }
+        let c = &self.config;
+        let widest = [
+            c.hidden_size,
+            c.num_attention_heads * c.head_dim,
+            c.o_groups * c.o_lora_rank,
+            c.hc_mult * c.hidden_size,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        // Two weight rows, or a decode-sized block of activations.
+        let floats = 16 * widest;
+        rayon::broadcast(|_| {
+            deepinfer_kernels::linear::reserve_scratch(floats);
+            super::attention::reserve_scratch(c);
+        });
+        self.scratch.reserved_pool = pool;
+    }
+
     fn forward_pass(
-        &self,
+        &mut self,
         batch: &ForwardBatch,
         cache: &mut dyn CacheView,
         logits: &mut Logits,
-        mut trace: Option<&mut Vec<Vec<f32>>>,
+        mut extras: ForwardExtras<'_>,
     ) -> Result<(), ModelError> {
         let _p = scope(Op::Other);
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let scratch = &mut *guard;
-        // Once per compute pool: every thread's scratch grown to what any step can need,
-        // so steady steps allocate nothing whichever thread runs which task.
-        let pool = rayon::current_thread_index().map(|_| rayon::current_num_threads());
-        if scratch.reserved_pool != pool {
-            let c = &self.config;
-            let widest = [
-                c.hidden_size,
-                c.num_attention_heads * c.head_dim,
-                c.o_groups * c.o_lora_rank,
-                c.hc_mult * c.hidden_size,
-            ]
-            .into_iter()
-            .max()
-            .unwrap_or(0);
-            // Two weight rows, or a decode-sized block of activations.
-            let floats = 16 * widest;
-            rayon::broadcast(|_| {
-                deepinfer_kernels::linear::reserve_scratch(floats);
-                super::attention::reserve_scratch(c);
-            });
-            scratch.reserved_pool = pool;
-        }
-        let rows = self.rows(batch, &*cache, std::mem::take(&mut scratch.row_seq))?;
+        self.reserve_thread_scratch();
+        let row_seq = std::mem::take(&mut self.scratch.row_seq);
+        let rows = self.rows(batch, &*cache, row_seq, true)?;
+        let Self {
+            config: c,
+            weights: w,
+            rope_main,
+            rope_compress,
+            scratch,
+        } = self;
         let ws = &mut scratch.ws;
-        let c = &self.config;
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
-        let angles_main = Angles::new(&self.rope_main, rows.positions, ws);
-        let angles_compress = Angles::new(&self.rope_compress, rows.positions, ws);
+        let angles_main = Angles::new(rope_main, rows.positions, ws);
+        let angles_compress = Angles::new(rope_compress, rows.positions, ws);
         let mut x = ws.take(n * hc * d);
-        crate::profile::weight_read(n * self.weights.embed.stored_bytes() / c.vocab_size);
-        for (i, &id) in batch.token_ids.iter().enumerate() {
-            let row = &mut x[i * hc * d..(i + 1) * hc * d];
-            self.weights
-                .embed
-                .dequantize_row(id as usize, &mut row[..d]);
-            for s in 1..hc {
-                row.copy_within(..d, s * d);
-            }
-        }
-        for (l, lw) in self.weights.layers.iter().enumerate() {
-            let angles = match c.layer_types[l] {
-                AttnKind::Sliding => &angles_main,
-                _ => &angles_compress,
+        embed_streams(&w.embed, &batch.token_ids, hc, d, &mut x);
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (rope, angles) = match c.layer_types[l] {
+                AttnKind::Sliding => (&*rope_main, &angles_main),
+                _ => (&*rope_compress, &angles_compress),
             };
-            block_forward(
-                lw,
+            let ctx = BlockCtx {
                 c,
-                l,
-                &mut x,
-                &batch.token_ids,
-                &rows,
-                cache,
-                self.rope_for(l),
+                layer: l,
+                token_ids: &batch.token_ids,
+                rows: &rows,
+                rope,
                 angles,
-                ws,
-            );
-            if let Some(tr) = trace.as_deref_mut() {
+            };
+            block_forward(lw, &ctx, &mut x, cache, ws);
+            if let Some(tr) = extras.trace.as_deref_mut() {
                 tr.push(x.clone());
             }
         }
-        // Only the rows that want logits go through the head.
-        let w = &self.weights;
-        let m = batch.logits_rows.len();
-        let mut picked = ws.take(m * hc * d);
-        for (o, &r) in picked.chunks_exact_mut(hc * d).zip(&batch.logits_rows) {
-            o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
-        }
-        let mut h = hc_head(
-            &picked,
-            m,
-            &w.hc_head_fn,
-            &w.hc_head_base,
-            w.hc_head_scale[0],
-            c,
-            ws,
-        );
-        {
-            let _p = scope(Op::NormRope);
-            rms_norm_rows(&mut h, &w.norm, c.rms_norm_eps);
-        }
-        logits.vocab = c.vocab_size;
-        logits.data.clear();
-        logits.data.resize(m * c.vocab_size, 0.0);
-        w.head.forward_into(&h, m, &mut logits.data);
-        for v in [x, picked, h] {
-            ws.give(v);
+        let head = Head {
+            hc_fn: &w.hc_head_fn,
+            hc_base: &w.hc_head_base,
+            hc_scale: w.hc_head_scale[0],
+            norm: &w.norm,
+            head: &w.head,
+        };
+        head.logits(c, &x, &batch.logits_rows, logits, ws);
+        match extras.hidden {
+            Some(hidden) => {
+                std::mem::swap(hidden, &mut x);
+                ws.give(x);
+            }
+            None => ws.give(x),
         }
         angles_main.recycle(ws);
         angles_compress.recycle(ws);
         scratch.row_seq = rows.row_seq;
         Ok(())
+    }
+
+    fn mtp_pass(
+        &mut self,
+        batch: &ForwardBatch,
+        hidden_in: &[f32],
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
+        hidden_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let _p = scope(Op::Other);
+        let layer = self.config.num_hidden_layers;
+        if self.weights.mtp.is_none() {
+            return Err(ModelError::NoMtp);
+        }
+        if cache.num_layers() <= layer {
+            return Err(ModelError::NoMtpCache {
+                layers: cache.num_layers(),
+            });
+        }
+        let (d, hc, n) = (
+            self.config.hidden_size,
+            self.config.hc_mult,
+            batch.num_tokens(),
+        );
+        if hidden_in.len() != n * hc * d {
+            return Err(ModelError::HiddenLength {
+                floats: hidden_in.len(),
+                expected: n * hc * d,
+            });
+        }
+        self.reserve_thread_scratch();
+        let row_seq = std::mem::take(&mut self.scratch.row_seq);
+        let rows = self.rows(batch, &*cache, row_seq, false)?;
+        let Self {
+            config: c,
+            weights: w,
+            rope_main,
+            scratch,
+            ..
+        } = self;
+        let mtp = w.mtp.as_ref().expect("checked above");
+        let ws = &mut scratch.ws;
+        let angles = Angles::new(rope_main, rows.positions, ws);
+        let mut x = mtp_input(mtp, &w.embed, c, &batch.token_ids, hidden_in, ws);
+        let ctx = BlockCtx {
+            c,
+            layer,
+            token_ids: &batch.token_ids,
+            rows: &rows,
+            rope: rope_main,
+            angles: &angles,
+        };
+        block_forward(&mtp.block, &ctx, &mut x, cache, ws);
+        let head = Head {
+            hc_fn: &mtp.hc_head_fn,
+            hc_base: &mtp.hc_head_base,
+            hc_scale: mtp.hc_head_scale[0],
+            norm: &mtp.norm,
+            head: mtp.head.as_ref().unwrap_or(&w.head),
+        };
+        head.logits(c, &x, &batch.logits_rows, logits, ws);
+        std::mem::swap(hidden_out, &mut x);
+        ws.give(x);
+        angles.recycle(ws);
+        scratch.row_seq = rows.row_seq;
+        Ok(())
+    }
+}
+
+/// Every token's embedding, widened, copied into each of its `hc` streams.
+fn embed_streams(embed: &QMatrix, token_ids: &[u32], hc: usize, d: usize, x: &mut [f32]) {
+    crate::profile::weight_read(token_ids.len() * embed.stored_bytes() / embed.rows.max(1));
+    for (i, &id) in token_ids.iter().enumerate() {
+        let row = &mut x[i * hc * d..(i + 1) * hc * d];
+        embed.dequantize_row(id as usize, &mut row[..d]);
+        for s in 1..hc {
+            row.copy_within(..d, s * d);
+        }
+    }
+}
+
+/// The MTP block's input streams: `h_proj(hnorm(h))` per stream plus `e_proj(enorm(e))` of
+/// the next token's embedding, broadcast to every stream (spec §7.1).
+fn mtp_input(
+    mtp: &MtpWeights,
+    main_embed: &QMatrix,
+    c: &ModelConfig,
+    token_ids: &[u32],
+    hidden_in: &[f32],
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let (d, hc, n) = (c.hidden_size, c.hc_mult, token_ids.len());
+    let embed = mtp.embed.as_ref().unwrap_or(main_embed);
+    let mut e = ws.take(n * d);
+    embed_streams(embed, token_ids, 1, d, &mut e);
+    let mut u = ws.take(n * hc * d);
+    u.copy_from_slice(hidden_in);
+    {
+        let _p = scope(Op::NormRope);
+        rms_norm_rows(&mut e, &mtp.enorm, c.rms_norm_eps);
+        rms_norm_rows(&mut u, &mtp.hnorm, c.rms_norm_eps);
+    }
+    let mut x = ws.take(n * hc * d);
+    let mut ep = ws.take(n * d);
+    {
+        let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
+        jobs.push(Matmul::new(&mtp.h_proj.w, &u, n * hc, &mut x));
+        jobs.push(Matmul::new(&mtp.e_proj.w, &e, n, &mut ep));
+        crate::profile::matmuls(&mut jobs);
+    }
+    for (row, add) in x.chunks_exact_mut(hc * d).zip(ep.chunks_exact(d)) {
+        for stream in row.chunks_exact_mut(d) {
+            stream.iter_mut().zip(add).for_each(|(s, a)| *s += a);
+        }
+    }
+    for v in [e, u, ep] {
+        ws.give(v);
+    }
+    x
+}
+
+/// The hyper head, final norm and vocabulary projection: the main model's or the MTP
+/// block's own (which shares the main head unless the checkpoint ships a different copy).
+struct Head<'a> {
+    hc_fn: &'a Linear,
+    hc_base: &'a [f32],
+    hc_scale: f32,
+    norm: &'a [f32],
+    head: &'a Linear,
+}
+
+impl Head<'_> {
+    /// Logits of the flat rows `rows` of the streams `x: [N, hc, D]`; only those rows go
+    /// through the head.
+    fn logits(
+        &self,
+        c: &ModelConfig,
+        x: &[f32],
+        rows: &[usize],
+        logits: &mut Logits,
+        ws: &mut Workspace,
+    ) {
+        let (d, hc, m) = (c.hidden_size, c.hc_mult, rows.len());
+        let mut picked = ws.take(m * hc * d);
+        for (o, &r) in picked.chunks_exact_mut(hc * d).zip(rows) {
+            o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
+        }
+        let mut h = hc_head(&picked, m, self.hc_fn, self.hc_base, self.hc_scale, c, ws);
+        {
+            let _p = scope(Op::NormRope);
+            rms_norm_rows(&mut h, self.norm, c.rms_norm_eps);
+        }
+        logits.vocab = c.vocab_size;
+        logits.data.clear();
+        logits.data.resize(m * c.vocab_size, 0.0);
+        self.head.forward_into(&h, m, &mut logits.data);
+        ws.give(picked);
+        ws.give(h);
     }
 }

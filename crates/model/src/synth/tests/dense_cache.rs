@@ -56,6 +56,9 @@ fn row_mut(rows: &mut (usize, Vec<f32>), i: usize) -> &mut [f32] {
 }
 
 impl CacheView for DenseCache {
+    fn num_layers(&self) -> usize {
+        self.window.len()
+    }
     fn window_slots(&self) -> usize {
         self.window_slots
     }

@@ -119,7 +119,7 @@ fn tiny_loads_runs_and_stores_what_was_drawn() {
     }
 
     let weights = ModelWeights::load(&ck, &cfg).unwrap();
-    let model = Model::new(cfg, weights);
+    let mut model = Model::new(cfg, weights);
     let c = &model.config;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 11) % 129_280).collect();
     let mut cache = DenseCache::new(c, 64);

@@ -1,0 +1,214 @@
+//! The MTP draft block against its PyTorch reference (tools/make_mtp_golden.py: HF's
+//! DeepSeek-V4 modules for the block, DeepSeek's own inference code for the wiring): the
+//! target's final streams, the block's logits and output streams over a whole prompt, and
+//! chained drafts — from both checkpoint layouts, whole and chunked.
+
+mod common;
+
+use common::*;
+use deepinfer_engine::cache::{CacheConfig, CacheManager, SeqId};
+use deepinfer_engine::runner::ModelRunner;
+use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use deepinfer_model::kernels::topk::argmax;
+use deepinfer_model::v4::Model;
+
+const CONFIGS: [&str; 3] = ["tiny-a", "tiny-b", "tiny-c"];
+
+fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    max_abs_diff(got, want) / scale
+}
+
+/// A cache with the MTP block's window ring (one draft layer).
+fn mtp_cache(model: &Model) -> CacheManager {
+    let cfg = CacheConfig {
+        draft_layers: 1,
+        ..cache_config(64 << 20, 1, 8)
+    };
+    CacheManager::new(&model.config, cfg).unwrap()
+}
+
+/// One MTP pass over positions `start..start + tokens.len()` of `seq`.
+fn mtp_pass(
+    model: &mut Model,
+    cache: &mut CacheManager,
+    seq: SeqId,
+    start: usize,
+    tokens: &[u32],
+    hidden: &[f32],
+) -> (Logits, Vec<f32>) {
+    let n = tokens.len();
+    let batch = ForwardBatch {
+        token_ids: tokens.to_vec(),
+        positions: (start..start + n).collect(),
+        spans: vec![SeqSpan { start: 0, len: n }],
+        logits_rows: (0..n).collect(),
+        window_floor: Vec::new(),
+    };
+    let mut logits = Logits {
+        vocab: 0,
+        data: Vec::new(),
+    };
+    let mut out = Vec::new();
+    let mut view = cache.view(&[seq]).unwrap();
+    model
+        .forward_mtp(&batch, hidden, &mut view, &mut logits, &mut out)
+        .unwrap();
+    (logits, out)
+}
+
+fn check(config: &str, layout: &str, chunk: usize) {
+    let g = Golden::load_named(config, "mtp_golden");
+    let model = load(config, layout);
+    assert!(model.has_mtp(), "{config}/{layout}: no MTP block loaded");
+    let (hc, d, vocab) = (
+        model.config.hc_mult,
+        model.config.hidden_size,
+        model.config.vocab_size,
+    );
+    let width = hc * d;
+    let prompt: Vec<u32> = g.i64s("prompt_ids").iter().map(|&t| t as u32).collect();
+    let next = g.i64s("next_token")[0] as u32;
+    let t = prompt.len();
+
+    // The target's final streams, all positions, as the engine keeps them for the drafter.
+    let mut cache = mtp_cache(&model);
+    let mut runner = ModelRunner::new(model);
+    let seq = cache.add_seq().unwrap();
+    cache.ensure_capacity(seq, t).unwrap();
+    runner.clear();
+    runner.add(seq, 0, prompt.iter().copied(), 1);
+    let last = runner.run(&mut cache, true).unwrap().row(0).to_vec();
+    assert_eq!(
+        argmax(&last) as u32,
+        next,
+        "{config}/{layout}: target token"
+    );
+    let hidden = runner.hidden().to_vec();
+    let want_hidden = g.f32s("hidden");
+    let dh = relative_diff(&hidden, &want_hidden);
+    assert!(
+        dh <= 1e-5,
+        "{config}/{layout}: target streams differ by {dh}"
+    );
+
+    // The block over the prompt: position i reads the token after it (the last: `next`).
+    let model = runner.model_mut();
+    let shifted: Vec<u32> = prompt[1..].iter().copied().chain([next]).collect();
+    let (mut logits, mut out) = (Vec::new(), Vec::new());
+    for start in (0..t).step_by(chunk) {
+        let end = (start + chunk).min(t);
+        let (l, o) = mtp_pass(
+            model,
+            &mut cache,
+            seq,
+            start,
+            &shifted[start..end],
+            &hidden[start * width..end * width],
+        );
+        logits.extend_from_slice(&l.data);
+        out.extend_from_slice(&o);
+    }
+    let want = g.f32s("mtp_logits");
+    let dl = max_abs_diff(&logits, &want);
+    let dout = relative_diff(&out, &g.f32s("mtp_hidden"));
+    eprintln!("{config}/{layout} chunk {chunk}: mtp logits {dl:.2e}, streams {dout:.2e}");
+    assert!(
+        dl <= LOGIT_TOL,
+        "{config}/{layout}: MTP logits differ by {dl}"
+    );
+    assert!(
+        dout <= 1e-5,
+        "{config}/{layout}: MTP streams differ by {dout}"
+    );
+    let margins = g.meta["mtp_argmax_margins"].as_array().unwrap();
+    let argmaxes = ids(&g.meta["mtp_argmax"]);
+    for i in 0..t {
+        if margins[i].as_f64().unwrap() > 1e-4 {
+            assert_eq!(
+                argmax(&logits[i * vocab..(i + 1) * vocab]) as u32,
+                argmaxes[i]
+            );
+        }
+    }
+
+    // Chained drafts: the block's own output streams and its last draft, one position on.
+    let chain: Vec<u32> = g.i64s("chain_tokens").iter().map(|&t| t as u32).collect();
+    let want_chain = g.f32s("chain_logits");
+    let chain_margins = g.meta["chain_margins"].as_array().unwrap();
+    let mut draft = argmax(&logits[(t - 1) * vocab..]) as u32;
+    let mut h = out[(t - 1) * width..].to_vec();
+    for step in 0..chain.len() {
+        if chain_margins[step].as_f64().unwrap() > 1e-4 {
+            assert_eq!(draft, chain[step], "{config}/{layout}: draft {step}");
+        }
+        if step + 1 == chain.len() {
+            break;
+        }
+        let (l, o) = mtp_pass(model, &mut cache, seq, t + step, &[chain[step]], &h);
+        let d = max_abs_diff(&l.data, &want_chain[step * vocab..(step + 1) * vocab]);
+        assert!(
+            d <= LOGIT_TOL,
+            "{config}/{layout}: chained step {step} differs by {d}"
+        );
+        draft = argmax(&l.data) as u32;
+        h = o;
+    }
+}
+
+#[test]
+fn mtp_block_matches_the_reference() {
+    for config in CONFIGS {
+        for layout in ["official", "hf"] {
+            check(config, layout, usize::MAX);
+        }
+    }
+}
+
+#[test]
+fn mtp_block_chunked_equals_whole() {
+    for config in CONFIGS {
+        check(config, "official", 5);
+    }
+}
+
+#[test]
+fn mtp_copies_of_embed_and_head_are_recognised() {
+    // tiny-b's official layout carries mtp.0.emb.tok_emb.weight and mtp.0.head.weight,
+    // identical to the main ones: they are shared, not loaded twice.
+    let m = load("tiny-b", "official");
+    let mtp = m.weights.mtp.as_ref().unwrap();
+    assert!(mtp.embed.is_none() && mtp.head.is_none());
+}
+
+#[test]
+fn a_checkpoint_without_mtp_weights_loads_without_a_drafter() {
+    // The same tiny-c files minus mtp.safetensors.
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixture("tiny-c").join("official").join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    let m = Model::load(dir.path()).unwrap();
+    assert!(!m.has_mtp());
+    let mut cache = mtp_cache(&m);
+    let seq = cache.add_seq().unwrap();
+    let mut m = m;
+    let batch = ForwardBatch::from_prompts(&[vec![1, 2]], true);
+    let err = m
+        .forward_mtp(
+            &batch,
+            &vec![0.0; 2 * m.config.hc_mult * m.config.hidden_size],
+            &mut cache.view(&[seq]).unwrap(),
+            &mut Logits {
+                vocab: 0,
+                data: Vec::new(),
+            },
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no MTP block"), "{err}");
+}
