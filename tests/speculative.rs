@@ -1,1 +1,423 @@
+//! Speculative decoding end to end on the golden models: under greedy decoding the output
+//! is token for token the plain output (HF's greedy tokens), whatever the drafter proposes,
+//! for every draft length, batched and chunked, under preemption; the drafts it does accept
+//! are counted; and a checkpoint without an MTP block refuses to draft.
 
+mod common;
+
+use common::*;
+use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
+use deepinfer_engine::request::{FinishReason, RequestOutput};
+use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
+use serde_json::Value;
+use std::sync::mpsc::Receiver;
+use std::thread::JoinHandle;
+
+type Join = JoinHandle<Result<EngineCore, EngineError>>;
+
+fn sched(
+    max_num_seqs: usize,
+    budget: usize,
+    chunk: Option<usize>,
+    max_len: usize,
+) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens: budget,
+        prefill_chunk: chunk,
+        max_model_len: max_len,
+    }
+}
+
+fn start(
+    config: &str,
+    s: SchedulerConfig,
+    cache_bytes: usize,
+    spec: SpeculativeConfig,
+) -> (EngineHandle, Join) {
+    let max_seqs = s.max_num_seqs;
+    engine::start(
+        load(config, "official"),
+        EngineConfig {
+            scheduler: s,
+            cache: cache_config(cache_bytes, max_seqs, 0),
+            model_name: "test".into(),
+            forced_output: None,
+            speculative: Some(spec),
+        },
+    )
+    .unwrap()
+}
+
+fn mtp(k: usize) -> SpeculativeConfig {
+    let json = format!(r#"{{"method": "mtp", "num_speculative_tokens": {k}, "adaptive": false}}"#);
+    SpeculativeConfig::from_json(&json, None).unwrap()
+}
+
+/// The replay drafter on the golden greedy continuations: drafts right with probability
+/// `rate`, so verification accepts some and rejects some.
+fn replay(k: usize, rate: f64, g: &Golden) -> SpeculativeConfig {
+    let json = format!(
+        r#"{{"method": "replay", "num_speculative_tokens": {k}, "acceptance_rate": {rate}, "adaptive": false, "seed": 7}}"#
+    );
+    let mut c = SpeculativeConfig::from_json(&json, None).unwrap();
+    if let SpecMethod::Replay { script, .. } = &mut c.method {
+        *script = g
+            .prompts()
+            .iter()
+            .map(|p| (ids(&p["ids"]), ids(&p["greedy"])))
+            .collect();
+    }
+    c
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
+    let mut toks = Vec::new();
+    let mut reason = None;
+    for d in rx {
+        toks.extend(d.new_token_ids);
+        reason = d.finish_reason.or(reason);
+    }
+    (toks, reason)
+}
+
+fn tie_safe(g: &Golden) -> Vec<&Value> {
+    g.prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+        .collect()
+}
+
+/// Every tie-safe prompt at once; each must get HF's greedy tokens. Returns the accepted
+/// draft tokens counted by the engine.
+fn run_all(config: &str, s: SchedulerConfig, spec: SpeculativeConfig, label: &str) -> u64 {
+    let g = Golden::load(config);
+    let (h, join) = start(config, s, 64 << 20, spec);
+    let prompts = tie_safe(&g);
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
+        .collect();
+    for (p, rx) in prompts.iter().zip(rxs) {
+        let (toks, reason) = collect(rx);
+        assert_eq!(
+            toks,
+            ids(&p["greedy"]),
+            "{config} p{} {label}: speculative tokens differ from plain greedy",
+            p["index"]
+        );
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
+    h.drain().unwrap();
+    let m = &h.metrics;
+    let accepted = m.spec_decode_num_accepted_tokens.get();
+    assert!(
+        m.spec_decode_num_drafts.get() > 0,
+        "{config} {label}: nothing was drafted"
+    );
+    h.shutdown();
+    let core = join.join().unwrap().unwrap();
+    for u in core.cache().usage() {
+        assert_eq!(
+            u.used_blocks, 0,
+            "{config} {label}: pool {} not empty",
+            u.name
+        );
+    }
+    accepted
+}
+
+#[test]
+fn mtp_drafts_never_change_greedy_output() {
+    for config in ["tiny-a", "tiny-b", "tiny-c"] {
+        for k in 1..=5 {
+            run_all(
+                config,
+                sched(8, 256, None, 4096),
+                mtp(k),
+                &format!("mtp k={k}"),
+            );
+        }
+        // Batched under a small budget and chunked prompts: drafts are trimmed to fit.
+        run_all(
+            config,
+            sched(8, 24, Some(7), 4096),
+            mtp(3),
+            "mtp k=3 chunked",
+        );
+    }
+}
+
+#[test]
+fn accepted_drafts_roll_back_exactly_at_every_rate() {
+    for config in ["tiny-a", "tiny-b", "tiny-c"] {
+        let g = Golden::load(config);
+        for (k, rate) in [(1, 0.5), (3, 0.5), (5, 0.9), (4, 1.0), (2, 0.0)] {
+            let label = format!("replay k={k} rate={rate}");
+            let accepted = run_all(
+                config,
+                sched(8, 256, None, 4096),
+                replay(k, rate, &g),
+                &label,
+            );
+            if rate > 0.0 {
+                assert!(accepted > 0, "{config} {label}: no draft accepted");
+            } else {
+                assert_eq!(accepted, 0, "{config} {label}");
+            }
+        }
+        run_all(
+            config,
+            sched(8, 24, Some(7), 4096),
+            replay(4, 0.7, &g),
+            "replay chunked",
+        );
+    }
+}
+
+#[test]
+fn speculation_survives_preemption() {
+    // Room for about one long sequence: the scheduler preempts, recomputes, and drafts
+    // again; every request still gets the plain tokens.
+    let g = Golden::load("tiny-a");
+    let cfg = load("tiny-a", "official").config;
+    let mut budget = 1 << 16;
+    loop {
+        let c = deepinfer_engine::cache::CacheConfig {
+            rollback_slack: 4,
+            draft_layers: 1,
+            ..cache_config(budget, 4, 0)
+        };
+        let fits = deepinfer_engine::cache::CacheManager::new(&cfg, c)
+            .map(|m| m.max_tokens_per_seq())
+            .unwrap_or(0);
+        if fits >= 732 {
+            break;
+        }
+        budget += budget / 8;
+    }
+    let (h, join) = start(
+        "tiny-a",
+        sched(4, 48, Some(16), 732),
+        budget,
+        replay(4, 0.8, &g),
+    );
+    let picks = [3, 2, 3, 2];
+    let rxs: Vec<_> = picks
+        .iter()
+        .map(|&i| {
+            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
+                .unwrap()
+                .1
+        })
+        .collect();
+    for (&i, rx) in picks.iter().zip(rxs) {
+        assert_eq!(collect(rx).0, ids(&g.prompts()[i]["greedy"]), "p{i}");
+    }
+    h.drain().unwrap();
+    assert!(
+        h.metrics.num_preemptions.get() > 0,
+        "the budget was meant to force preemption"
+    );
+    assert!(h.metrics.spec_decode_num_accepted_tokens.get() > 0);
+    h.shutdown();
+    join.join().unwrap().unwrap();
+}
+
+#[test]
+fn max_tokens_and_the_context_cap_the_drafts() {
+    let g = Golden::load("tiny-c");
+    let p = &tie_safe(&g)[0];
+    let prompt = ids(&p["ids"]);
+    let want = ids(&p["greedy"]);
+    // Every draft right: without the cap a step would overshoot max_tokens.
+    let (h, join) = start(
+        "tiny-c",
+        sched(4, 256, None, 4096),
+        16 << 20,
+        replay(5, 1.0, &g),
+    );
+    for n in [1, 2, 6, 7] {
+        let (toks, reason) = collect(h.add_request(prompt.clone(), greedy(n)).unwrap().1);
+        assert_eq!(toks, want[..n], "max_tokens {n}");
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
+    h.shutdown();
+    join.join().unwrap().unwrap();
+    // The context: prompt + 3 tokens.
+    let len = prompt.len() + 3;
+    let (h, join) = start(
+        "tiny-c",
+        sched(4, 256, None, len),
+        16 << 20,
+        replay(5, 1.0, &g),
+    );
+    let (toks, reason) = collect(h.add_request(prompt.clone(), greedy(32)).unwrap().1);
+    assert_eq!(
+        (toks.as_slice(), reason),
+        (&want[..3], Some(FinishReason::Length))
+    );
+    h.shutdown();
+    join.join().unwrap().unwrap();
+}
+
+#[test]
+fn an_eos_among_accepted_drafts_ends_the_request_there() {
+    // The plain run stops at the first EOS: so must the speculative one, even when the
+    // drafts run past it.
+    let g = Golden::load("tiny-a");
+    let p = &tie_safe(&g)[1];
+    let prompt = ids(&p["ids"]);
+    let greedy_toks = ids(&p["greedy"]);
+    // Make the 5th greedy token the stop token.
+    let stop = greedy_toks[4];
+    let params = SamplingParams {
+        stop_token_ids: vec![stop],
+        ..greedy(32)
+    };
+    let first = greedy_toks.iter().position(|&t| t == stop).unwrap();
+    let (h, join) = start(
+        "tiny-a",
+        sched(4, 256, None, 4096),
+        64 << 20,
+        replay(5, 1.0, &g),
+    );
+    let (toks, reason) = collect(h.add_request(prompt, params).unwrap().1);
+    assert_eq!(toks, greedy_toks[..=first]);
+    assert_eq!(reason, Some(FinishReason::Stop));
+    h.shutdown();
+    join.join().unwrap().unwrap();
+}
+
+#[test]
+fn mtp_without_an_mtp_block_is_a_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixture("tiny-c").join("official").join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    let model = deepinfer_model::v4::Model::load(dir.path()).unwrap();
+    let err = engine::start(
+        model,
+        EngineConfig {
+            scheduler: sched(4, 64, None, 4096),
+            cache: cache_config(16 << 20, 4, 0),
+            model_name: "test".into(),
+            forced_output: None,
+            speculative: Some(mtp(2)),
+        },
+    )
+    .err()
+    .expect("must fail");
+    assert!(err.to_string().contains("MTP block"), "{err}");
+}
+
+/// With acceptance near zero (random weights), the adaptive policy stops drafting: after a
+/// while almost no step drafts, and the output is still the plain output.
+#[test]
+fn the_policy_stops_drafting_that_does_not_pay() {
+    let g = Golden::load("tiny-a");
+    let spec =
+        SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 3}"#, None)
+            .unwrap();
+    let (h, join) = start("tiny-a", sched(4, 256, None, 4096), 64 << 20, spec);
+    let p = &tie_safe(&g)[1];
+    let (toks, _) = collect(h.add_request(ids(&p["ids"]), greedy(200)).unwrap().1);
+    assert_eq!(toks[..32], ids(&p["greedy"])[..]);
+    let m = &h.metrics;
+    let drafts = m.spec_decode_num_drafts.get();
+    eprintln!(
+        "200 tokens: {drafts} verify rounds, {} draft tokens, {} accepted",
+        m.spec_decode_num_draft_tokens.get(),
+        m.spec_decode_num_accepted_tokens.get()
+    );
+    assert!(
+        drafts <= 20,
+        "{drafts} verify rounds in 200 steps: the policy kept drafting"
+    );
+    h.shutdown();
+    join.join().unwrap().unwrap();
+}
+
+/// Sampling with speculation draws from the target's distribution: the first three tokens
+/// of 2000 seeded requests, with and without drafts (the greedy continuation, often right),
+/// have the same joint frequencies to within sampling error.
+#[test]
+fn sampled_output_keeps_the_target_distribution() {
+    const N: u64 = 2000;
+    let g = Golden::load("tiny-c");
+    let prompt = ids(&tie_safe(&g)[0]["ids"]);
+    let params = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 3,
+        max_tokens: 3,
+        ignore_eos: true,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let run = |spec: Option<SpeculativeConfig>| {
+        let (h, join) = engine::start(
+            load("tiny-c", "official"),
+            EngineConfig {
+                scheduler: sched(64, 512, None, 4096),
+                cache: cache_config(64 << 20, 64, 0),
+                model_name: "test".into(),
+                forced_output: None,
+                speculative: spec,
+            },
+        )
+        .unwrap();
+        let rxs: Vec<_> = (0..N)
+            .map(|s| h.add_request(prompt.clone(), params(s)).unwrap().1)
+            .collect();
+        let mut counts = std::collections::BTreeMap::new();
+        for rx in rxs {
+            *counts.entry(collect(rx).0).or_insert(0u64) += 1;
+        }
+        let accepted = h.metrics.spec_decode_num_accepted_tokens.get();
+        h.shutdown();
+        join.join().unwrap().unwrap();
+        (counts, accepted)
+    };
+    let (plain, _) = run(None);
+    let (spec, accepted) = run(Some(replay(2, 1.0, &g)));
+    assert!(accepted > N / 10, "only {accepted} drafts accepted");
+    let keys: std::collections::BTreeSet<_> = plain.keys().chain(spec.keys()).collect();
+    assert!(
+        keys.len() >= 5,
+        "the distribution is too peaked to tell anything"
+    );
+    // Two-sample chi-square over the joint outcomes, against its 1e-4 critical value
+    // (Wilson–Hilferty): a broken acceptance rule moves it far past that.
+    let chi2: f64 = keys
+        .iter()
+        .map(|k| {
+            let (a, b) = (
+                *plain.get(*k).unwrap_or(&0) as f64,
+                *spec.get(*k).unwrap_or(&0) as f64,
+            );
+            (a - b).powi(2) / (a + b)
+        })
+        .sum();
+    let df = (keys.len() - 1) as f64;
+    let h = 2.0 / (9.0 * df);
+    let critical = df * (1.0 - h + 3.72 * h.sqrt()).powi(3);
+    assert!(
+        chi2 <= critical,
+        "chi-square {chi2:.1} > {critical:.1}: plain {plain:?}, speculative {spec:?}"
+    );
+}

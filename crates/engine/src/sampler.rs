@@ -918,6 +918,93 @@ mod tests {
         stats_case(0.9, 5, 1.0, 0.3, 54);
     }
 
+    /// Rejection sampling against a point-mass draft: whatever the draft (likely,
+    /// unlikely, filtered out), the emitted token has the target's distribution, and the
+    /// draft is accepted with probability p(draft).
+    fn verify_case(
+        logits: &[f32],
+        params: &SamplingParams,
+        output: &[u32],
+        draft: u32,
+        expected: &[f64],
+    ) {
+        const N: usize = 20_000;
+        let mut sampler = Sampler::new();
+        let mut rng = SeqRng::new(params.seed);
+        let mut counts = vec![0usize; logits.len()];
+        let mut accepted = 0;
+        for _ in 0..N {
+            let mut r = row(params, output, &mut rng);
+            let (s, hit) = sampler.verify_row(logits, &mut r, draft);
+            assert_eq!(hit, s.token == draft);
+            counts[s.token as usize] += 1;
+            accepted += usize::from(hit);
+        }
+        for (id, (&c, &p)) in counts.iter().zip(expected).enumerate() {
+            let freq = c as f64 / N as f64;
+            let se = (p * (1.0 - p) / N as f64).sqrt();
+            assert!(
+                (freq - p).abs() <= 5.0 * se,
+                "draft {draft}, token {id}: frequency {freq:.5}, expected {p:.5} under {params:?}"
+            );
+        }
+        assert_eq!(accepted, counts[draft as usize]);
+    }
+
+    #[test]
+    fn verification_keeps_the_target_distribution() {
+        for (t, k, p, min_p, seed) in [
+            (1.0, 0, 1.0, 0.0, 61),
+            (0.7, 6, 0.9, 0.0, 62),
+            (1.3, 0, 0.85, 0.1, 63),
+        ] {
+            let params = SamplingParams {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+                min_p,
+                seed: Some(seed),
+                ..Default::default()
+            };
+            let expected = reference_dist(&LOGITS, f64::from(t), k, f64::from(p), f64::from(min_p));
+            // The most likely token, a middling one, and one the filters drop (id 9).
+            for draft in [1, 3, 9] {
+                verify_case(&LOGITS, &params, &[], draft, &expected);
+            }
+        }
+        // Processors apply first: penalties and bias shape the distribution drafts face.
+        let params = SamplingParams {
+            temperature: 1.0,
+            repetition_penalty: 1.5,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(9, 2.5)],
+            seed: Some(64),
+            ..Default::default()
+        };
+        let output = [1, 1, 4];
+        let processed = processed(&params, &[], &output, &[]);
+        let expected = reference_dist(&processed, 1.0, 0, 1.0, 0.0);
+        for draft in [1, 4, 9] {
+            verify_case(&PLOGITS, &params, &output, draft, &expected);
+        }
+    }
+
+    #[test]
+    fn greedy_verification_accepts_only_the_argmax_and_draws_nothing() {
+        let params = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut sampler = Sampler::new();
+        let mut rng = SeqRng::new(Some(1));
+        let mut reference = SeqRng::new(Some(1));
+        for draft in 0..LOGITS.len() as u32 {
+            let (s, hit) = sampler.verify_row(&LOGITS, &mut row(&params, &[], &mut rng), draft);
+            assert_eq!((s.token, hit), (1, draft == 1));
+        }
+        assert_eq!(rng.uniform(), reference.uniform(), "greedy drew randomness");
+    }
+
     #[test]
     fn statistics_filters_really_bite() {
         // Guard against the cases above degenerating into plain temperature sampling.
