@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 /// The default model: the `tiny` preset at seed 0. Bump the suffix when the preset or the
 /// writer changes, so an old cached copy is not served as the new one.
-const DEFAULT_MODEL: &str = "tiny-seed0-v1";
+const DEFAULT_MODEL: &str = "tiny-seed0-v2";
 const DEFAULT_MODEL_NAME: &str = "deepinfer-tiny";
 
 #[derive(Args, Debug)]

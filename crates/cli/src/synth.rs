@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(Args, Debug)]
 pub struct SynthArgs {
     /// Model shape: `tiny` (every layer kind at toy width, seconds to write) or `bench`
-    /// (V4-Flash's architecture scaled to one machine, about 3.3 GB).
+    /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block).
     #[arg(long)]
     preset: String,
     /// Output directory, created if missing.

@@ -95,6 +95,57 @@ fn chunked_prefill_reproduces_golden_greedy_tokens() {
     check_layout("tiny-b", "hf", &["--prefill-chunk", "7"]);
 }
 
+/// Speculative decoding with the checkpoint's MTP block, spelled as vLLM spells it: the
+/// same greedy tokens and logprobs.
+#[test]
+fn speculative_decoding_reproduces_golden_greedy_tokens() {
+    check_layout(
+        "tiny-a",
+        "official",
+        &[
+            "--speculative-config",
+            r#"{"method": "mtp", "num_speculative_tokens": 3, "adaptive": false}"#,
+        ],
+    );
+    check_layout("tiny-b", "hf", &["--num-speculative-tokens", "2"]);
+}
+
+#[test]
+fn speculative_flags_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            golden("tiny-c").join("official").join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    let model = golden("tiny-c").join("official");
+    for (model, spec, needle) in [
+        (dir.path(), r#"{"method": "mtp"}"#, "MTP block"),
+        (model.as_path(), r#"{"method": "eagle"}"#, "not supported"),
+        (
+            model.as_path(),
+            r#"{"method": "mtp", "num_speculative_tokens": 0}"#,
+            "positive",
+        ),
+        (model.as_path(), r#"{"method": "replay"}"#, "bench"),
+    ] {
+        let out = deepinfer(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "--speculative-config",
+            spec,
+        ]);
+        assert!(!out.status.success(), "{spec}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{spec}: {err}");
+    }
+}
+
 #[test]
 fn stops_at_eos_unless_ignored() {
     // With this prompt tiny-c emits its EOS (id 1, from config.json) as the 5th token.

@@ -1395,3 +1395,33 @@ async fn a_second_ctrl_c_aborts_at_once() {
     let status = waiter.await.unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// `serve --speculative-config`: the default model drafts with its MTP block; greedy text
+/// equals the engine's plain greedy text, and /metrics counts the verify rounds under
+/// vLLM's names.
+#[tokio::test]
+async fn speculative_serving_keeps_greedy_text_and_reports_its_counters() {
+    let spec = r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#;
+    let server = Server::start(&["--speculative-config", spec]);
+    let root = model_root(&server).await;
+    let tok = Tokenizer::from_dir(&root).unwrap();
+    let reference: Vec<String> = engine_greedy(&root, &prompts(), 12)
+        .iter()
+        .map(|ids| tok.decode(ids, true))
+        .collect();
+    let body = json!({"prompt": prompts(), "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let (status, v) = post(&server, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{v}");
+    for (i, want) in reference.iter().enumerate() {
+        assert_eq!(v["choices"][i]["text"].as_str().unwrap(), want);
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    let m = wait_idle(&server).await;
+    let drafts = metric(&m, "deepinfer:spec_decode_num_drafts_total", &[]).unwrap_or(0.0);
+    let tokens = metric(&m, "deepinfer:spec_decode_num_draft_tokens_total", &[]).unwrap_or(0.0);
+    assert!(drafts > 0.0 && tokens >= drafts, "{m}");
+    assert!(
+        metric(&m, "deepinfer:spec_decode_num_accepted_tokens_total", &[]).is_some(),
+        "{m}"
+    );
+}

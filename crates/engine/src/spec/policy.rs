@@ -212,8 +212,8 @@ impl Policy {
             .filter(|r| seqs.get(&r.id).is_some_and(Sequence::is_decoding))
             .count();
         let costs = self.costs(decoding);
-        // (id, acceptance, cap) of the sequences that may draft next step.
-        let mut cands: smallvec::SmallVec<[(RequestId, f64, usize); 64]> =
+        // (id, acceptance, cap, explore) of the sequences that may draft next step.
+        let mut cands: smallvec::SmallVec<[(RequestId, f64, usize, bool); 64]> =
             smallvec::SmallVec::new();
         for r in records {
             let Some(s) = seqs.get_mut(&r.id) else {
@@ -238,7 +238,9 @@ impl Policy {
             } else {
                 self.prior.rate()
             };
-            cands.push((r.id, rate, cap(s)));
+            // Nothing known about acceptance yet: probe rather than guess.
+            let explore = !p.acceptance.observed() && !self.prior.observed();
+            cands.push((r.id, rate, cap(s), explore));
         }
         let Some((per_draft, plain)) = costs else {
             return;
@@ -262,9 +264,11 @@ impl Policy {
                 _ => break,
             }
         }
-        for (&(id, _, cap), &k) in cands.iter().zip(&planned) {
+        for (&(id, _, cap, explore), &k) in cands.iter().zip(&planned) {
             let p = &mut seqs.get_mut(&id).expect("candidate").spec.policy;
-            if k > 0 {
+            if explore {
+                p.planned = k.max(cap.min(1));
+            } else if k > 0 {
                 p.planned = k;
                 p.backoff = 0;
                 p.paused_until = 0;
@@ -282,5 +286,164 @@ impl Policy {
     /// Whether one draft token at acceptance `rate` pays in a single-sequence step.
     fn pays(&self, rate: f64, costs: Option<(f64, f64)>) -> bool {
         costs.is_none_or(|(per_draft, plain)| rate * plain > per_draft)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{Request, RequestOutput};
+    use crate::sampling_params::SamplingParams;
+
+    const K: usize = 4;
+
+    fn seqs(n: u64) -> HashMap<RequestId, Sequence> {
+        (0..n)
+            .map(|id| {
+                let (tx, _rx) = std::sync::mpsc::channel::<RequestOutput>();
+                let req = Request {
+                    id,
+                    prompt_ids: vec![3; 8],
+                    params: SamplingParams {
+                        max_tokens: 1000,
+                        ..SamplingParams::default()
+                    },
+                    arrival: std::time::Instant::now(),
+                };
+                let mut s = Sequence::new(req, Box::new(tx));
+                s.output_ids.push(5); // decoding: one sampled token to feed
+                s.num_computed = 8;
+                (id, s)
+            })
+            .collect()
+    }
+
+    /// A decode step where every sequence verified `drafted` drafts and accepted `accepted`.
+    fn records(n: u64, drafted: usize, accepted: usize) -> Vec<StepRecord> {
+        (0..n)
+            .map(|id| StepRecord {
+                id,
+                row: 0,
+                start: 8,
+                committed: 1 + accepted,
+                drafted,
+                accepted,
+            })
+            .collect()
+    }
+
+    fn decode_step(target_s: f64, draft_s: f64) -> StepTiming {
+        StepTiming {
+            target_s,
+            draft_s,
+            pure_decode: true,
+        }
+    }
+
+    fn planned(seqs: &HashMap<RequestId, Sequence>) -> Vec<usize> {
+        let mut v: Vec<_> = seqs
+            .iter()
+            .map(|(&id, s)| (id, s.spec.policy.planned))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// One engine step as the policy sees it: observe, then plan.
+    fn step(p: &mut Policy, s: &mut HashMap<RequestId, Sequence>, t: StepTiming, r: &[StepRecord]) {
+        p.observe(&t, r, s);
+        p.plan(r, s, 4096);
+    }
+
+    #[test]
+    fn nothing_is_drafted_before_a_plain_step_was_timed() {
+        let mut p = Policy::new(K, true, 8);
+        let mut s = seqs(1);
+        let t = StepTiming::default(); // a prefill: not a decode measurement
+        step(&mut p, &mut s, t, &records(1, 0, 0));
+        assert_eq!(planned(&s), [0]);
+        step(&mut p, &mut s, decode_step(0.010, 0.0), &records(1, 0, 0));
+        assert!(
+            planned(&s)[0] > 0,
+            "a timed plain step and no evidence: try drafting"
+        );
+    }
+
+    #[test]
+    fn cheap_well_accepted_drafts_get_the_full_length() {
+        let mut p = Policy::new(K, true, 8);
+        let mut s = seqs(1);
+        step(&mut p, &mut s, decode_step(0.010, 0.0), &records(1, 0, 0));
+        // Verifying 4 drafts costs 2 ms more, drafting them 1 ms: all accepted.
+        for _ in 0..10 {
+            step(&mut p, &mut s, decode_step(0.012, 0.001), &records(1, K, K));
+        }
+        assert_eq!(planned(&s), [K]);
+    }
+
+    #[test]
+    fn drafts_that_are_never_accepted_stop_and_are_probed_with_backoff() {
+        let mut p = Policy::new(K, true, 8);
+        let mut s = seqs(1);
+        step(&mut p, &mut s, decode_step(0.010, 0.0), &records(1, 0, 0));
+        let mut drafted_steps = Vec::new();
+        let mut last = 0;
+        for i in 0..600 {
+            let r = records(1, last, 0);
+            // Verify rounds cost as much as a step each, plain steps 10 ms.
+            let t = if last > 0 {
+                decode_step(0.020, 0.005)
+            } else {
+                decode_step(0.010, 0.0)
+            };
+            step(&mut p, &mut s, t, &r);
+            last = planned(&s)[0];
+            if last > 0 {
+                drafted_steps.push(i);
+            }
+        }
+        // A few rounds to learn, then single-token probes ever further apart.
+        assert!(drafted_steps.len() <= 12, "{drafted_steps:?}");
+        let gaps: Vec<_> = drafted_steps.windows(2).map(|w| w[1] - w[0]).collect();
+        let tail = &gaps[gaps.len() - 3..];
+        assert!(tail.windows(2).all(|w| w[1] >= w[0]), "{gaps:?}");
+        assert!(*tail.last().unwrap() >= MAX_BACKOFF as usize, "{gaps:?}");
+        // A newcomer does not even start drafting.
+        let mut s2 = seqs(2);
+        s2.remove(&0);
+        let r = [StepRecord {
+            id: 1,
+            ..records(1, 0, 0)[0]
+        }];
+        step(&mut p, &mut s2, decode_step(0.010, 0.0), &r);
+        assert_eq!(planned(&s2), [0]);
+        assert!(
+            !s2[&1].spec.policy.follows(false, p.step),
+            "its prompt is not followed"
+        );
+    }
+
+    #[test]
+    fn drafts_go_to_the_sequence_that_gains_most() {
+        let mut p = Policy::new(K, true, 8);
+        let mut s = seqs(2);
+        step(&mut p, &mut s, decode_step(0.010, 0.0), &records(2, 0, 0));
+        for _ in 0..10 {
+            // Sequence 0 accepts every draft, 1 none; verification is cheap.
+            let mut r = records(2, 2, 2);
+            r[1].accepted = 0;
+            step(&mut p, &mut s, decode_step(0.011, 0.001), &r);
+        }
+        let k = planned(&s);
+        assert!(k[0] > k[1], "{k:?}");
+    }
+
+    #[test]
+    fn without_the_policy_every_decoding_sequence_drafts_its_cap() {
+        let mut p = Policy::new(K, false, 8);
+        let mut s = seqs(2);
+        s.get_mut(&1).unwrap().request.params.max_tokens = 3; // 1 emitted: 1 draft left
+        step(&mut p, &mut s, StepTiming::default(), &records(2, 0, 0));
+        assert_eq!(planned(&s), [K, 1]);
     }
 }

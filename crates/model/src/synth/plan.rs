@@ -155,8 +155,22 @@ impl Planner {
         self.bf16(format!("{p}.norm.weight"), &[dim], NORM);
     }
 
-    fn layer(&mut self, s: &ModelConfig, l: usize) {
-        let p = format!("layers.{l}");
+    /// The MTP draft block (spec §7.1): input projections and norms, a full block, its own
+    /// hyper head and norm (the embedding and head are the main ones).
+    fn mtp(&mut self, s: &ModelConfig) {
+        let d = s.hidden_size;
+        self.fp8("mtp.0.e_proj", d, d);
+        self.fp8("mtp.0.h_proj", d, d);
+        for n in ["enorm", "hnorm", "norm"] {
+            self.bf16(format!("mtp.0.{n}.weight"), &[d], NORM);
+        }
+        self.hyper("mtp.0.hc_head", s.hc_mult, s, 1);
+        self.layer(s, "mtp.0", AttnKind::Sliding, MlpKind::Scored);
+    }
+
+    /// A decoder block under `p` (`layers.N`, or `mtp.0` for the MTP block, which is
+    /// sliding-window and score-routed).
+    fn layer(&mut self, s: &ModelConfig, p: &str, kind: AttnKind, mlp: MlpKind) {
         let (d, h, hd) = (s.hidden_size, s.num_attention_heads, s.head_dim);
         let hc_rows = (2 + s.hc_mult) * s.hc_mult;
         self.bf16(format!("{p}.attn_norm.weight"), &[d], NORM);
@@ -178,7 +192,7 @@ impl Planner {
         let o = s.o_groups * s.o_lora_rank;
         self.fp8(&format!("{a}.wo_a"), o, h * hd / s.o_groups);
         self.fp8(&format!("{a}.wo_b"), d, o);
-        match s.layer_types[l] {
+        match kind {
             AttnKind::Sliding => {}
             AttnKind::Csa => {
                 let m = s.compress_rate_csa;
@@ -202,7 +216,7 @@ impl Planner {
         let f = format!("{p}.ffn");
         let (e, inter) = (s.n_routed_experts, s.moe_intermediate_size);
         self.bf16(format!("{f}.gate.weight"), &[e, d], fan_in(d));
-        if s.mlp_layer_types[l] == MlpKind::Hash {
+        if mlp == MlpKind::Hash {
             let ids = Init::ExpertIds { n_experts: e };
             let shape = [s.vocab_size, s.num_experts_per_tok];
             self.push(format!("{f}.gate.tid2eid"), Dtype::I64, &shape, ids);
@@ -245,10 +259,18 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
     };
     p.bf16("embed.weight".into(), &[v, d], unit);
     for l in 0..s.num_hidden_layers {
-        p.layer(s, l);
+        p.layer(
+            s,
+            &format!("layers.{l}"),
+            s.layer_types[l],
+            s.mlp_layer_types[l],
+        );
     }
     p.bf16("norm.weight".into(), &[d], NORM);
     p.hyper("hc_head", s.hc_mult, s, 1);
     p.bf16("head.weight".into(), &[v, d], fan_in(d));
+    if s.num_nextn_predict_layers > 0 {
+        p.mtp(s);
+    }
     p.out
 }

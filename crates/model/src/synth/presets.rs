@@ -106,7 +106,7 @@ fn flash_like() -> ModelConfig {
             }),
         },
         max_position_embeddings: 1_048_576,
-        num_nextn_predict_layers: 0,
+        num_nextn_predict_layers: 1,
         bos_token_id: Some(0),
         eos_token_ids: vec![1],
     }
@@ -117,16 +117,18 @@ fn flash_like() -> ModelConfig {
 /// * `tiny`: every layer kind and both router kinds at toy width (SWA, CSA, HCA m=8, CSA; two
 ///   hash layers) with the real vocabulary; tens of MB, written in about a second.
 /// * `bench`: V4-Flash's architecture at a width this machine can run (hidden 2048, 12 layers,
-///   64 experts), about 3.3 GB; the shape performance numbers are quoted for, so keep it fixed.
+///   64 experts) plus its MTP block, about 3.5 GB; the shape performance numbers are quoted
+///   for, so keep it fixed.
 /// * `bench-bf16`: `bench` with BF16 dense projections (experts still FP4), the layout the
-///   side-by-side comparison with llama.cpp loads into both engines.
+///   side-by-side comparison with llama.cpp loads into both engines; without the MTP block
+///   the others carry (llama.cpp's converter has no names for V4's `mtp.*`).
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let dense = if name == "bench-bf16" {
         DenseFormat::Bf16
     } else {
         DenseFormat::Fp8
     };
-    let config = match name {
+    let mut config = match name {
         "tiny" => {
             let ratios = [0, 4, 8, 4];
             ModelConfig {
@@ -180,6 +182,9 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
             })
         }
     };
+    if dense == DenseFormat::Bf16 {
+        config.num_nextn_predict_layers = 0;
+    }
     Ok(SynthSpec {
         name: name.to_string(),
         config,

@@ -10,8 +10,17 @@ use crate::synth::*;
 /// Spec §4.1's rows for one layer of `bench`, with its numbers written out rather than
 /// derived, so the plan is checked against the table and not against its own formulas.
 fn bench_layer_expected(l: usize) -> Vec<(String, Dtype, Vec<usize>)> {
+    let ratio = match l {
+        0 | 1 => 0,
+        _ if l.is_multiple_of(2) => 4,
+        _ => 128,
+    };
+    block_expected(&format!("layers.{l}"), ratio, l < 3)
+}
+
+/// The rows of one block under prefix `p` (a layer or the MTP block).
+fn block_expected(p: &str, ratio: usize, hash: bool) -> Vec<(String, Dtype, Vec<usize>)> {
     use Dtype::*;
-    let p = format!("layers.{l}");
     let mut v: Vec<(String, Dtype, Vec<usize>)> = Vec::new();
     let mut add = |n: &str, d: Dtype, s: &[usize]| v.push((format!("{p}.{n}"), d, s.to_vec()));
     add("attn_norm.weight", BF16, &[2048]);
@@ -37,11 +46,6 @@ fn bench_layer_expected(l: usize) -> Vec<(String, Dtype, Vec<usize>)> {
     add("attn.q_norm.weight", BF16, &[512]);
     add("attn.kv_norm.weight", BF16, &[512]);
     add("attn.attn_sink", F32, &[16]);
-    let ratio = match l {
-        0 | 1 => 0,
-        _ if l.is_multiple_of(2) => 4,
-        _ => 128,
-    };
     if ratio == 4 {
         add("attn.compressor.wkv.weight", BF16, &[1024, 2048]);
         add("attn.compressor.wgate.weight", BF16, &[1024, 2048]);
@@ -61,7 +65,7 @@ fn bench_layer_expected(l: usize) -> Vec<(String, Dtype, Vec<usize>)> {
         add("attn.compressor.norm.weight", BF16, &[512]);
     }
     add("ffn.gate.weight", BF16, &[64, 2048]);
-    if l < 3 {
+    if hash {
         add("ffn.gate.tid2eid", I64, &[129_280, 6]);
     } else {
         add("ffn.gate.bias", F32, &[64]);
@@ -105,6 +109,26 @@ fn bench_inventory_matches_the_official_table() {
             assert!(want.insert(n.clone(), (d, s)).is_none(), "{n} twice");
         }
     }
+    // The MTP block (spec §4.1's last row): a sliding-window, score-routed block plus its
+    // input projections, norms and hyper head.
+    for (n, d, s) in [
+        ("mtp.0.e_proj.weight", F8_E4M3, vec![2048, 2048]),
+        ("mtp.0.e_proj.scale", F8_E8M0, vec![16, 16]),
+        ("mtp.0.h_proj.weight", F8_E4M3, vec![2048, 2048]),
+        ("mtp.0.h_proj.scale", F8_E8M0, vec![16, 16]),
+        ("mtp.0.enorm.weight", BF16, vec![2048]),
+        ("mtp.0.hnorm.weight", BF16, vec![2048]),
+        ("mtp.0.norm.weight", BF16, vec![2048]),
+        ("mtp.0.hc_head_fn", F32, vec![4, 8192]),
+        ("mtp.0.hc_head_base", F32, vec![4]),
+        ("mtp.0.hc_head_scale", F32, vec![1]),
+    ]
+    .map(|(n, d, s)| (n.to_string(), d, s))
+    .into_iter()
+    .chain(block_expected("mtp.0", 0, false))
+    {
+        assert!(want.insert(n.clone(), (d, s)).is_none(), "{n} twice");
+    }
     let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
     let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(*k)).collect();
     assert!(
@@ -124,7 +148,8 @@ fn bench_inventory_matches_the_official_table() {
     }
 
     let total: u64 = plan.iter().map(PlannedTensor::byte_len).sum();
-    assert!((2.5e9..3.5e9).contains(&(total as f64)), "{total} bytes");
+    // 3.3 GB for the model, 0.2 GB more for the MTP block.
+    assert!((3.3e9..3.7e9).contains(&(total as f64)), "{total} bytes");
 
     let c = ModelConfig::from_json_str(&spec.config_json().to_string()).unwrap();
     use AttnKind::*;
@@ -178,7 +203,7 @@ fn bench_inventory_matches_the_official_table() {
         (16.0, 65536.0)
     );
     assert_eq!((y.beta_fast, y.beta_slow), (32.0, 1.0));
-    assert_eq!(c.num_nextn_predict_layers, 0);
+    assert_eq!(c.num_nextn_predict_layers, 1);
     assert_eq!(
         (c.bos_token_id, c.eos_token_ids.clone()),
         (Some(0), vec![1])

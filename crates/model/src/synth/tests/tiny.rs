@@ -119,6 +119,7 @@ fn tiny_loads_runs_and_stores_what_was_drawn() {
     }
 
     let weights = ModelWeights::load(&ck, &cfg).unwrap();
+    assert!(weights.mtp.is_some(), "the preset writes an MTP block");
     let mut model = Model::new(cfg, weights);
     let c = &model.config;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 11) % 129_280).collect();
@@ -202,5 +203,17 @@ fn tiny_config_parses_to_its_shape() {
     assert_eq!((c.compress_rate_csa, c.compress_rate_hca), (4, 8));
     assert_eq!(c.mlp_layer_types[..2], [MlpKind::Hash, MlpKind::Hash]);
     assert_eq!(c.vocab_size, 129_280);
-    assert_eq!(c.num_nextn_predict_layers, 0);
+    assert_eq!(c.num_nextn_predict_layers, 1);
+}
+
+#[test]
+fn the_llama_cpp_comparison_preset_has_no_mtp_block() {
+    let spec = preset("bench-bf16").unwrap();
+    assert_eq!(spec.config.num_nextn_predict_layers, 0);
+    assert!(!super::super::plan::tensor_plan(&spec)
+        .iter()
+        .any(|t| t.name.starts_with("mtp.")));
+    assert!(super::super::plan::tensor_plan(&preset("bench").unwrap())
+        .iter()
+        .any(|t| t.name == "mtp.0.e_proj.weight"));
 }
