@@ -7,10 +7,9 @@ mod common;
 use common::*;
 use deepinfer_engine::cache::CacheManager;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
-use deepinfer_engine::request::{FinishReason, RequestOutput};
+use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
-use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 
 type Join = JoinHandle<Result<EngineCore, EngineError>>;
@@ -48,25 +47,6 @@ fn sched(
     }
 }
 
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
-
-fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
-    let mut toks = Vec::new();
-    let mut reason = None;
-    for d in rx {
-        toks.extend(d.new_token_ids);
-        reason = d.finish_reason.or(reason);
-    }
-    (toks, reason)
-}
-
 fn assert_pools_empty(join: Join) {
     let core = join.join().unwrap().unwrap();
     for u in core.cache().usage() {
@@ -83,25 +63,7 @@ fn assert_pools_empty(join: Join) {
 fn all_prompts_concurrently(config: &str) {
     let g = Golden::load(config);
     let (h, join) = start(config, sched(8, 24, Some(7)), 64 << 20, 8);
-    let safe: Vec<_> = g
-        .prompts()
-        .iter()
-        .filter(|p| p["tie_safe"].as_bool().unwrap())
-        .collect();
-    let rxs: Vec<_> = safe
-        .iter()
-        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
-        .collect();
-    for (p, rx) in safe.iter().zip(rxs) {
-        let (toks, reason) = collect(rx);
-        assert_eq!(
-            toks,
-            ids(&p["greedy"]),
-            "{config} p{}: engine tokens differ from HF",
-            p["index"]
-        );
-        assert_eq!(reason, Some(FinishReason::Length));
-    }
+    expect_golden_greedy(&h, &g, config);
     h.drain().unwrap();
     h.shutdown();
     assert_pools_empty(join);

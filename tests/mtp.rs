@@ -184,14 +184,7 @@ fn mtp_copies_of_embed_and_head_are_recognised() {
 #[test]
 fn a_checkpoint_without_mtp_weights_loads_without_a_drafter() {
     // The same tiny-c files minus mtp.safetensors.
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(
-            fixture("tiny-c").join("official").join(f),
-            dir.path().join(f),
-        )
-        .unwrap();
-    }
+    let dir = tiny_c_without_mtp();
     let m = Model::load(dir.path()).unwrap();
     assert!(!m.has_mtp());
     let mut cache = mtp_cache(&m);

@@ -7,12 +7,10 @@ mod common;
 
 use common::*;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
-use deepinfer_engine::request::{FinishReason, RequestOutput};
+use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
-use serde_json::Value;
-use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 
 type Join = JoinHandle<Result<EngineCore, EngineError>>;
@@ -73,52 +71,12 @@ fn replay(k: usize, rate: f64, g: &Golden) -> SpeculativeConfig {
     c
 }
 
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
-
-fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
-    let mut toks = Vec::new();
-    let mut reason = None;
-    for d in rx {
-        toks.extend(d.new_token_ids);
-        reason = d.finish_reason.or(reason);
-    }
-    (toks, reason)
-}
-
-fn tie_safe(g: &Golden) -> Vec<&Value> {
-    g.prompts()
-        .iter()
-        .filter(|p| p["tie_safe"].as_bool().unwrap())
-        .collect()
-}
-
 /// Every tie-safe prompt at once; each must get HF's greedy tokens. Returns the accepted
 /// draft tokens counted by the engine.
 fn run_all(config: &str, s: SchedulerConfig, spec: SpeculativeConfig, label: &str) -> u64 {
     let g = Golden::load(config);
     let (h, join) = start(config, s, 64 << 20, spec);
-    let prompts = tie_safe(&g);
-    let rxs: Vec<_> = prompts
-        .iter()
-        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
-        .collect();
-    for (p, rx) in prompts.iter().zip(rxs) {
-        let (toks, reason) = collect(rx);
-        assert_eq!(
-            toks,
-            ids(&p["greedy"]),
-            "{config} p{} {label}: speculative tokens differ from plain greedy",
-            p["index"]
-        );
-        assert_eq!(reason, Some(FinishReason::Length));
-    }
+    expect_golden_greedy(&h, &g, &format!("{config} {label}"));
     h.drain().unwrap();
     let m = &h.metrics;
     let accepted = m.spec_decode_num_accepted_tokens.get();
@@ -302,14 +260,7 @@ fn an_eos_among_accepted_drafts_ends_the_request_there() {
 
 #[test]
 fn mtp_without_an_mtp_block_is_a_startup_error() {
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(
-            fixture("tiny-c").join("official").join(f),
-            dir.path().join(f),
-        )
-        .unwrap();
-    }
+    let dir = tiny_c_without_mtp();
     let model = deepinfer_model::v4::Model::load(dir.path()).unwrap();
     let err = engine::start(
         model,

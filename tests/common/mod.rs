@@ -2,13 +2,17 @@
 #![allow(dead_code)]
 
 use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheError, CacheManager, SeqId};
+use deepinfer_engine::engine::EngineHandle;
+use deepinfer_engine::request::{FinishReason, RequestOutput};
 use deepinfer_engine::runner::{ModelRunner, RunnerError};
+use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_model::batch::Logits;
 use deepinfer_model::v4::Model;
 use safetensors::SafeTensors;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
 
 pub const LOGIT_TOL: f32 = 1e-4;
 
@@ -182,4 +186,65 @@ pub fn chunked_logits(r: &mut TestRunner, tokens: &[u32], chunk: usize) -> Vec<V
     }
     r.free(seq).unwrap();
     out
+}
+
+/// Greedy decoding of exactly `max_tokens` tokens (EOS ignored).
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Every token of a request's stream, and how it finished.
+pub fn collect(rx: Receiver<RequestOutput>) -> (Vec<u32>, Option<FinishReason>) {
+    let mut toks = Vec::new();
+    let mut reason = None;
+    for d in rx {
+        toks.extend(d.new_token_ids);
+        reason = d.finish_reason.or(reason);
+    }
+    (toks, reason)
+}
+
+/// tiny-c's official checkpoint without its MTP block (`mtp.safetensors` left out).
+pub fn tiny_c_without_mtp() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixture("tiny-c").join("official").join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// The prompts whose router and indexer margins let tokens be compared exactly.
+pub fn tie_safe(g: &Golden) -> Vec<&Value> {
+    g.prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+        .collect()
+}
+
+/// Submits every tie-safe prompt of `g` at once; each must get HF's 32 greedy tokens.
+pub fn expect_golden_greedy(h: &EngineHandle, g: &Golden, label: &str) {
+    let prompts = tie_safe(g);
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
+        .collect();
+    for (p, rx) in prompts.iter().zip(rxs) {
+        let (toks, reason) = collect(rx);
+        assert_eq!(
+            toks,
+            ids(&p["greedy"]),
+            "{label} p{}: tokens differ from HF's greedy tokens",
+            p["index"]
+        );
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
 }

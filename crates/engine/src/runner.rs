@@ -6,7 +6,7 @@
 //! room for them first (the scheduler does, through its allocator).
 
 use crate::cache::{CacheError, CacheManager, SeqId};
-use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use deepinfer_model::batch::{ForwardBatch, Logits};
 use deepinfer_model::v4::model::ForwardExtras;
 use deepinfer_model::v4::{Model, ModelError};
 
@@ -79,14 +79,7 @@ impl ModelRunner {
         tokens: impl IntoIterator<Item = u32>,
         num_logits: usize,
     ) {
-        let b = &mut self.batch;
-        let first = b.token_ids.len();
-        b.token_ids.extend(tokens);
-        let len = b.token_ids.len() - first;
-        b.positions.extend(start..start + len);
-        b.spans.push(SeqSpan { start: first, len });
-        b.logits_rows
-            .extend(first + len - num_logits.min(len)..first + len);
+        self.batch.push_span(start, tokens, num_logits);
         self.ids.push(seq);
     }
 

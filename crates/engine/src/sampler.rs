@@ -135,6 +135,15 @@ impl Sampler {
             .collect()
     }
 
+    /// One row of [`Sampler::sample`]: what the engine calls per sequence.
+    pub fn sample_row(&mut self, raw: &[f32], row: &mut SampleRow<'_>) -> Sample {
+        let token = match self.scripted_token(row) {
+            Some(token) => token,
+            None => self.choose(raw, row, None),
+        };
+        Self::with_logprobs(raw, token, row.params)
+    }
+
     /// Speculative decoding's test of a draft token at one row. Drafters here propose
     /// deterministically (the draft distribution is a point mass), so rejection sampling
     /// accepts the draft with probability `p(draft)` under the row's processed, filtered
@@ -148,84 +157,63 @@ impl Sampler {
         row: &mut SampleRow<'_>,
         draft: u32,
     ) -> (Sample, bool) {
-        let params = row.params;
-        if params.is_greedy() || self.script.is_some() {
-            let s = self.sample_row(raw, row);
-            let accepted = s.token == draft;
-            return (s, accepted);
-        }
-        let mut processed = std::mem::take(&mut self.processed);
-        let token = {
-            let logits: &[f32] = if needs_processing(row) {
-                processed.clear();
-                processed.extend_from_slice(raw);
-                self.process_logits(row, &mut processed);
-                &processed
-            } else {
-                raw
-            };
-            match self.candidates(logits, params) {
-                None => argmax(logits),
-                Some(kept) => {
-                    let at = self.cand.iter().position(|c| c.1 == draft);
-                    let w = at.map_or(0.0, |i| self.cand[i].0);
-                    if row.rng.uniform() < w / kept {
-                        draft
-                    } else {
-                        if let Some(i) = at {
-                            self.cand[i].0 = 0.0;
-                        }
-                        let u = row.rng.uniform();
-                        self.pick(u * (kept - w))
-                    }
-                }
-            }
+        let token = match self.scripted_token(row) {
+            Some(token) => token,
+            None => self.choose(raw, row, Some(draft)),
         };
-        self.processed = processed;
-        let (logprob, top_logprobs) = match params.logprobs {
-            Some(n) => Self::raw_logprobs(raw, token, n),
-            None => (f32::NAN, Vec::new()),
-        };
-        let s = Sample {
-            token,
-            logprob,
-            top_logprobs,
-        };
-        (s, token == draft)
+        (Self::with_logprobs(raw, token, row.params), token == draft)
     }
 
-    /// One row of [`Sampler::sample`]: what the engine calls per sequence.
-    pub fn sample_row(&mut self, raw: &[f32], row: &mut SampleRow<'_>) -> Sample {
+    /// The row's token from its processed logits: the argmax, a draw, or (given a draft)
+    /// the rejection-sampling test of the draft.
+    fn choose(&mut self, raw: &[f32], row: &mut SampleRow<'_>, draft: Option<u32>) -> u32 {
         let params = row.params;
-        if let Some(token) = self.scripted_token(row) {
-            let (logprob, top_logprobs) = match params.logprobs {
-                Some(n) => Self::raw_logprobs(raw, token, n),
-                None => (f32::NAN, Vec::new()),
-            };
-            return Sample {
-                token,
-                logprob,
-                top_logprobs,
-            };
-        }
         let mut processed = std::mem::take(&mut self.processed);
-        let token = {
-            let logits: &[f32] = if needs_processing(row) {
-                processed.clear();
-                processed.extend_from_slice(raw);
-                self.process_logits(row, &mut processed);
-                &processed
-            } else {
-                raw
-            };
-            if params.is_greedy() {
-                argmax(logits)
-            } else {
+        let logits: &[f32] = if needs_processing(row) {
+            processed.clear();
+            processed.extend_from_slice(raw);
+            self.process_logits(row, &mut processed);
+            &processed
+        } else {
+            raw
+        };
+        let token = match (params.is_greedy(), draft) {
+            (true, _) => argmax(logits),
+            (false, None) => {
                 let u = row.rng.uniform();
                 self.draw(logits, params, u)
             }
+            (false, Some(d)) => self.accept_or_resample(logits, params, d, row.rng),
         };
         self.processed = processed;
+        token
+    }
+
+    /// Keeps `draft` with probability `p(draft)`, else draws from `p` without it.
+    fn accept_or_resample(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        draft: u32,
+        rng: &mut SeqRng,
+    ) -> u32 {
+        let Some(kept) = self.candidates(logits, params) else {
+            return argmax(logits);
+        };
+        let at = self.cand.iter().position(|c| c.1 == draft);
+        let w = at.map_or(0.0, |i| self.cand[i].0);
+        if rng.uniform() < w / kept {
+            return draft;
+        }
+        if let Some(i) = at {
+            self.cand[i].0 = 0.0;
+        }
+        let u = rng.uniform();
+        self.pick(u * (kept - w))
+    }
+
+    /// `token` with its logprobs from the raw row, as the request asked.
+    fn with_logprobs(raw: &[f32], token: u32, params: &SamplingParams) -> Sample {
         let (logprob, top_logprobs) = match params.logprobs {
             Some(n) => Self::raw_logprobs(raw, token, n),
             None => (f32::NAN, Vec::new()),

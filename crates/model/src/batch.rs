@@ -29,20 +29,28 @@ impl ForwardBatch {
     pub fn from_prompts(prompts: &[Vec<u32>], all_positions: bool) -> Self {
         let mut b = ForwardBatch::default();
         for p in prompts {
-            let start = b.token_ids.len();
-            b.token_ids.extend_from_slice(p);
-            b.positions.extend(0..p.len());
-            b.spans.push(SeqSpan {
-                start,
-                len: p.len(),
-            });
-            if all_positions {
-                b.logits_rows.extend(start..start + p.len());
-            } else if !p.is_empty() {
-                b.logits_rows.push(start + p.len() - 1);
-            }
+            let logits = if all_positions { p.len() } else { 1 };
+            b.push_span(0, p.iter().copied(), logits);
         }
         b
+    }
+
+    /// Appends one sequence's `tokens` at positions `start..`, asking for the logits of the
+    /// last `num_logits` of them; returns the span's first row.
+    pub fn push_span(
+        &mut self,
+        start: usize,
+        tokens: impl IntoIterator<Item = u32>,
+        num_logits: usize,
+    ) -> usize {
+        let first = self.token_ids.len();
+        self.token_ids.extend(tokens);
+        let len = self.token_ids.len() - first;
+        self.positions.extend(start..start + len);
+        self.spans.push(SeqSpan { start: first, len });
+        self.logits_rows
+            .extend(first + len - num_logits.min(len)..first + len);
+        first
     }
 
     /// Empties the batch, keeping its buffers.

@@ -205,8 +205,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             speculative: None,
             ..config.clone()
         };
-        let (timings, _, back) = workload(model, plain, &prompts, &args)?;
+        let (timings, counts, back) = workload(model, plain, &prompts, &args)?;
         model = back;
+        println!("The plain run, for comparison:");
+        print_report(&Report::new(&args, &timings, &counts));
         if let Some(SpeculativeConfig {
             method: SpecMethod::Replay { script, .. },
             ..

@@ -28,6 +28,10 @@ pub struct ModelArgs {
     /// Decode batch sizes (sequences stepping together, one token each).
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     batch: Vec<usize>,
+    /// Tokens each sequence appends per decode step: 1 is plain decoding, `k + 1` is the
+    /// step that verifies `k` draft tokens (the speculative-decoding cost curve).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    tokens_per_seq: Vec<usize>,
     /// Tokens already in each sequence's cache when decode is timed.
     #[arg(long, default_value_t = 128)]
     context: usize,
@@ -54,6 +58,8 @@ struct Roofs {
 #[derive(Serialize)]
 struct DecodeRow {
     batch: usize,
+    /// Tokens each sequence appends per step (1: plain decode; more: a verify step).
+    tokens_per_seq: usize,
     context: usize,
     ms_per_step: f64,
     tokens_per_s: f64,
@@ -148,6 +154,127 @@ impl Bench {
     }
 }
 
+/// One decode measurement: `b` sequences with `context` tokens cached each append `t`
+/// tokens per step (`t > 1`: what verifying `t − 1` draft tokens costs), rolled back after
+/// every repetition; with `--profile`, the first row's time per op kind too.
+fn decode_row(
+    bench: &mut Bench,
+    args: &ModelArgs,
+    b: usize,
+    t: usize,
+    threads: usize,
+) -> Result<DecodeRow> {
+    let (vocab, reps) = (bench.runner.model().config.vocab_size, args.reps.max(1));
+    let seqs: Vec<SeqId> = (0..b)
+        .map(|_| bench.cache.add_seq())
+        .collect::<Result<_, _>>()?;
+    for (i, &s) in seqs.iter().enumerate() {
+        bench.prefill(s, &tokens(args.context, vocab, i), 512)?;
+    }
+    let next: Vec<Vec<u32>> = (0..b).map(|i| tokens(t, vocab, 1000 + i)).collect();
+    let work: Vec<SeqWork> = seqs
+        .iter()
+        .zip(&next)
+        .map(|(&seq, ids)| SeqWork {
+            seq,
+            start: args.context,
+            tokens: ids,
+            num_logits: t,
+        })
+        .collect();
+    let step = |bench: &mut Bench| -> Result<(f64, Snapshot)> {
+        for &s in &seqs {
+            bench.cache.ensure_capacity(s, args.context + t)?;
+        }
+        let before = Snapshot::now();
+        let clock = Instant::now();
+        bench.runner.step(&mut bench.cache, &work)?;
+        let secs = clock.elapsed().as_secs_f64();
+        let d = Snapshot::now().since(&before);
+        for &s in &seqs {
+            bench.cache.truncate(s, args.context)?;
+        }
+        Ok((secs, d))
+    };
+    let (_, counters) = step(bench)?; // warm-up: the workspace grows once
+    let bytes = counters.weight_bytes + counters.cache_bytes;
+    let flops = counters.flops as f64;
+    let (mut times, mut bw_pct, mut fma_pct, mut bound_pct) = (vec![], vec![], vec![], vec![]);
+    let (mut bws, mut fmas) = (vec![], vec![]);
+    for _ in 0..reps {
+        let r = quick_roofs(threads);
+        let (secs, _) = step(bench)?;
+        let (t_bw, t_fma) = (
+            bytes as f64 / (r.read_gbs * 1e9),
+            flops / (r.fma_gflops * 1e9),
+        );
+        times.push(secs);
+        bw_pct.push(100.0 * t_bw / secs);
+        fma_pct.push(100.0 * t_fma / secs);
+        bound_pct.push(100.0 * t_bw.max(t_fma) / secs);
+        bws.push(r.read_gbs);
+        fmas.push(r.fma_gflops);
+    }
+    let secs = median(times);
+    let (read_gbs, fma_gflops) = (median(bws), median(fmas));
+    let (t_bw, t_fma) = (bytes as f64 / (read_gbs * 1e9), flops / (fma_gflops * 1e9));
+    let row = DecodeRow {
+        batch: b,
+        tokens_per_seq: t,
+        context: args.context,
+        ms_per_step: secs * 1e3,
+        tokens_per_s: (b * t) as f64 / secs,
+        bytes_per_step: bytes,
+        bytes_per_token: bytes as f64 / (b * t) as f64,
+        gbs: bytes as f64 / secs / 1e9,
+        roofs: Roofs {
+            read_gbs,
+            fma_gflops,
+        },
+        pct_of_bandwidth: median(bw_pct),
+        gflops: flops / secs / 1e9,
+        pct_of_fma: median(fma_pct),
+        binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
+        pct_of_binding_roof: median(bound_pct),
+    };
+    if args.profile && b == args.batch[0] && t == args.tokens_per_seq[0] {
+        profile::set_enabled(true);
+        let before = Snapshot::now();
+        for _ in 0..reps {
+            step(bench)?;
+        }
+        profile::set_enabled(false);
+        print_profile(
+            &format!("decode, batch {b}"),
+            &Snapshot::now().since(&before),
+            reps,
+            &row.roofs,
+        );
+    }
+    for s in seqs {
+        bench.cache.free_seq(s)?;
+    }
+    Ok(row)
+}
+
+fn print_decode_row(row: &DecodeRow) {
+    println!(
+        "{:>6} {:>7} {:>8} {:>9.2} {:>9.2} {:>11.1} {:>8.1} {:>7.1}% {:>9.1} {:>7.1}% {:>8.1}% {}",
+        row.batch,
+        row.tokens_per_seq,
+        row.context,
+        row.ms_per_step,
+        row.tokens_per_s,
+        row.bytes_per_token / 1e6,
+        row.gbs,
+        row.pct_of_bandwidth,
+        row.gflops,
+        row.pct_of_fma,
+        row.pct_of_binding_roof,
+        row.binding_roof
+    );
+}
+
 /// Prints one step's time per op kind (it must have run with profiling on), and for the
 /// matrix products the bytes and FLOPs they did against the roofs.
 fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roofs) {
@@ -212,7 +339,8 @@ fn bench(args: ModelArgs) -> Result<()> {
     let cache = CacheConfig {
         budget: CacheBudget::Bytes(2 << 30),
         max_seqs: max_batch.max(1),
-        rollback_slack: 1,
+        // Every timed step is rolled back.
+        rollback_slack: args.tokens_per_seq.iter().copied().max().unwrap_or(1),
         block_entries: 16,
         draft_layers: 0,
     };
@@ -236,8 +364,9 @@ fn bench(args: ModelArgs) -> Result<()> {
     let mut decode = Vec::new();
     println!();
     println!(
-        "{:>6} {:>8} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8} {:>14}",
+        "{:>6} {:>7} {:>8} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8} {:>14}",
         "batch",
+        "tok/seq",
         "context",
         "ms/step",
         "tok/s",
@@ -249,109 +378,10 @@ fn bench(args: ModelArgs) -> Result<()> {
         "% binding roof"
     );
     for &b in &args.batch {
-        let seqs: Vec<SeqId> = (0..b)
-            .map(|_| bench.cache.add_seq())
-            .collect::<Result<_, _>>()?;
-        for (i, &s) in seqs.iter().enumerate() {
-            bench.prefill(s, &tokens(args.context, vocab, i), 512)?;
-        }
-        let next: Vec<Vec<u32>> = (0..b).map(|i| tokens(1, vocab, 1000 + i)).collect();
-        let work: Vec<SeqWork> = seqs
-            .iter()
-            .zip(&next)
-            .map(|(&seq, t)| SeqWork {
-                seq,
-                start: args.context,
-                tokens: t,
-                num_logits: 1,
-            })
-            .collect();
-        let step = |bench: &mut Bench| -> Result<(f64, Snapshot)> {
-            for &s in &seqs {
-                bench.cache.ensure_capacity(s, args.context + 1)?;
-            }
-            let before = Snapshot::now();
-            let t = Instant::now();
-            bench.runner.step(&mut bench.cache, &work)?;
-            let secs = t.elapsed().as_secs_f64();
-            let d = Snapshot::now().since(&before);
-            for &s in &seqs {
-                bench.cache.truncate(s, args.context)?;
-            }
-            Ok((secs, d))
-        };
-        let (_, counters) = step(&mut bench)?; // warm-up: the workspace grows once
-        let bytes = counters.weight_bytes + counters.cache_bytes;
-        let flops = counters.flops as f64;
-        let (mut times, mut bw_pct, mut fma_pct, mut bound_pct) = (vec![], vec![], vec![], vec![]);
-        let (mut bws, mut fmas) = (vec![], vec![]);
-        for _ in 0..reps {
-            let r = quick_roofs(threads);
-            let (secs, _) = step(&mut bench)?;
-            let (t_bw, t_fma) = (
-                bytes as f64 / (r.read_gbs * 1e9),
-                flops / (r.fma_gflops * 1e9),
-            );
-            times.push(secs);
-            bw_pct.push(100.0 * t_bw / secs);
-            fma_pct.push(100.0 * t_fma / secs);
-            bound_pct.push(100.0 * t_bw.max(t_fma) / secs);
-            bws.push(r.read_gbs);
-            fmas.push(r.fma_gflops);
-        }
-        let secs = median(times);
-        let (read_gbs, fma_gflops) = (median(bws), median(fmas));
-        let (t_bw, t_fma) = (bytes as f64 / (read_gbs * 1e9), flops / (fma_gflops * 1e9));
-        let row = DecodeRow {
-            batch: b,
-            context: args.context,
-            ms_per_step: secs * 1e3,
-            tokens_per_s: b as f64 / secs,
-            bytes_per_step: bytes,
-            bytes_per_token: bytes as f64 / b as f64,
-            gbs: bytes as f64 / secs / 1e9,
-            roofs: Roofs {
-                read_gbs,
-                fma_gflops,
-            },
-            pct_of_bandwidth: median(bw_pct),
-            gflops: flops / secs / 1e9,
-            pct_of_fma: median(fma_pct),
-            binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
-            pct_of_binding_roof: median(bound_pct),
-        };
-        println!(
-            "{:>6} {:>8} {:>9.2} {:>9.2} {:>11.1} {:>8.1} {:>7.1}% {:>9.1} {:>7.1}% {:>8.1}% {}",
-            row.batch,
-            row.context,
-            row.ms_per_step,
-            row.tokens_per_s,
-            row.bytes_per_token / 1e6,
-            row.gbs,
-            row.pct_of_bandwidth,
-            row.gflops,
-            row.pct_of_fma,
-            row.pct_of_binding_roof,
-            row.binding_roof
-        );
-        let row_roofs = row.roofs.clone();
-        decode.push(row);
-        if args.profile && b == args.batch[0] {
-            profile::set_enabled(true);
-            let before = Snapshot::now();
-            for _ in 0..reps {
-                step(&mut bench)?;
-            }
-            profile::set_enabled(false);
-            print_profile(
-                &format!("decode, batch {b}"),
-                &Snapshot::now().since(&before),
-                reps,
-                &row_roofs,
-            );
-        }
-        for s in seqs {
-            bench.cache.free_seq(s)?;
+        for &t in &args.tokens_per_seq {
+            let row = decode_row(&mut bench, &args, b, t.max(1), threads)?;
+            print_decode_row(&row);
+            decode.push(row);
         }
     }
 

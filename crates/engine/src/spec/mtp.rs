@@ -16,7 +16,8 @@ use crate::cache::{CacheManager, SeqId};
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
-use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use deepinfer_model::batch::{ForwardBatch, Logits};
+use deepinfer_model::kernels::topk::argmax;
 use std::collections::HashMap;
 
 /// How far the MTP block has followed a sequence: its window ring holds rows computed from
@@ -66,17 +67,6 @@ impl Default for MtpProposer {
             width: 0,
         }
     }
-}
-
-/// The most likely token of a row (lowest id on ties): drafts are greedy.
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl MtpProposer {
@@ -197,16 +187,8 @@ impl MtpProposer {
         floor: usize,
         logits: bool,
     ) {
-        let b = &mut self.batch;
-        let first = b.token_ids.len();
-        b.token_ids.extend(tokens);
-        let len = b.token_ids.len() - first;
-        b.positions.extend(start..start + len);
-        b.spans.push(SeqSpan { start: first, len });
-        b.window_floor.push(floor);
-        if logits {
-            b.logits_rows.push(first + len - 1);
-        }
+        self.batch.push_span(start, tokens, usize::from(logits));
+        self.batch.window_floor.push(floor);
         self.ids.push(cache);
     }
 
@@ -227,7 +209,8 @@ impl MtpProposer {
         )?;
         for (i, c) in self.chains.iter().enumerate() {
             let s = seqs.get_mut(&c.id).expect("drafting sequences run");
-            s.spec.draft_ids.push(argmax(self.logits.row(i)));
+            // Drafts are greedy: the most likely token, lowest id on ties.
+            s.spec.draft_ids.push(argmax(self.logits.row(i)) as u32);
         }
         Ok(())
     }
