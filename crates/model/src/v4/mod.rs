@@ -7,6 +7,7 @@ pub mod hyper;
 pub mod indexer;
 pub mod model;
 pub mod moe;
+pub mod mtp;
 pub mod workspace;
 
 pub use model::{Model, ModelError};

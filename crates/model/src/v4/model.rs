@@ -9,12 +9,10 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::profile::{scope, Op};
-use crate::weights::{Linear, ModelWeights, MtpWeights};
-use deepinfer_kernels::linear::Matmul;
+use crate::weights::{Linear, ModelWeights};
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
-use smallvec::SmallVec;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -129,9 +127,9 @@ impl Angles {
 
 /// Scratch kept between forwards (see [`Workspace`]).
 #[derive(Default)]
-struct Scratch {
-    ws: Workspace,
-    row_seq: Vec<(usize, usize, usize)>,
+pub(super) struct Scratch {
+    pub ws: Workspace,
+    pub row_seq: Vec<(usize, usize, usize)>,
     /// The rayon pool whose threads have their scratch reserved (its id).
     reserved_pool: Option<usize>,
 }
@@ -149,9 +147,9 @@ pub struct ForwardExtras<'a> {
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
-    rope_main: Rope,
-    rope_compress: Rope,
-    scratch: Scratch,
+    pub(super) rope_main: Rope,
+    pub(super) rope_compress: Rope,
+    pub(super) scratch: Scratch,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -205,7 +203,7 @@ impl Model {
     /// Checks the batch against the model and the cache, and maps rows to sequences.
     /// `paged`: whether the pass writes paged entries, so positions must lie within each
     /// sequence's reserved capacity (the MTP block only has a window ring).
-    fn rows<'a>(
+    pub(super) fn rows<'a>(
         &self,
         batch: &'a ForwardBatch,
         cache: &dyn CacheView,
@@ -352,33 +350,9 @@ impl Model {
         })
     }
 
-    /// Whether the checkpoint carries the MTP draft block.
-    pub fn has_mtp(&self) -> bool {
-        self.weights.mtp.is_some()
-    }
-
-    /// The MTP draft block (spec §7.1) over a flat batch: row `i` sits at position
-    /// `positions[i]`, takes the main model's final streams at that position
-    /// (`hidden_in[i]`, `[hc, D]`) and the token that follows it (`token_ids[i]`), and its
-    /// logits predict the token after that. The block keeps its window ring in cache layer
-    /// `num_hidden_layers`; `hidden_out` receives its output streams `[N, hc, D]` (the `h` of
-    /// a chained draft step).
-    pub fn forward_mtp(
-        &mut self,
-        batch: &ForwardBatch,
-        hidden_in: &[f32],
-        cache: &mut dyn CacheView,
-        logits: &mut Logits,
-        hidden_out: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        deepinfer_kernels::awake::with_workers_awake(|| {
-            self.mtp_pass(batch, hidden_in, cache, logits, hidden_out)
-        })
-    }
-
     /// Once per compute pool: every thread's scratch grown to what any step can need, so
     /// steady steps allocate nothing whichever thread runs which task.
-    fn reserve_thread_scratch(&mut self) {
+    pub(super) fn reserve_thread_scratch(&mut self) {
         let pool = rayon::current_thread_index().map(|_| rayon::current_num_threads());
         if self.scratch.reserved_pool == pool {
             return;
@@ -464,77 +438,16 @@ impl Model {
         scratch.row_seq = rows.row_seq;
         Ok(())
     }
-
-    fn mtp_pass(
-        &mut self,
-        batch: &ForwardBatch,
-        hidden_in: &[f32],
-        cache: &mut dyn CacheView,
-        logits: &mut Logits,
-        hidden_out: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        let _p = scope(Op::Other);
-        let layer = self.config.num_hidden_layers;
-        if self.weights.mtp.is_none() {
-            return Err(ModelError::NoMtp);
-        }
-        if cache.num_layers() <= layer {
-            return Err(ModelError::NoMtpCache {
-                layers: cache.num_layers(),
-            });
-        }
-        let (d, hc, n) = (
-            self.config.hidden_size,
-            self.config.hc_mult,
-            batch.num_tokens(),
-        );
-        if hidden_in.len() != n * hc * d {
-            return Err(ModelError::HiddenLength {
-                floats: hidden_in.len(),
-                expected: n * hc * d,
-            });
-        }
-        self.reserve_thread_scratch();
-        let row_seq = std::mem::take(&mut self.scratch.row_seq);
-        let rows = self.rows(batch, &*cache, row_seq, false)?;
-        let Self {
-            config: c,
-            weights: w,
-            rope_main,
-            scratch,
-            ..
-        } = self;
-        let mtp = w.mtp.as_ref().expect("checked above");
-        let ws = &mut scratch.ws;
-        let angles = Angles::new(rope_main, rows.positions, ws);
-        let mut x = mtp_input(mtp, &w.embed, c, &batch.token_ids, hidden_in, ws);
-        let ctx = BlockCtx {
-            c,
-            layer,
-            token_ids: &batch.token_ids,
-            rows: &rows,
-            rope: rope_main,
-            angles: &angles,
-        };
-        block_forward(&mtp.block, &ctx, &mut x, cache, ws);
-        let head = Head {
-            hc_fn: &mtp.hc_head_fn,
-            hc_base: &mtp.hc_head_base,
-            hc_scale: mtp.hc_head_scale[0],
-            norm: &mtp.norm,
-            head: mtp.head.as_ref().unwrap_or(&w.head),
-        };
-        head.logits(c, &x, &batch.logits_rows, logits, ws);
-        std::mem::swap(hidden_out, &mut x);
-        ws.give(x);
-        angles.recycle(ws);
-        scratch.row_seq = rows.row_seq;
-        Ok(())
-    }
 }
 
 /// Every token's embedding, widened, copied into each of its `hc` streams.
-fn embed_streams(embed: &QMatrix, token_ids: &[u32], hc: usize, d: usize, x: &mut [f32]) {
+pub(super) fn embed_streams(
+    embed: &QMatrix,
+    token_ids: &[u32],
+    hc: usize,
+    d: usize,
+    x: &mut [f32],
+) {
     crate::profile::weight_read(token_ids.len() * embed.stored_bytes() / embed.rows.max(1));
     for (i, &id) in token_ids.iter().enumerate() {
         let row = &mut x[i * hc * d..(i + 1) * hc * d];
@@ -545,60 +458,20 @@ fn embed_streams(embed: &QMatrix, token_ids: &[u32], hc: usize, d: usize, x: &mu
     }
 }
 
-/// The MTP block's input streams: `h_proj(hnorm(h))` per stream plus `e_proj(enorm(e))` of
-/// the next token's embedding, broadcast to every stream (spec §7.1).
-fn mtp_input(
-    mtp: &MtpWeights,
-    main_embed: &QMatrix,
-    c: &ModelConfig,
-    token_ids: &[u32],
-    hidden_in: &[f32],
-    ws: &mut Workspace,
-) -> Vec<f32> {
-    let (d, hc, n) = (c.hidden_size, c.hc_mult, token_ids.len());
-    let embed = mtp.embed.as_ref().unwrap_or(main_embed);
-    let mut e = ws.take(n * d);
-    embed_streams(embed, token_ids, 1, d, &mut e);
-    let mut u = ws.take(n * hc * d);
-    u.copy_from_slice(hidden_in);
-    {
-        let _p = scope(Op::NormRope);
-        rms_norm_rows(&mut e, &mtp.enorm, c.rms_norm_eps);
-        rms_norm_rows(&mut u, &mtp.hnorm, c.rms_norm_eps);
-    }
-    let mut x = ws.take(n * hc * d);
-    let mut ep = ws.take(n * d);
-    {
-        let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
-        jobs.push(Matmul::new(&mtp.h_proj.w, &u, n * hc, &mut x));
-        jobs.push(Matmul::new(&mtp.e_proj.w, &e, n, &mut ep));
-        crate::profile::matmuls(&mut jobs);
-    }
-    for (row, add) in x.chunks_exact_mut(hc * d).zip(ep.chunks_exact(d)) {
-        for stream in row.chunks_exact_mut(d) {
-            stream.iter_mut().zip(add).for_each(|(s, a)| *s += a);
-        }
-    }
-    for v in [e, u, ep] {
-        ws.give(v);
-    }
-    x
-}
-
 /// The hyper head, final norm and vocabulary projection: the main model's or the MTP
 /// block's own (which shares the main head unless the checkpoint ships a different copy).
-struct Head<'a> {
-    hc_fn: &'a Linear,
-    hc_base: &'a [f32],
-    hc_scale: f32,
-    norm: &'a [f32],
-    head: &'a Linear,
+pub(super) struct Head<'a> {
+    pub hc_fn: &'a Linear,
+    pub hc_base: &'a [f32],
+    pub hc_scale: f32,
+    pub norm: &'a [f32],
+    pub head: &'a Linear,
 }
 
 impl Head<'_> {
     /// Logits of the flat rows `rows` of the streams `x: [N, hc, D]`; only those rows go
     /// through the head.
-    fn logits(
+    pub(super) fn logits(
         &self,
         c: &ModelConfig,
         x: &[f32],

@@ -1,0 +1,150 @@
+//! The MTP draft block (spec §7.1): from the main model's final streams at a position and
+//! the token that follows it, one sliding-window decoder block predicts the token after
+//! that. Its window ring is the cache's layer `num_hidden_layers`; the embedding and head are
+//! the main model's unless the checkpoint ships different copies.
+
+use super::block::{block_forward, BlockCtx};
+use super::model::{embed_streams, Angles, Head, Model, ModelError};
+use super::workspace::Workspace;
+use crate::batch::{ForwardBatch, Logits};
+use crate::cache::CacheView;
+use crate::config::ModelConfig;
+use crate::profile::{scope, Op};
+use crate::weights::MtpWeights;
+use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::matrix::QMatrix;
+use deepinfer_kernels::norm::rms_norm_rows;
+use smallvec::SmallVec;
+
+impl Model {
+    /// Whether the checkpoint carries the MTP draft block.
+    pub fn has_mtp(&self) -> bool {
+        self.weights.mtp.is_some()
+    }
+
+    /// The MTP draft block (spec §7.1) over a flat batch: row `i` sits at position
+    /// `positions[i]`, takes the main model's final streams at that position
+    /// (`hidden_in[i]`, `[hc, D]`) and the token that follows it (`token_ids[i]`), and its
+    /// logits predict the token after that. The block keeps its window ring in cache layer
+    /// `num_hidden_layers`; `hidden_out` receives its output streams `[N, hc, D]` (the `h` of
+    /// a chained draft step).
+    pub fn forward_mtp(
+        &mut self,
+        batch: &ForwardBatch,
+        hidden_in: &[f32],
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
+        hidden_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        deepinfer_kernels::awake::with_workers_awake(|| {
+            self.mtp_pass(batch, hidden_in, cache, logits, hidden_out)
+        })
+    }
+
+    fn mtp_pass(
+        &mut self,
+        batch: &ForwardBatch,
+        hidden_in: &[f32],
+        cache: &mut dyn CacheView,
+        logits: &mut Logits,
+        hidden_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let _p = scope(Op::Other);
+        let layer = self.config.num_hidden_layers;
+        if self.weights.mtp.is_none() {
+            return Err(ModelError::NoMtp);
+        }
+        if cache.num_layers() <= layer {
+            return Err(ModelError::NoMtpCache {
+                layers: cache.num_layers(),
+            });
+        }
+        let (d, hc, n) = (
+            self.config.hidden_size,
+            self.config.hc_mult,
+            batch.num_tokens(),
+        );
+        if hidden_in.len() != n * hc * d {
+            return Err(ModelError::HiddenLength {
+                floats: hidden_in.len(),
+                expected: n * hc * d,
+            });
+        }
+        self.reserve_thread_scratch();
+        let row_seq = std::mem::take(&mut self.scratch.row_seq);
+        let rows = self.rows(batch, &*cache, row_seq, false)?;
+        let Self {
+            config: c,
+            weights: w,
+            rope_main,
+            scratch,
+            ..
+        } = self;
+        let mtp = w.mtp.as_ref().expect("checked above");
+        let ws = &mut scratch.ws;
+        let angles = Angles::new(rope_main, rows.positions, ws);
+        let mut x = mtp_input(mtp, &w.embed, c, &batch.token_ids, hidden_in, ws);
+        let ctx = BlockCtx {
+            c,
+            layer,
+            token_ids: &batch.token_ids,
+            rows: &rows,
+            rope: rope_main,
+            angles: &angles,
+        };
+        block_forward(&mtp.block, &ctx, &mut x, cache, ws);
+        let head = Head {
+            hc_fn: &mtp.hc_head_fn,
+            hc_base: &mtp.hc_head_base,
+            hc_scale: mtp.hc_head_scale[0],
+            norm: &mtp.norm,
+            head: mtp.head.as_ref().unwrap_or(&w.head),
+        };
+        head.logits(c, &x, &batch.logits_rows, logits, ws);
+        std::mem::swap(hidden_out, &mut x);
+        ws.give(x);
+        angles.recycle(ws);
+        scratch.row_seq = rows.row_seq;
+        Ok(())
+    }
+}
+
+/// The MTP block's input streams: `h_proj(hnorm(h))` per stream plus `e_proj(enorm(e))` of
+/// the next token's embedding, broadcast to every stream (spec §7.1).
+fn mtp_input(
+    mtp: &MtpWeights,
+    main_embed: &QMatrix,
+    c: &ModelConfig,
+    token_ids: &[u32],
+    hidden_in: &[f32],
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let (d, hc, n) = (c.hidden_size, c.hc_mult, token_ids.len());
+    let embed = mtp.embed.as_ref().unwrap_or(main_embed);
+    let mut e = ws.take(n * d);
+    embed_streams(embed, token_ids, 1, d, &mut e);
+    let mut u = ws.take(n * hc * d);
+    u.copy_from_slice(hidden_in);
+    {
+        let _p = scope(Op::NormRope);
+        rms_norm_rows(&mut e, &mtp.enorm, c.rms_norm_eps);
+        rms_norm_rows(&mut u, &mtp.hnorm, c.rms_norm_eps);
+    }
+    let mut x = ws.take(n * hc * d);
+    let mut ep = ws.take(n * d);
+    {
+        let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
+        jobs.push(Matmul::new(&mtp.h_proj.w, &u, n * hc, &mut x));
+        jobs.push(Matmul::new(&mtp.e_proj.w, &e, n, &mut ep));
+        crate::profile::matmuls(&mut jobs);
+    }
+    for (row, add) in x.chunks_exact_mut(hc * d).zip(ep.chunks_exact(d)) {
+        for stream in row.chunks_exact_mut(d) {
+            stream.iter_mut().zip(add).for_each(|(s, a)| *s += a);
+        }
+    }
+    for v in [e, u, ep] {
+        ws.give(v);
+    }
+    x
+}
