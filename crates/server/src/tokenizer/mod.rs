@@ -9,7 +9,7 @@ mod stop;
 pub use bytes::logprob_token_text;
 
 pub use incremental::IncrementalDetokenizer;
-pub use stop::StopStrings;
+pub use stop::{StopSet, StopStrings};
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
