@@ -90,6 +90,11 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
+            // Its reader is behind: the sequence waits (keeping its cache) for room.
+            if !seqs[&id].out.has_room() {
+                i += 1;
+                continue;
+            }
             // `None`: it preempted itself, and the sequence at `i` is now the next one.
             let fit = (cap, budget, cfg.max_model_len);
             if let Some(s) = self.schedule_running(id, fit, seqs, alloc, out)? {
