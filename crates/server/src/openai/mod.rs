@@ -15,7 +15,7 @@ pub use completions::{
 };
 pub use error::ApiError;
 pub use logit_bias::{LogitBias, MAX_LOGIT_BIAS};
-pub use parse::{body_object, fields, fields_from_bytes};
+pub use parse::fields;
 pub use sampling::{
     check_sequences, resolve_max_tokens, OutputOptions, SamplingFields, StopField, StreamOptions,
     MAX_N, MAX_SEQUENCES, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
