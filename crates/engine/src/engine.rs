@@ -441,6 +441,8 @@ impl EngineCore {
                 fits,
             });
         }
+        let mut model = model;
+        model.limit_positions(max_model_len);
         metrics.set_cache_usage(cache.pool_usage());
         let sampler = match config.forced_output {
             Some(script) => Sampler::scripted(script),
