@@ -433,3 +433,31 @@ async fn shutdown_closes_idle_connections_at_once() {
         assert!(closed);
     }
 }
+
+/// Item 9: without `--max-model-len`, serve takes the longest context the cache holds
+/// instead of refusing to start with the model's whole context.
+#[tokio::test]
+async fn serve_takes_the_context_the_cache_holds() {
+    let server = Server::start(&["--cache-budget-mib", "16"]);
+    let v: Value = reqwest::get(server.url("/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let len = v["data"][0]["max_model_len"].as_u64().unwrap();
+    assert!(len > 1000 && len < 65536, "max_model_len {len}");
+    let (status, v, _) = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": [5, 6, 7], "max_tokens": len}),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("max_tokens")),
+        "{}",
+        short(&v)
+    );
+}
