@@ -335,3 +335,23 @@ fn a_sequence_whose_reader_is_behind_waits_with_its_cache() {
     let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
     assert_eq!(ids, [0, 1]);
 }
+
+#[test]
+fn a_paused_sequence_gives_its_place_to_a_waiting_one() {
+    let mut h = Harness::new(cfg(1, 100, None), FakeAllocator::new(1, 1000));
+    h.add(0, 3);
+    let behind = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    h.seqs.get_mut(&0).unwrap().out = Box::new(SlowSink(behind.clone()));
+    assert_eq!(h.step().len(), 1);
+    h.add(1, 3);
+    // Sequence 0 holds the only slot but waits for its reader: 1 takes its place.
+    behind.store(true, std::sync::atomic::Ordering::Relaxed);
+    let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1]);
+    assert_eq!(h.out.preempted, [0]);
+    assert!(h.seqs[&0].cache.is_none() && h.sched.waiting.contains(&0));
+    // Still behind: it keeps its place in line but is not admitted.
+    let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1]);
+    assert!(h.out.preempted.is_empty());
+}
