@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 /// How long aborted streams get to send their last chunk once the drain is cut short.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
-/// The server's limits (each has a `deepinfer serve` flag; see README and
+/// The server's limits (each is a `deepinfer serve` flag, with its default there; see
 /// docs/RELIABILITY.md).
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -35,20 +35,6 @@ pub struct ServeConfig {
     pub write_timeout: Duration,
     pub max_connections: usize,
     pub drain_timeout: Duration,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 32 << 20,
-            body_budget_bytes: 128 << 20,
-            body_read_timeout: Duration::from_secs(60),
-            header_read_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(60),
-            max_connections: 4096,
-            drain_timeout: Duration::from_secs(30),
-        }
-    }
 }
 
 /// Serves `state` on `listener`. The first `signal()` stops accepting connections, closes

@@ -2,7 +2,9 @@
 //! never emitted).
 //!
 //! Text that could be the beginning of a stop string is held back until it is either completed
-//! (a match) or ruled out. When several stops could match, the one whose occurrence *ends*
+//! (a match) or ruled out: everything since the automaton last sat in its start state, at
+//! most the longest stop's length less one byte (never less than the exact partial match, at
+//! times a little more). When several stops could match, the one whose occurrence *ends*
 //! first wins (that is what a streaming check sees first); on a tie the one starting earliest
 //! (the longest) wins. The result does not depend on how the text is split into deltas.
 //!
