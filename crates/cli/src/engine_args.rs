@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 use deepinfer_engine::cache::{CacheBudget, CacheConfig};
-use deepinfer_engine::engine::EngineConfig;
+use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
 use deepinfer_model::config::ModelConfig;
@@ -19,7 +19,8 @@ pub struct EngineArgs {
     /// Most prompt tokens one sequence feeds per step (default: the step budget).
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
-    /// Longest sequence (prompt + output); default: the model's max_position_embeddings.
+    /// Longest sequence (prompt + output); default: the longest the cache budget holds,
+    /// at most the model's max_position_embeddings.
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// Memory for the cache pools, in MiB.
@@ -57,7 +58,7 @@ impl EngineArgs {
             )?),
             (None, None) => None,
         };
-        Ok(EngineConfig {
+        let mut config = EngineConfig {
             model_name: model_name.into(),
             scheduler: SchedulerConfig {
                 max_num_seqs: self.max_num_seqs,
@@ -74,6 +75,27 @@ impl EngineArgs {
             },
             forced_output: None,
             speculative,
-        })
+        };
+        if self.max_model_len.is_none() {
+            config.scheduler.max_model_len = self.default_max_model_len(model, &config)?;
+        }
+        Ok(config)
+    }
+
+    /// Without `--max-model-len`: the model's context, or less if the cache budget holds
+    /// less (an explicit length that does not fit stays an error, at engine start).
+    fn default_max_model_len(&self, model: &ModelConfig, config: &EngineConfig) -> Result<usize> {
+        let fits = engine::max_model_len_that_fits(model, config)?;
+        let max_pos = model.max_position_embeddings;
+        if fits < max_pos {
+            eprintln!(
+                "max_model_len {fits}: the longest context the cache holds \
+                 (--cache-budget-mib {}; the model allows {max_pos})",
+                self.cache_budget_mib
+            );
+            Ok(fits)
+        } else {
+            Ok(max_pos)
+        }
     }
 }

@@ -9,7 +9,7 @@ use deepinfer_engine::engine;
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
 use deepinfer_server::tokenizer::Tokenizer;
-use deepinfer_server::AppState;
+use deepinfer_server::{AppState, ServeConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,9 +41,25 @@ pub struct ServeArgs {
     /// Most generations queued or running; beyond it requests get 503.
     #[arg(long, default_value_t = 1024)]
     max_pending_requests: usize,
-    /// Largest request body accepted, in MiB (larger ones get 413).
+    /// Largest request body accepted, in MiB (larger ones get 413, a declared length before
+    /// the body is read). At most four such bodies are in hand at once (then 503).
     #[arg(long, default_value_t = 32)]
     max_request_body_mib: usize,
+    /// Most client connections open at once; more wait in the listen backlog. Capped below
+    /// the process's open-file limit.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// A client must send a request's headers within this (an idle keep-alive connection
+    /// is closed after it too).
+    #[arg(long, default_value_t = 10)]
+    header_read_timeout_secs: u64,
+    /// A client must send a request's body within this (else 408).
+    #[arg(long, default_value_t = 60)]
+    body_read_timeout_secs: u64,
+    /// A client that accepts no response bytes for this long is disconnected and its
+    /// request aborted (until then a stream it does not read is paused, not buffered).
+    #[arg(long, default_value_t = 60)]
+    write_timeout_secs: u64,
     /// On Ctrl-C (or SIGTERM), how long in-flight requests get to finish before they are
     /// aborted and the process exits; a second Ctrl-C aborts them at once.
     #[arg(long, default_value_t = 30)]
@@ -180,15 +196,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
         eprintln!("serving `{name}` on http://{addr} (Ctrl-C to stop)");
-        deepinfer_server::serve(
-            listener,
-            state,
-            args.max_request_body_mib << 20,
-            deepinfer_server::shutdown_signal,
-            Duration::from_secs(args.shutdown_timeout_secs),
-        )
-        .await
-        .context("serving HTTP")
+        let config = ServeConfig {
+            max_body_bytes: args.max_request_body_mib << 20,
+            body_budget_bytes: (args.max_request_body_mib << 20).saturating_mul(4),
+            body_read_timeout: Duration::from_secs(args.body_read_timeout_secs),
+            header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),
+            write_timeout: Duration::from_secs(args.write_timeout_secs),
+            max_connections: connection_cap(args.max_connections),
+            drain_timeout: Duration::from_secs(args.shutdown_timeout_secs),
+        };
+        deepinfer_server::serve(listener, state, config, deepinfer_server::shutdown_signal)
+            .await
+            .context("serving HTTP")
     });
     // Tasks still running after an aborted drain (a tokenization on the blocking pool) must
     // not hold the exit.
@@ -204,4 +223,30 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Ok(Err(e)) => Err(e).context("the engine failed"),
         Err(_) => anyhow::bail!("the engine thread panicked"),
     }
+}
+
+/// File descriptors kept for everything but client connections (shards, the listener,
+/// logs).
+const RESERVED_FDS: usize = 256;
+
+/// `--max-connections`, lowered to fit the open-file limit: past it, accepting fails and
+/// nobody new gets in, while below it the extra clients just wait in the backlog.
+fn connection_cap(wanted: usize) -> usize {
+    match open_file_limit() {
+        Some(limit) if wanted + RESERVED_FDS > limit => {
+            let cap = limit.saturating_sub(RESERVED_FDS).max(1);
+            tracing::warn!(
+                "--max-connections {wanted} lowered to {cap}: the open-file limit is {limit}"
+            );
+            cap
+        }
+        _ => wanted,
+    }
+}
+
+/// The soft limit on open files (`ulimit -n`), where the system says.
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }

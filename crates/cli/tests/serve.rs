@@ -413,7 +413,7 @@ async fn bad_requests_get_openai_errors() {
 }
 
 #[tokio::test]
-async fn api_key_guards_v1_routes_only() {
+async fn api_key_guards_v1_and_tokenizer_routes_not_health() {
     let server = Server::start(&["--api-key", "sekret"]);
     let c = reqwest::Client::new();
     let body = json!({"prompt": [5, 6], "max_tokens": 1});

@@ -13,6 +13,7 @@ use crate::sampling_params::{ParamError, SamplingParams};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::sequence::Sequence;
 use crate::spec::{SpecMethod, SpeculativeConfig, Speculator, StepRecord, StepTiming};
+use deepinfer_model::config::ModelConfig;
 use deepinfer_model::v4::Model;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -240,6 +241,10 @@ pub fn start(
     Ok((handle, join))
 }
 
+/// How long the engine thread waits before looking again when every running sequence is
+/// paused for its reader (see [`crate::request::OutputSink::has_room`]).
+const STALL_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The engine thread: commands in, steps while there is work.
 struct EngineLoop {
     core: EngineCore,
@@ -281,6 +286,19 @@ impl EngineLoop {
             }
             if self.core.has_work() {
                 self.core.step()?;
+                if self.core.stalled() {
+                    // Every running sequence waits for its reader: wait for a command a
+                    // moment instead of spinning, then look again.
+                    match rx.recv_timeout(STALL_POLL) {
+                        Ok(cmd) => {
+                            if !self.handle(cmd) {
+                                return Ok(());
+                            }
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(STALL_POLL),
+                    }
+                }
             }
         }
     }
@@ -368,30 +386,53 @@ fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
     Ok(())
 }
 
+fn speculator(config: &EngineConfig) -> Option<Speculator> {
+    let s = config.speculative.as_ref()?;
+    Some(Speculator::new(s, config.scheduler.max_num_seqs))
+}
+
+/// The cache an engine with `config` builds for `model`. Rejected drafts are truncated away:
+/// the rings keep that many extra rows, and the MTP block keeps its own window ring after
+/// the main layers.
+fn cache_config(
+    model: &ModelConfig,
+    config: &EngineConfig,
+    spec: Option<&Speculator>,
+) -> CacheConfig {
+    let mut cache = config.cache;
+    if let Some(sp) = spec {
+        cache.rollback_slack = cache.rollback_slack.max(sp.num_speculative_tokens());
+        if sp.needs_hidden() {
+            let layers = model.num_nextn_predict_layers.max(1);
+            cache.draft_layers = cache.draft_layers.max(layers);
+        }
+    }
+    cache
+}
+
+/// The longest sequence (prompt + output) the cache of an engine with `config` holds for
+/// `model`: what [`EngineCore::new`] checks `max_model_len` against. Computed without
+/// allocating the cache, so a caller can pick a length before starting the engine.
+pub fn max_model_len_that_fits(
+    model: &ModelConfig,
+    config: &EngineConfig,
+) -> Result<usize, EngineError> {
+    let cache = cache_config(model, config, speculator(config).as_ref());
+    Ok(CacheManager::max_tokens_for(model, cache)?)
+}
+
 impl EngineCore {
     pub fn new(
         model: Model,
-        mut config: EngineConfig,
+        config: EngineConfig,
         metrics: Arc<EngineMetrics>,
     ) -> Result<Self, EngineError> {
         validate(&config, &model)?;
-        let spec = config
-            .speculative
-            .as_ref()
-            .map(|s| Speculator::new(s, config.scheduler.max_num_seqs));
-        if let Some(sp) = &spec {
-            // Rejected drafts are truncated away: the rings keep that many extra rows, and
-            // the MTP block keeps its own window ring after the main layers.
-            let k = sp.num_speculative_tokens();
-            config.cache.rollback_slack = config.cache.rollback_slack.max(k);
-            if sp.needs_hidden() {
-                config.cache.draft_layers = config
-                    .cache
-                    .draft_layers
-                    .max(model.config.num_nextn_predict_layers.max(1));
-            }
-        }
-        let cache = CacheManager::new(&model.config, config.cache)?;
+        let spec = speculator(&config);
+        let cache = CacheManager::new(
+            &model.config,
+            cache_config(&model.config, &config, spec.as_ref()),
+        )?;
         let max_model_len = config.scheduler.max_model_len;
         let fits = cache.max_tokens_per_seq();
         if fits < max_model_len {
@@ -400,6 +441,8 @@ impl EngineCore {
                 fits,
             });
         }
+        let mut model = model;
+        model.limit_positions(max_model_len);
         metrics.set_cache_usage(cache.pool_usage());
         let sampler = match config.forced_output {
             Some(script) => Sampler::scripted(script),
@@ -440,6 +483,12 @@ impl EngineCore {
 
     pub fn has_work(&self) -> bool {
         self.scheduler.has_work()
+    }
+
+    /// Whether the last step ran nothing although there is work: every running sequence
+    /// waits for its reader to catch up.
+    pub fn stalled(&self) -> bool {
+        self.plan.scheduled.is_empty() && self.has_work()
     }
 
     /// Queues an already validated request (see [`EngineHandle::add_request_to`]).

@@ -65,6 +65,13 @@ pub struct RequestOutput {
 /// its cache at once (a client that disconnected costs no more compute).
 pub trait OutputSink: Send + 'static {
     fn send(&mut self, out: RequestOutput) -> bool;
+
+    /// Whether the receiver can take another delta now. A running sequence whose sink has
+    /// no room is not scheduled (it keeps its cache) until room frees up: a reader that
+    /// falls behind pauses its own request, and the engine never waits for it.
+    fn has_room(&self) -> bool {
+        true
+    }
 }
 
 impl OutputSink for std::sync::mpsc::Sender<RequestOutput> {

@@ -241,7 +241,7 @@ impl Sampler {
             }
         }
 
-        for &(id, bias) in &p.logit_bias {
+        for &(id, bias) in p.logit_bias.iter() {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
             }
@@ -647,7 +647,7 @@ mod tests {
             repetition_penalty: 1.15,
             frequency_penalty: 0.3,
             presence_penalty: 0.2,
-            logit_bias: vec![(5, 0.7)],
+            logit_bias: vec![(5, 0.7)].into(),
             min_tokens: 10,
             stop_token_ids: vec![1],
             logprobs: Some(3),
@@ -965,7 +965,7 @@ mod tests {
             temperature: 1.0,
             repetition_penalty: 1.5,
             frequency_penalty: 0.3,
-            logit_bias: vec![(9, 2.5)],
+            logit_bias: vec![(9, 2.5)].into(),
             seed: Some(64),
             ..Default::default()
         };
@@ -1115,7 +1115,7 @@ mod tests {
     #[test]
     fn logit_bias_on_given_ids_only() {
         let params = SamplingParams {
-            logit_bias: vec![(5, 1.5), (7, -0.25), (9, 100.0)],
+            logit_bias: vec![(5, 1.5), (7, -0.25), (9, 100.0)].into(),
             ..Default::default()
         };
         let got = processed(&params, &[0, 1], &[2], &[]);
@@ -1125,7 +1125,7 @@ mod tests {
     #[test]
     fn processors_compose_in_vllm_order() {
         let params = SamplingParams {
-            logit_bias: vec![(2, 1.0)],
+            logit_bias: vec![(2, 1.0)].into(),
             repetition_penalty: 2.0,
             frequency_penalty: 0.5,
             presence_penalty: 0.25,
@@ -1220,7 +1220,7 @@ mod tests {
         // Heavy processing changes the choice but not the reported logprobs.
         let params = SamplingParams {
             temperature: 0.5,
-            logit_bias: vec![(17, 20.0)],
+            logit_bias: vec![(17, 20.0)].into(),
             repetition_penalty: 1.7,
             logprobs: Some(5),
             seed: Some(8),

@@ -4,6 +4,8 @@
 //! [`SamplingParams::validate`] when a request arrives, so the sampler's hot loop can trust
 //! every value (no NaN temperatures, no out-of-vocabulary ids).
 
+use std::sync::Arc;
+
 /// How one request picks its next tokens and when it stops.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -21,8 +23,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// OpenAI frequency penalty over output tokens, in [-2, 2].
     pub frequency_penalty: f32,
-    /// `(token id, bias)` pairs added to the logits; repeated ids add up.
-    pub logit_bias: Vec<(u32, f32)>,
+    /// `(token id, bias)` pairs added to the logits; repeated ids add up. Shared: a
+    /// request's `n` choices hold one copy.
+    pub logit_bias: Arc<[(u32, f32)]>,
     /// Seed for the request's own RNG stream; `None` seeds from OS entropy.
     pub seed: Option<u64>,
     /// Most tokens to generate.
@@ -48,7 +51,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
-            logit_bias: Vec::new(),
+            logit_bias: Arc::from([]),
             seed: None,
             max_tokens: 16,
             min_tokens: 0,
@@ -109,7 +112,7 @@ impl SamplingParams {
                 return reject(field, format!("must be in [-2, 2], got {v}"));
             }
         }
-        for &(id, bias) in &self.logit_bias {
+        for &(id, bias) in self.logit_bias.iter() {
             if id as usize >= vocab_size {
                 return reject(
                     "logit_bias",
@@ -264,12 +267,12 @@ mod tests {
     #[test]
     fn rejects_logit_bias() {
         let p = SamplingParams {
-            logit_bias: vec![(3, 1.0), (VOCAB as u32, 1.0)],
+            logit_bias: vec![(3, 1.0), (VOCAB as u32, 1.0)].into(),
             ..Default::default()
         };
         check_rejected(p, "logit_bias", "100");
         let p = SamplingParams {
-            logit_bias: vec![(7, f32::NEG_INFINITY)],
+            logit_bias: vec![(7, f32::NEG_INFINITY)].into(),
             ..Default::default()
         };
         check_rejected(p, "logit_bias", "-inf");
@@ -326,7 +329,7 @@ mod tests {
             repetition_penalty: 0.01,
             presence_penalty: -2.0,
             frequency_penalty: 2.0,
-            logit_bias: vec![(VOCAB as u32 - 1, -100.0)],
+            logit_bias: vec![(VOCAB as u32 - 1, -100.0)].into(),
             stop_token_ids: vec![VOCAB as u32 - 1],
             max_tokens: 3,
             min_tokens: 3,

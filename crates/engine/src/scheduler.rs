@@ -90,6 +90,11 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
+            // Its reader is behind: the sequence waits (keeping its cache) for room.
+            if !seqs[&id].out.has_room() {
+                i += 1;
+                continue;
+            }
             // `None`: it preempted itself, and the sequence at `i` is now the next one.
             let fit = (cap, budget, cfg.max_model_len);
             if let Some(s) = self.schedule_running(id, fit, seqs, alloc, out)? {
@@ -98,21 +103,60 @@ impl Scheduler {
                 i += 1;
             }
         }
-        // Admit waiting requests while budget, slots and blocks last (none in a step that
-        // had to preempt: memory is already short).
-        while out.preempted.is_empty() && budget > 0 && self.running.len() < cfg.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+        // Admit waiting requests in order while budget, slots and blocks last (none in a
+        // step that had to preempt: memory is already short). One whose reader is behind
+        // keeps its place in line without being admitted.
+        let memory_short = !out.preempted.is_empty();
+        let mut w = 0;
+        while !memory_short && budget > 0 && w < self.waiting.len() {
+            let id = self.waiting[w];
+            if !seqs[&id].out.has_room() {
+                w += 1;
+                continue;
+            }
+            let admitted = if self.running.len() < cfg.max_num_seqs {
+                admit(id, cap, budget, seqs, alloc)?
+            } else {
+                None
+            };
+            let Some(s) = admitted else {
+                // No slot or no cache left: a running sequence paused for its reader gives
+                // its own up (it recomputes once resumed) rather than hold the line.
+                if self.preempt_paused(seqs, alloc, out)? {
+                    w += 1; // the victim went to the front of the line
+                    continue;
+                }
                 break;
             };
-            let Some(s) = admit(id, cap, budget, seqs, alloc)? else {
-                break;
-            };
-            self.waiting.pop_front();
+            self.waiting.remove(w);
             self.running.push(id);
             out.scheduled.push(s);
             budget -= s.num_tokens;
         }
         Ok(())
+    }
+
+    /// Preempts the most recently admitted running sequence whose reader is behind, if any.
+    fn preempt_paused(
+        &mut self,
+        seqs: &mut HashMap<RequestId, Sequence>,
+        alloc: &mut dyn BlockAllocator,
+        out: &mut SchedulerOutput,
+    ) -> Result<bool, CacheError> {
+        let paused = self
+            .running
+            .iter()
+            .rposition(|id| !seqs[id].out.has_room())
+            .map(|i| self.running[i]);
+        let Some(victim) = paused else {
+            return Ok(false);
+        };
+        if out.scheduled.iter().any(|s| s.id == victim) {
+            return Ok(false);
+        }
+        self.preempt(victim, seqs, alloc)?;
+        out.preempted.push(victim);
+        Ok(true)
     }
 
     /// Room for a running sequence's next tokens: with its drafts if they fit, else

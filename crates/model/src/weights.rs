@@ -413,6 +413,15 @@ impl ModelWeights {
         c: &ModelConfig,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CheckpointError> {
+        if let Some((layer, tensor)) = ck.last_layer() {
+            if layer >= c.num_hidden_layers {
+                return Err(CheckpointError::ExtraLayers {
+                    layer,
+                    tensor: tensor.to_string(),
+                    declared: c.num_hidden_layers,
+                });
+            }
+        }
         let total = c.num_hidden_layers + 1;
         let (d, hc) = (c.hidden_size, c.hc_mult);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);

@@ -4,23 +4,35 @@
 //!
 //! Dropping a [`Generation`] (the client went away, or the handler returned early) aborts
 //! every choice still running, so the engine frees their caches in its next step.
+//!
+//! Each choice has at most [`MAX_BUFFERED_DELTAS`] deltas waiting to be read: a full choice
+//! tells the engine it has no room ([`OutputSink::has_room`]), and the engine skips that
+//! sequence (it keeps its cache) until the response has caught up. A client that stops
+//! reading therefore stops its own generation instead of growing the server's memory; the
+//! connection's write timeout then closes it, which aborts the request.
 
 use crate::openai::{ApiError, OutputOptions};
-use crate::tokenizer::{IncrementalDetokenizer, StopStrings, Tokenizer};
+use crate::tokenizer::{IncrementalDetokenizer, StopSet, StopStrings, Tokenizer};
 use deepinfer_engine::engine::EngineHandle;
 use deepinfer_engine::request::{
     FinishReason, OutputSink, RequestId, RequestOutput, TokenLogprobs,
 };
 use deepinfer_engine::sampling_params::SamplingParams;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::OwnedSemaphorePermit;
+
+/// Deltas of one choice that may wait unread before its sequence pauses. The engine sends
+/// one delta per step, so this is how many steps a choice may run ahead of its reader.
+pub const MAX_BUFFERED_DELTAS: usize = 32;
 
 /// Routes one choice's deltas into the request's shared channel, tagged with the choice.
 struct ChoiceSink {
     index: usize,
     tx: UnboundedSender<(usize, RequestOutput)>,
+    /// Deltas sent and not yet read (shared with the choice's [`ChoiceText`]).
+    unread: Arc<AtomicUsize>,
     /// Set when a stop string ended the choice. The response may then complete and drop
     /// the receiver before the engine has read the stop; a refused delta would make it
     /// finish the sequence as an abort, so the sink keeps saying yes until the stop lands.
@@ -29,7 +41,20 @@ struct ChoiceSink {
 
 impl OutputSink for ChoiceSink {
     fn send(&mut self, out: RequestOutput) -> bool {
-        self.tx.send((self.index, out)).is_ok() || self.stopped.load(Ordering::Acquire)
+        let stopped = self.stopped.load(Ordering::Acquire);
+        // An engine that sends without asking `has_room` still cannot grow the buffer
+        // without bound: past twice the limit the choice is given up (the engine then
+        // finishes it, and that last delta always goes through).
+        let full = self.unread.load(Ordering::Acquire) >= 2 * MAX_BUFFERED_DELTAS;
+        if full && out.finish_reason.is_none() {
+            return stopped;
+        }
+        self.unread.fetch_add(1, Ordering::AcqRel);
+        self.tx.send((self.index, out)).is_ok() || stopped
+    }
+
+    fn has_room(&self) -> bool {
+        self.unread.load(Ordering::Acquire) < MAX_BUFFERED_DELTAS
     }
 }
 
@@ -54,7 +79,8 @@ struct ChoiceText {
     stop_token_ids: Vec<u32>,
     num_tokens: usize,
     finished: bool,
-    /// Shared with the choice's sink (see [`ChoiceSink::stopped`]).
+    /// Shared with the choice's sink (see [`ChoiceSink::unread`], [`ChoiceSink::stopped`]).
+    unread: Arc<AtomicUsize>,
     stopped: Arc<AtomicBool>,
 }
 
@@ -139,6 +165,7 @@ impl Generation {
         opts: &OutputOptions,
     ) -> Result<Self, ApiError> {
         let (tx, rx) = unbounded_channel();
+        let stops = Arc::new(StopSet::new(opts.stop.iter().cloned()));
         let mut gen = Generation {
             engine: engine.clone(),
             rx,
@@ -153,9 +180,11 @@ impl Generation {
                 opts.skip_special_tokens,
             );
             let stopped = Arc::new(AtomicBool::new(false));
+            let unread = Arc::new(AtomicUsize::new(0));
             let sink = Box::new(ChoiceSink {
                 index,
                 tx: tx.clone(),
+                unread: unread.clone(),
                 stopped: stopped.clone(),
             });
             // On an error the choices already submitted are aborted by `Drop`.
@@ -163,11 +192,12 @@ impl Generation {
             gen.choices.push(ChoiceText {
                 request_id,
                 detok,
-                stops: StopStrings::new(opts.stop.iter().cloned()),
+                stops: StopStrings::shared(stops.clone()),
                 include_stop: opts.include_stop_str_in_output,
                 stop_token_ids,
                 num_tokens: 0,
                 finished: false,
+                unread,
                 stopped,
             });
         }
@@ -205,6 +235,7 @@ impl Generation {
                 )));
             };
             let choice = &mut self.choices[index];
+            choice.unread.fetch_sub(1, Ordering::AcqRel);
             if choice.finished {
                 // Deltas after a stop-string hit (up to the stop's last delta) carry nothing new.
                 continue;

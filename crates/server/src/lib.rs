@@ -2,7 +2,9 @@
 //! tokenizer (incremental detokenizer, stop strings) and DeepSeek-V4's chat format (prompt
 //! rendering, reasoning and DSML tool-call parsing).
 
+pub mod body;
 pub mod chat;
+mod connection;
 pub mod generation;
 pub mod openai;
 mod routes;
@@ -11,5 +13,5 @@ pub mod state;
 pub mod tokenizer;
 
 pub use routes::router;
-pub use serve::{serve, shutdown_signal};
+pub use serve::{serve, shutdown_signal, ServeConfig};
 pub use state::AppState;

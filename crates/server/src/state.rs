@@ -4,7 +4,58 @@ use crate::openai::ApiError;
 use crate::tokenizer::Tokenizer;
 use deepinfer_engine::engine::EngineHandle;
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
+
+/// What a prompt may cost before the tokenizer sees it: a prompt that cannot fit the
+/// context is refused by its size alone.
+#[derive(Clone, Copy, Debug)]
+pub struct PromptLimits {
+    pub max_model_len: usize,
+    /// The most bytes any one token covers, when the tokenizer does not normalise the text
+    /// first (then a text of B bytes has at least B / this many tokens).
+    pub max_token_bytes: Option<usize>,
+}
+
+impl PromptLimits {
+    /// 400 unless a prompt of `n` token ids leaves room for output.
+    pub fn check_ids(&self, param: &str, n: usize) -> Result<(), ApiError> {
+        if n >= self.max_model_len {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {} tokens. However, your prompt \
+                     has {n} tokens, which leaves no room for output. Please reduce the length \
+                     of the prompt.",
+                    self.max_model_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// 400 when `text` surely has too many tokens for the context: checked before it is
+    /// tokenized, so an oversized text costs a length check, not a tokenizer run.
+    pub fn check_text(&self, param: &str, text: &str) -> Result<(), ApiError> {
+        let Some(per_token) = self.max_token_bytes else {
+            return Ok(());
+        };
+        let most = (self.max_model_len - 1).saturating_mul(per_token.max(1));
+        if text.len() > most {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {} tokens. However, your prompt \
+                     is {} bytes, more than any prompt of {} tokens can be (no token covers \
+                     more than {per_token} bytes). Please reduce the length of the prompt.",
+                    self.max_model_len,
+                    text.len(),
+                    self.max_model_len - 1
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub struct AppState {
     pub engine: EngineHandle,
@@ -19,6 +70,9 @@ pub struct AppState {
     /// growing without bound.
     admission: Arc<Semaphore>,
     pub max_pending: usize,
+    /// Turns at CPU-bound request preparation (tokenizing, rendering): one per core.
+    prep: Semaphore,
+    pub prompt_limits: PromptLimits,
     /// Unix time the server started (`created` in `/v1/models`).
     pub created: u64,
 }
@@ -32,7 +86,14 @@ impl AppState {
         api_key: Option<String>,
         max_pending: usize,
     ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let prompt_limits = PromptLimits {
+            max_model_len: engine.max_model_len(),
+            max_token_bytes: tokenizer.max_token_bytes(),
+        };
         Self {
+            prep: Semaphore::new(cores),
+            prompt_limits,
             engine,
             tokenizer,
             model_name,
@@ -57,6 +118,14 @@ impl AppState {
                 Some("model"),
             )),
         }
+    }
+
+    /// A turn at CPU-bound preparation work (see `routes::blocking`).
+    pub async fn prep_turn(&self) -> SemaphorePermit<'_> {
+        self.prep
+            .acquire()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// Places in the admission queue for `sequences` sequences, or 503 when they do not all

@@ -327,7 +327,7 @@ pub fn run(args: ModelArgs) -> Result<()> {
 fn bench(args: ModelArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     let t = Instant::now();
-    let model =
+    let mut model =
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -344,8 +344,12 @@ fn bench(args: ModelArgs) -> Result<()> {
         block_entries: 16,
         draft_layers: 0,
     };
+    let cache = CacheManager::new(&model.config, cache)?;
+    // Scratch for the longest sequence the cache holds, not the config's whole context.
+    let longest = cache.max_tokens_per_seq();
+    model.limit_positions(longest.min(model.config.max_position_embeddings));
     let mut bench = Bench {
-        cache: CacheManager::new(&model.config, cache)?,
+        cache,
         runner: ModelRunner::new(model),
     };
     let reps = args.reps.max(1);

@@ -16,6 +16,14 @@ pub struct Server {
     pub log: Arc<Mutex<String>>,
 }
 
+/// The binary under test: this build's, or the one `DEEPINFER_TEST_BIN` names (to show a
+/// regression test failing on a build from before its fix).
+pub fn binary() -> PathBuf {
+    std::env::var_os("DEEPINFER_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deepinfer")))
+}
+
 /// Shared across test binaries so the default model is written once.
 pub fn cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deepinfer-cache")
@@ -27,7 +35,7 @@ impl Server {
         // One start at a time: the first writes the default model, the rest reuse it.
         static STARTING: Mutex<()> = Mutex::new(());
         let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        let mut child = Command::new(binary())
             .args(["serve", "--port", "0"])
             .args(args)
             .env("DEEPINFER_CACHE_DIR", cache_dir())
@@ -202,7 +210,7 @@ pub fn engine_greedy(model: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Ve
                 .join(","),
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+    let out = Command::new(binary())
         .args(&args)
         .output()
         .expect("generate runs");

@@ -83,6 +83,23 @@ pub struct CacheManager {
     next_id: u64,
 }
 
+/// The longest sequence pools of `blocks` blocks each hold (the shortest-lived pool decides;
+/// a layout without paged pools holds any length).
+fn tokens_held(layout: &CacheLayout, blocks: impl Iterator<Item = usize>) -> usize {
+    layout
+        .pools
+        .iter()
+        .zip(blocks)
+        .map(|(l, n)| {
+            n.saturating_mul(l.block_entries)
+                .saturating_add(1)
+                .saturating_mul(l.ratio)
+                - 1
+        })
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
 impl CacheManager {
     /// Allocates the whole budget once (zeroed memory, committed by the OS as it is touched).
     pub fn new(cfg: &ModelConfig, cache: CacheConfig) -> Result<Self, CacheError> {
@@ -258,13 +275,20 @@ impl CacheManager {
     /// The longest sequence the pools could hold if it had them to itself: requests longer
     /// than this can never run, and admitting them would preempt forever.
     pub fn max_tokens_per_seq(&self) -> usize {
-        self.layout
-            .pools
-            .iter()
-            .zip(&self.pools)
-            .map(|(l, p)| (p.total_blocks() * l.block_entries + 1) * l.ratio - 1)
-            .min()
-            .unwrap_or(usize::MAX)
+        tokens_held(&self.layout, self.pools.iter().map(BlockPool::total_blocks))
+    }
+
+    /// What [`Self::max_tokens_per_seq`] gives for a manager built from `cache`, without
+    /// allocating one.
+    pub fn max_tokens_for(cfg: &ModelConfig, cache: CacheConfig) -> Result<usize, CacheError> {
+        let layout = CacheLayout::new(
+            cfg,
+            cache.rollback_slack,
+            cache.block_entries,
+            cache.draft_layers,
+        )?;
+        let blocks = split(&layout, cache.budget.resolve()?, cache.max_seqs)?;
+        Ok(tokens_held(&layout, blocks.into_iter()))
     }
 
     /// Occupancy: `"state_slots"` first, then the paged pools in layout order.

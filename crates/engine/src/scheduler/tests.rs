@@ -302,3 +302,56 @@ fn drafts_are_dropped_before_anyone_is_preempted() {
     assert_eq!(h.step(), [sched(0, 1, 0, 1)]);
     assert!(h.out.preempted.is_empty());
 }
+
+/// A sink whose reader is behind while the flag is set.
+struct SlowSink(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl crate::request::OutputSink for SlowSink {
+    fn send(&mut self, _: RequestOutput) -> bool {
+        true
+    }
+
+    fn has_room(&self) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn a_sequence_whose_reader_is_behind_waits_with_its_cache() {
+    let mut h = Harness::new(cfg(4, 100, None), FakeAllocator::new(4, 1000));
+    h.add(0, 3);
+    h.add(1, 3);
+    let behind = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    h.seqs.get_mut(&1).unwrap().out = Box::new(SlowSink(behind.clone()));
+    assert_eq!(h.step().len(), 2);
+    behind.store(true, std::sync::atomic::Ordering::Relaxed);
+    for _ in 0..3 {
+        let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+        assert_eq!(ids, [0]);
+    }
+    // Paused, not preempted: it still holds its cache and is still running.
+    assert!(h.seqs[&1].cache.is_some() && h.sched.running.contains(&1));
+    behind.store(false, std::sync::atomic::Ordering::Relaxed);
+    let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [0, 1]);
+}
+
+#[test]
+fn a_paused_sequence_gives_its_place_to_a_waiting_one() {
+    let mut h = Harness::new(cfg(1, 100, None), FakeAllocator::new(1, 1000));
+    h.add(0, 3);
+    let behind = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    h.seqs.get_mut(&0).unwrap().out = Box::new(SlowSink(behind.clone()));
+    assert_eq!(h.step().len(), 1);
+    h.add(1, 3);
+    // Sequence 0 holds the only slot but waits for its reader: 1 takes its place.
+    behind.store(true, std::sync::atomic::Ordering::Relaxed);
+    let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1]);
+    assert_eq!(h.out.preempted, [0]);
+    assert!(h.seqs[&0].cache.is_none() && h.sched.waiting.contains(&0));
+    // Still behind: it keeps its place in line but is not admitted.
+    let ids: Vec<RequestId> = h.step().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1]);
+    assert!(h.out.preempted.is_empty());
+}

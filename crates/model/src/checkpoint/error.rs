@@ -81,6 +81,12 @@ pub enum CheckpointError {
         scale: String,
         scale_shape: Vec<usize>,
     },
+    #[error("the checkpoint holds layer {layer} (`{tensor}`), but the config declares {declared} layers (num_hidden_layers / n_layers): it describes another model")]
+    ExtraLayers {
+        layer: usize,
+        tensor: String,
+        declared: usize,
+    },
     /// A tensor loaded fine but its contents make no sense for the model (e.g. an expert id
     /// out of range); raised by the weight loaders on top of this module.
     #[error("tensor `{name}` holds an invalid value: {reason}")]

@@ -178,6 +178,19 @@ impl Checkpoint {
             paths.push(p);
         }
         let ck = Self::from_files(&paths)?;
+        // A tensor the index does not list would be loaded or not depending on how it is
+        // looked up: the index is incomplete, or the shard is not the one it describes.
+        let mut unlisted: Vec<&String> =
+            ck.index.keys().filter(|t| !map.contains_key(*t)).collect();
+        unlisted.sort();
+        if let Some(tensor) = unlisted.first() {
+            let (i, _) = &ck.index[*tensor];
+            return Err(bad(format!(
+                "{} holds `{tensor}` (and {} more tensors) that the index does not list",
+                ck.shards[*i].path.display(),
+                unlisted.len() - 1
+            )));
+        }
         for (tensor, shard) in map {
             let want = dir.join(shard.as_str().unwrap_or_default());
             match ck.index.get(tensor) {
@@ -242,6 +255,21 @@ impl Checkpoint {
         let mut v: Vec<&str> = self.index.keys().map(String::as_str).collect();
         v.sort_unstable();
         v
+    }
+
+    /// The highest main-layer index any stored tensor belongs to (`layers.N.…`, or
+    /// `model.layers.N.…` in HF's layout), with one such tensor's name.
+    pub fn last_layer(&self) -> Option<(usize, &str)> {
+        self.index
+            .keys()
+            .filter_map(|name| {
+                let rest = name
+                    .strip_prefix("layers.")
+                    .or_else(|| name.strip_prefix("model.layers."))?;
+                let n: usize = rest.split('.').next()?.parse().ok()?;
+                Some((n, name.as_str()))
+            })
+            .max()
     }
 
     /// Whether `official_name` resolves to a stored tensor (for HF stacked experts: whether the

@@ -3,6 +3,7 @@
 //! way HF's `DeepseekV4Config` reads them so a config means the same thing here as there.
 
 use super::fields::{scoring, to_usize, token_ids, Fields};
+use super::validate::MAX_LAYERS;
 use super::{invalid, AttnKind, ConfigError, MlpKind, ModelConfig, RopeParams, Yarn};
 
 const CSA_NAME: &str = "compressed_sparse_attention";
@@ -83,6 +84,14 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         }
     }
     let n = f.usize_or("num_hidden_layers", 43)?;
+    if n > MAX_LAYERS {
+        // Checked before the per-layer lists are sized by it.
+        return Err(invalid(
+            "num_hidden_layers",
+            n,
+            format!("must be at most {MAX_LAYERS}"),
+        ));
+    }
     let head_dim = f.usize_or("head_dim", 512)?;
     let max_pos = f.usize_or("max_position_embeddings", 1_048_576)?;
 

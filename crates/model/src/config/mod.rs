@@ -8,6 +8,7 @@
 //! would load there — except where the reference would crash or silently misread, which is an
 //! error here instead.
 
+mod declared;
 mod fields;
 mod hf;
 mod official;
@@ -163,6 +164,7 @@ impl ModelConfig {
             .as_object()
             .ok_or_else(|| invalid("<root>", json_kind(&v), "config.json must be a JSON object"))?;
         let f = Fields::root(obj);
+        declared::check(&f)?;
         if f.has("hidden_size") {
             let cfg = hf::parse(&f)?;
             cfg.validate(&HF_KEYS)?;

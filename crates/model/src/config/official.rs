@@ -3,6 +3,7 @@
 //! compress ratio other than 4 means), so it gets its own reader rather than a renaming table.
 
 use super::fields::{scoring, token_ids, Fields};
+use super::validate::MAX_LAYERS;
 use super::{invalid, AttnKind, ConfigError, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn};
 
 /// DeepSeek's `inference/config.json`. Absent keys take `ModelArgs` defaults, except those
@@ -10,6 +11,14 @@ use super::{invalid, AttnKind, ConfigError, MlpKind, ModelConfig, RopeParams, Sc
 /// config would load as a silently different architecture, so they are required.
 pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
     let n = f.req_usize("n_layers")?;
+    if n > MAX_LAYERS {
+        // Checked before the per-layer lists are sized by it.
+        return Err(invalid(
+            "n_layers",
+            n,
+            format!("must be at most {MAX_LAYERS}"),
+        ));
+    }
     let hidden_size = f.req_usize("dim")?;
     let num_attention_heads = f.req_usize("n_heads")?;
     let moe_intermediate_size = f.req_usize("moe_inter_dim")?;

@@ -23,6 +23,20 @@ impl ModelConfig {
         ] {
             ensure(v > 0, field, v, "must be > 0")?;
         }
+        self.check_upper_bounds(k)?;
+        for (field, id) in self
+            .bos_token_id
+            .iter()
+            .map(|&id| ("bos_token_id", id))
+            .chain(self.eos_token_ids.iter().map(|&id| ("eos_token_id", id)))
+        {
+            ensure(
+                (id as usize) < self.vocab_size,
+                field,
+                id,
+                format!("outside the vocabulary ({} = {})", k.vocab, self.vocab_size),
+            )?;
+        }
         let rd = self.qk_rope_head_dim;
         ensure(
             rd > 0 && rd.is_multiple_of(2),
@@ -172,6 +186,44 @@ impl ModelConfig {
     }
 }
 
+/// Most layers a config may declare, checked before anything is sized by the count.
+pub(super) const MAX_LAYERS: usize = 1024;
+
+impl ModelConfig {
+    /// Upper bounds on every size that sizes memory or loops: far above any DeepSeek-V4
+    /// (V4-Pro: hidden 7168, 61 layers, 128 heads of 512, 384 experts of 3072, index top-k
+    /// 1024, window 128, HCA rate 128, 20 Sinkhorn iterations), so a real checkpoint never
+    /// meets them, while a corrupted value is refused by name before it can make an
+    /// allocation fail or a loop run for ever. Sizes with tensors behind them are also
+    /// checked against those tensors when the weights load.
+    fn check_upper_bounds(&self, k: &Keys) -> Result<(), ConfigError> {
+        for (field, v, max) in [
+            (k.vocab, self.vocab_size, 1 << 22),
+            (k.hidden, self.hidden_size, 1 << 16),
+            (k.layers, self.num_hidden_layers, MAX_LAYERS),
+            (k.heads, self.num_attention_heads, 1 << 12),
+            (k.head_dim, self.head_dim, 1 << 13),
+            (k.q_lora, self.q_lora_rank, 1 << 16),
+            (k.o_lora, self.o_lora_rank, 1 << 16),
+            (k.window, self.sliding_window, 1 << 16),
+            (k.csa_rate, self.compress_rate_csa, 1 << 12),
+            (k.hca_rate, self.compress_rate_hca, 1 << 12),
+            (k.index_heads, self.index_n_heads, 1 << 12),
+            (k.index_dim, self.index_head_dim, 1 << 13),
+            (k.index_topk, self.index_topk, 1 << 16),
+            (k.experts, self.n_routed_experts, 1 << 14),
+            (k.shared, self.n_shared_experts, 64),
+            (k.inter, self.moe_intermediate_size, 1 << 18),
+            (k.hc_mult, self.hc_mult, 16),
+            (k.hc_iters, self.hc_sinkhorn_iters, 1000),
+            (k.nextn, self.num_nextn_predict_layers, 16),
+        ] {
+            ensure(v <= max, field, v, format!("must be at most {max}"))?;
+        }
+        Ok(())
+    }
+}
+
 fn ensure(
     ok: bool,
     field: &str,
@@ -206,6 +258,7 @@ pub(super) struct Keys {
     index_dim: &'static str,
     index_topk: &'static str,
     experts: &'static str,
+    shared: &'static str,
     topk: &'static str,
     inter: &'static str,
     route_scale: &'static str,
@@ -213,6 +266,7 @@ pub(super) struct Keys {
     hc_mult: &'static str,
     hc_iters: &'static str,
     hc_eps: &'static str,
+    nextn: &'static str,
     norm_eps: &'static str,
     max_pos: &'static str,
     rope_theta: &'static str,
@@ -241,6 +295,7 @@ pub(super) const HF_KEYS: Keys = Keys {
     index_dim: "index_head_dim",
     index_topk: "index_topk",
     experts: "n_routed_experts",
+    shared: "n_shared_experts",
     topk: "num_experts_per_tok",
     inter: "moe_intermediate_size",
     route_scale: "routed_scaling_factor",
@@ -248,6 +303,7 @@ pub(super) const HF_KEYS: Keys = Keys {
     hc_mult: "hc_mult",
     hc_iters: "hc_sinkhorn_iters",
     hc_eps: "hc_eps",
+    nextn: "num_nextn_predict_layers",
     norm_eps: "rms_norm_eps",
     max_pos: "max_position_embeddings",
     rope_theta: "rope_theta",
@@ -285,6 +341,7 @@ pub(super) const OFFICIAL_KEYS: Keys = Keys {
     index_dim: "index_head_dim",
     index_topk: "index_topk",
     experts: "n_routed_experts",
+    shared: "n_shared_experts",
     topk: "n_activated_experts",
     inter: "moe_inter_dim",
     route_scale: "route_scale",
@@ -292,6 +349,7 @@ pub(super) const OFFICIAL_KEYS: Keys = Keys {
     hc_mult: "hc_mult",
     hc_iters: "hc_sinkhorn_iters",
     hc_eps: "hc_eps",
+    nextn: "n_mtp_layers",
     norm_eps: "norm_eps",
     max_pos: "max_seq_len",
     rope_theta: "rope_theta",

@@ -192,6 +192,18 @@ impl Model {
         Ok(Self::new(config, weights))
     }
 
+    /// Makes this model instance run sequences of at most `max_len` positions (the engine's
+    /// effective `max_model_len`): per-thread scratch is sized for that, not for the
+    /// config's `max_position_embeddings`, and an indexer top-k beyond the entries such a
+    /// sequence can have is lowered to that count (it picks the same entries).
+    pub fn limit_positions(&mut self, max_len: usize) {
+        let c = &mut self.config;
+        c.max_position_embeddings = max_len.max(1);
+        let entries = c.max_position_embeddings / c.compress_rate_csa.max(1);
+        c.index_topk = c.index_topk.min(entries.max(1));
+        self.scratch.reserved_pool = None;
+    }
+
     /// The rope table of `layer`: plain for sliding layers, the compress (YaRN) one otherwise.
     pub fn rope_for(&self, layer: usize) -> &Rope {
         match self.config.layer_types[layer] {

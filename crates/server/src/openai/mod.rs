@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod error;
+mod logit_bias;
 mod parse;
 mod sampling;
 
@@ -13,8 +14,9 @@ pub use completions::{
     CompletionChoice, CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, Usage,
 };
 pub use error::ApiError;
-pub use parse::{body_object, fields, fields_from_bytes};
+pub use logit_bias::{LogitBias, MAX_LOGIT_BIAS};
+pub use parse::fields;
 pub use sampling::{
     check_sequences, resolve_max_tokens, OutputOptions, SamplingFields, StopField, StreamOptions,
-    MAX_N, MAX_SEQUENCES,
+    MAX_N, MAX_SEQUENCES, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
 };

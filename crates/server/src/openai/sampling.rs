@@ -1,10 +1,9 @@
 //! The request fields both generation endpoints share, and their mapping onto the engine's
 //! [`SamplingParams`] with vLLM's defaults and OpenAI's limits.
 
-use super::ApiError;
+use super::{ApiError, LogitBias};
 use deepinfer_engine::sampling_params::SamplingParams;
 use serde::Deserialize;
-use std::collections::BTreeMap;
 
 /// Most choices one request may ask for (`n`); each is a sequence in the engine.
 pub const MAX_N: usize = 128;
@@ -12,6 +11,18 @@ pub const MAX_N: usize = 128;
 /// Most sequences one request may start in all (prompts × `n`), so one request cannot fill
 /// the engine or the admission queue by itself.
 pub const MAX_SEQUENCES: usize = 128;
+
+/// Most stop strings one request may give. OpenAI allows 4 and vLLM sets no limit; 64 leaves
+/// room for long lists of end markers while every request's automaton stays small.
+pub const MAX_STOP_STRINGS: usize = 64;
+
+/// Longest stop string, in bytes. Text that could begin a stop is held back, so this also
+/// bounds how far a stream's text may lag behind its tokens.
+pub const MAX_STOP_BYTES: usize = 512;
+
+/// Most `stop_token_ids` one request may give (the engine checks each sampled token
+/// against them).
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 
 /// 400 unless `prompts` × `n` is within [`MAX_SEQUENCES`]; the error names `n` when more
 /// than one choice per prompt was asked for, else `prompt`.
@@ -66,7 +77,7 @@ pub struct SamplingFields {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBias>,
     pub min_tokens: Option<i64>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
@@ -122,6 +133,24 @@ impl SamplingFields {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::invalid("stop", "stop strings must not be empty"));
         }
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
+                    stop.len()
+                ),
+            ));
+        }
+        if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "a stop string may be at most {MAX_STOP_BYTES} bytes long, got one of {}",
+                    s.len()
+                ),
+            ));
+        }
         Ok(OutputOptions {
             n,
             stream,
@@ -151,13 +180,7 @@ impl SamplingFields {
             }
         };
         let mut logit_bias = Vec::new();
-        for (k, &bias) in self.logit_bias.iter().flatten() {
-            let id: u32 = k.parse().map_err(|_| {
-                ApiError::invalid(
-                    "logit_bias",
-                    format!("`logit_bias` keys must be token ids, got {k:?}"),
-                )
-            })?;
+        for (&id, &bias) in self.logit_bias.iter().flat_map(|b| &b.0) {
             if !(-100.0..=100.0).contains(&bias) {
                 return Err(ApiError::invalid(
                     "logit_bias",
@@ -174,14 +197,30 @@ impl SamplingFields {
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            logit_bias,
+            logit_bias: logit_bias.into(),
             seed: self.seed.map(|s| s as u64),
             max_tokens,
             min_tokens: non_negative("min_tokens", self.min_tokens.unwrap_or(0))?,
-            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            stop_token_ids: self.stop_token_ids()?,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
         })
+    }
+}
+
+impl SamplingFields {
+    fn stop_token_ids(&self) -> Result<Vec<u32>, ApiError> {
+        let ids = self.stop_token_ids.clone().unwrap_or_default();
+        if ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!(
+                    "at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed, got {}",
+                    ids.len()
+                ),
+            ));
+        }
+        Ok(ids)
     }
 }
 
@@ -269,12 +308,12 @@ mod tests {
     fn maps_vllm_spellings_and_rejects_bad_values() {
         let f = SamplingFields {
             top_k: Some(-1),
-            logit_bias: Some([("7".to_string(), 5.0)].into()),
+            logit_bias: Some(LogitBias([(7, 5.0)].into())),
             ..Default::default()
         };
         let p = f.sampling_params(4, None).unwrap();
         assert_eq!(p.top_k, 0);
-        assert_eq!(p.logit_bias, vec![(7, 5.0)]);
+        assert_eq!(&*p.logit_bias, &[(7, 5.0)]);
         let bad = |f: SamplingFields, param: &str| {
             let e = f.sampling_params(4, None).expect_err("rejected");
             assert_eq!(e.param.as_deref(), Some(param));
@@ -288,14 +327,7 @@ mod tests {
         );
         bad(
             SamplingFields {
-                logit_bias: Some([("x".to_string(), 1.0)].into()),
-                ..Default::default()
-            },
-            "logit_bias",
-        );
-        bad(
-            SamplingFields {
-                logit_bias: Some([("1".to_string(), 1000.0)].into()),
+                logit_bias: Some(LogitBias([(1, 1000.0)].into())),
                 ..Default::default()
             },
             "logit_bias",

@@ -5,11 +5,10 @@ use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{render_chat, ChatDelta, ChatOutputParser, ReasoningEffort, RenderOptions};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, check_sequences, fields, fields_from_bytes, resolve_max_tokens, ApiError,
-    ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields,
-    TopLogprob, Usage,
+    check_sequences, fields, resolve_max_tokens, ApiError, ChatChoice, ChatCompletionResponse,
+    ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob, Usage,
 };
-use crate::state::{response_id, unix_now};
+use crate::state::{response_id, unix_now, PromptLimits};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -28,9 +27,14 @@ pub(crate) struct ChatPrompt {
     pub tool_names: Option<Vec<String>>,
 }
 
-/// Renders and tokenizes the conversation of a chat request (shared with `/tokenize`).
-/// CPU-bound for long conversations: call it through [`super::blocking`].
-pub(crate) fn chat_prompt(tok: &Tokenizer, f: &ChatFields) -> Result<ChatPrompt, ApiError> {
+/// Renders and tokenizes the conversation of a chat request (shared with `/tokenize`); a
+/// rendering too long for the context is refused before it is tokenized. CPU-bound for
+/// long conversations: call it through [`super::blocking`].
+pub(crate) fn chat_prompt(
+    tok: &Tokenizer,
+    f: &ChatFields,
+    limits: &PromptLimits,
+) -> Result<ChatPrompt, ApiError> {
     if f.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -84,6 +88,7 @@ pub(crate) fn chat_prompt(tok: &Tokenizer, f: &ChatFields) -> Result<ChatPrompt,
     let opts = RenderOptions::from_openai(effort, kwargs);
     let text = render_chat(&f.messages, tools, &opts)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    limits.check_text("messages", &text)?;
     let ids = tok
         .encode(&text, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
@@ -100,9 +105,9 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(body)?;
-    let v = body_object(&bytes)?;
-    let sf: SamplingFields = fields(&v)?;
-    let cf: ChatFields = fields_from_bytes(&bytes)?;
+    let sf: SamplingFields = fields(&bytes)?;
+    let cf: ChatFields = fields(&bytes)?;
+    drop(bytes);
     st.check_model(sf.model.as_deref())?;
     let opts = sf.output_options()?;
     let logprobs = match (cf.logprobs.unwrap_or(false), cf.top_logprobs) {
@@ -131,7 +136,11 @@ pub async fn chat_completions(
     // Places for every choice before the (possibly long) rendering.
     let permit = st.admit(check_sequences(1, opts.n)?)?;
     let tok = st.tokenizer.clone();
-    let (prompt, cf) = blocking(move || chat_prompt(&tok, &cf).map(|p| (p, cf))).await?;
+    let limits = st.prompt_limits;
+    let (prompt, cf) = blocking(&st, move || {
+        chat_prompt(&tok, &cf, &limits).map(|p| (p, cf))
+    })
+    .await?;
     let (requested, param) = match cf.max_completion_tokens {
         Some(m) => (Some(m), "max_completion_tokens"),
         None => (sf.max_tokens, "max_tokens"),

@@ -4,8 +4,8 @@
 use super::{blocking, body_bytes, sse, Shared};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    body_object, check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice,
-    CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
+    check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
+    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
 };
 use crate::state::{response_id, unix_now};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
@@ -23,9 +23,10 @@ pub async fn completions(
     State(st): State<Shared>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = body_object(&body_bytes(body)?)?;
-    let sf: SamplingFields = fields(&v)?;
-    let cf: CompletionFields = fields(&v)?;
+    let bytes = body_bytes(body)?;
+    let sf: SamplingFields = fields(&bytes)?;
+    let cf: CompletionFields = fields(&bytes)?;
+    drop(bytes);
     st.check_model(sf.model.as_deref())?;
     let opts = sf.output_options()?;
     if cf.suffix.is_some() {
@@ -56,21 +57,39 @@ pub async fn completions(
     if num_prompts == 0 {
         return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
     }
+    let sequences = check_sequences(num_prompts, opts.n)?;
+    let prompt = cf.prompt.expect("checked above");
+    // Measured before anything is tokenized or decoded: a prompt that cannot fit costs
+    // only this.
+    let limits = st.prompt_limits;
+    match &prompt {
+        PromptField::Text(t) => limits.check_text("prompt", t)?,
+        PromptField::Texts(ts) => ts.iter().try_for_each(|t| limits.check_text("prompt", t))?,
+        PromptField::Ids(ids) => limits.check_ids("prompt", ids.len())?,
+        PromptField::IdBatches(b) => b
+            .iter()
+            .try_for_each(|ids| limits.check_ids("prompt", ids.len()))?,
+    }
     // Places for every sequence before any tokenizing: an overloaded server refuses work
     // cheaply, and the queue bounds the tokenizer's work too.
-    let permit = st.admit(check_sequences(num_prompts, opts.n)?)?;
+    let permit = st.admit(sequences)?;
     let add_special = cf.add_special_tokens.unwrap_or(true);
-    let prompt = cf.prompt.expect("checked above");
+    let echo = cf.echo;
     let tok = st.tokenizer.clone();
     // (token ids, echo text) per prompt.
-    let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
+    let prompts: Vec<(Vec<u32>, String)> = blocking(&st, move || {
         let encode = |text: String| {
             tok.encode(&text, add_special)
-                .map(|ids| (ids, text))
+                .map(|ids| (ids, if echo { text } else { String::new() }))
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))
         };
+        // Token-id prompts are decoded only to be echoed.
         let decode = |ids: Vec<u32>| {
-            let text = tok.decode(&ids, false);
+            let text = if echo {
+                tok.decode(&ids, false)
+            } else {
+                String::new()
+            };
             (ids, text)
         };
         match prompt {
@@ -106,9 +125,7 @@ pub async fn completions(
     let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
     let echo: Vec<String> = prompts
         .iter()
-        .flat_map(|p| {
-            std::iter::repeat_n(if cf.echo { p.1.clone() } else { String::new() }, opts.n)
-        })
+        .flat_map(|p| std::iter::repeat_n(p.1.clone(), opts.n))
         .collect();
     let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
     let head = CompletionResponse {

@@ -6,6 +6,7 @@ mod info;
 mod sse;
 mod tokenize;
 
+use crate::body::{read_whole_body, BodyLimits};
 use crate::openai::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
@@ -20,28 +21,34 @@ use std::sync::Arc;
 
 pub type Shared = Arc<AppState>;
 
-/// Every route. `/v1/*` needs the API key when one is set; `/health`, `/metrics`,
-/// `/version` and the tokenizer routes stay open, as in vLLM.
-pub fn router(state: Shared, max_body_bytes: usize) -> Router {
-    let v1 = Router::new()
+/// Every route. `/v1/*` and the tokenizer routes need the API key when one is set (as in
+/// vLLM); `/health`, `/metrics` and `/version` stay open. Bodies are read whole, within
+/// `body`'s limits, before any handler runs.
+pub fn router(state: Shared, body: BodyLimits) -> Router {
+    let max_body_bytes = body.max_bytes();
+    let guarded = Router::new()
         .route("/v1/models", get(info::models))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ));
     Router::new()
-        .merge(v1)
+        .merge(guarded)
         .route("/health", get(info::health))
         .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
         .fallback(not_found)
         // After every route: it applies to the method routers registered so far.
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(body),
+            read_whole_body,
+        ))
         .with_state(state)
 }
 
@@ -91,10 +98,13 @@ async fn method_not_allowed(req: Request) -> ApiError {
 
 /// Runs CPU-bound request work (tokenizing prompts, rendering a chat) on tokio's blocking
 /// pool: on the async workers one huge prompt would stall every other client's stream for
-/// as long as it takes.
+/// as long as it takes. At most one such job per core runs at once (the rest wait their
+/// turn), so many large prompts cannot multiply the tokenizer's memory.
 pub(crate) async fn blocking<T: Send + 'static>(
+    st: &AppState,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let _turn = st.prep_turn().await;
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?

@@ -2,11 +2,12 @@
 //! tokens exactly as generation will.
 
 use super::{blocking, body_bytes, Shared};
-use crate::openai::{body_object, fields, fields_from_bytes, ApiError};
+use crate::openai::{fields, ApiError, ChatFields};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::Json;
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -14,6 +15,8 @@ use serde_json::{json, Value};
 struct TokenizeFields {
     model: Option<String>,
     prompt: Option<String>,
+    /// Only whether it is there: the chat form is read as [`ChatFields`].
+    messages: Option<IgnoredAny>,
     add_special_tokens: Option<bool>,
     #[serde(default)]
     return_token_strs: bool,
@@ -24,14 +27,15 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let bytes = body_bytes(body)?;
-    let v = body_object(&bytes)?;
-    let f: TokenizeFields = fields(&v)?;
+    let f: TokenizeFields = fields(&bytes)?;
     st.check_model(f.model.as_deref())?;
     let tok = st.tokenizer.clone();
-    let ids = match (f.prompt, v.get("messages")) {
+    let limits = st.prompt_limits;
+    let ids = match (f.prompt, f.messages) {
         (Some(p), _) => {
+            limits.check_text("prompt", &p)?;
             let add_special = f.add_special_tokens.unwrap_or(true);
-            blocking(move || {
+            blocking(&st, move || {
                 tok.encode(&p, add_special)
                     .map_err(|e| ApiError::invalid("prompt", e.to_string()))
             })
@@ -39,8 +43,9 @@ pub async fn tokenize(
         }
         // The chat form renders the conversation exactly as /v1/chat/completions would.
         (None, Some(_)) => {
-            let cf = fields_from_bytes(&bytes)?;
-            blocking(move || super::chat::chat_prompt(&tok, &cf))
+            let cf: ChatFields = fields(&bytes)?;
+            drop(bytes);
+            blocking(&st, move || super::chat::chat_prompt(&tok, &cf, &limits))
                 .await?
                 .ids
         }
@@ -74,9 +79,20 @@ pub async fn detokenize(
     State(st): State<Shared>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = body_object(&body_bytes(body)?)?;
-    let f: DetokenizeFields = fields(&v)?;
+    let f: DetokenizeFields = fields(&body_bytes(body)?)?;
     st.check_model(f.model.as_deref())?;
+    // No sequence the model can hold is longer; decoding a longer list would only cost.
+    let max_model_len = st.prompt_limits.max_model_len;
+    if f.tokens.len() > max_model_len {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!(
+                "at most {max_model_len} token ids (the model's context) can be detokenized, \
+                 got {}",
+                f.tokens.len()
+            ),
+        ));
+    }
     let vocab = st.tokenizer.vocab_size();
     if let Some(&id) = f.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(ApiError::invalid(
@@ -85,7 +101,7 @@ pub async fn detokenize(
         ));
     }
     let tok = st.tokenizer.clone();
-    let text = blocking(move || {
+    let text = blocking(&st, move || {
         tok.try_decode(&f.tokens, false)
             .map_err(|e| ApiError::invalid("tokens", e.to_string()))
     })

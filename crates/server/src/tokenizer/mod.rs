@@ -9,7 +9,7 @@ mod stop;
 pub use bytes::logprob_token_text;
 
 pub use incremental::IncrementalDetokenizer;
-pub use stop::StopStrings;
+pub use stop::{StopSet, StopStrings};
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -62,6 +62,8 @@ pub struct Tokenizer {
     /// Whether the vocabulary spells bytes as GPT-2's byte-level symbols (the decoder is
     /// `ByteLevel`), so a token's exact bytes can be read off its string.
     byte_level: bool,
+    /// See [`Tokenizer::max_token_bytes`].
+    max_token_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -144,7 +146,13 @@ impl Tokenizer {
             inner.get_decoder(),
             Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
         );
-        Ok(Self {
+        let normalizes = inner.get_normalizer().is_some_and(|n| {
+            let v = serde_json::to_value(n).unwrap_or_default();
+            v.get("normalizers")
+                .and_then(|list| list.as_array())
+                .is_none_or(|list| !list.is_empty())
+        });
+        let mut tok = Self {
             inner: Arc::new(inner),
             bos_id: None,
             eos_id: None,
@@ -152,7 +160,22 @@ impl Tokenizer {
             add_eos_token: false,
             added: Arc::new(added),
             byte_level,
-        })
+            max_token_bytes: None,
+        };
+        if !normalizes {
+            let longest = (0..tok.vocab_size() as u32)
+                .map(|id| tok.token_bytes(id).len())
+                .max();
+            tok.max_token_bytes = longest;
+        }
+        Ok(tok)
+    }
+
+    /// The most bytes of text one token stands for, when the tokenizer splits the text as
+    /// given (no normaliser that could shrink it): a text of B bytes then has at least
+    /// B / this many tokens. `None` when that does not hold.
+    pub fn max_token_bytes(&self) -> Option<usize> {
+        self.max_token_bytes
     }
 
     /// Encodes `text`. Added tokens written in the text (`<｜User｜>`, `<think>` …) become single

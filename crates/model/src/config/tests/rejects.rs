@@ -326,3 +326,62 @@ fn rejects_bad_token_ids() {
         &["`bos_token_id` = 1099511627776", "u32"],
     );
 }
+
+/// Sizes that size memory or loops have upper bounds far above any DeepSeek-V4; a corrupted
+/// value is refused by name before anything is allocated or looped over.
+#[test]
+fn rejects_absurd_sizes_by_name() {
+    let huge = |v: u64| Value::from(v);
+    for (key, v) in [
+        ("num_hidden_layers", 1_000_000_000_000_000_000),
+        ("hc_sinkhorn_iters", 1_000_000_000_000),
+        ("index_topk", 1_000_000_000_000),
+        ("hc_mult", 17),
+        ("sliding_window", 1 << 40),
+        ("vocab_size", 1 << 40),
+        ("n_routed_experts", 1 << 20),
+    ] {
+        assert_err(&with(key, huge(v)), &[&format!("`{key}` = {v}"), "at most"]);
+    }
+    let official = edit(FLASH_OFFICIAL, &[("n_layers", Some(huge(1 << 60)))]);
+    assert_err(&official, &["`n_layers`", "at most"]);
+    // The context is not bounded here: the engine sizes everything from its own limit.
+    ModelConfig::from_json_str(&with("max_position_embeddings", huge(100_000_000_000))).unwrap();
+}
+
+#[test]
+fn rejects_configs_that_describe_another_model() {
+    for (key, v, part) in [
+        ("hidden_act", Value::from("gelu"), "silu"),
+        (
+            "architectures",
+            serde_json::json!(["LlamaForCausalLM"]),
+            "DeepseekV4ForCausalLM",
+        ),
+        ("tie_word_embeddings", Value::from(true), "output head"),
+        ("expert_dtype", Value::from("int4"), "fp4"),
+        ("eos_token_id", Value::from(512), "outside the vocabulary"),
+        ("bos_token_id", Value::from(9999), "outside the vocabulary"),
+    ] {
+        assert_err(&with(key, v), &[&format!("`{key}`"), part]);
+    }
+    let q = |block: Value| serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": block});
+    assert_err(
+        &with("quantization_config", q(serde_json::json!([0, 0]))),
+        &["`quantization_config.weight_block_size` = [0, 0]", ">= 1"],
+    );
+    assert_err(
+        &with("quantization_config", q(serde_json::json!([128]))),
+        &["weight_block_size"],
+    );
+    let official = edit(FLASH_OFFICIAL, &[("expert_dtype", Some("nf4".into()))]);
+    assert_err(&official, &["`expert_dtype` = \"nf4\""]);
+    // What real checkpoints declare is accepted.
+    ModelConfig::from_json_str(&with("hidden_act", "silu".into())).unwrap();
+    ModelConfig::from_json_str(&with(
+        "quantization_config",
+        q(serde_json::json!([128, 128])),
+    ))
+    .unwrap();
+    ModelConfig::from_json_str(FLASH_OFFICIAL).unwrap();
+}
