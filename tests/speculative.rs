@@ -7,10 +7,12 @@ mod common;
 
 use common::*;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
-use deepinfer_engine::request::FinishReason;
+use deepinfer_engine::request::{FinishReason, OutputSink, RequestOutput};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 type Join = JoinHandle<Result<EngineCore, EngineError>>;
@@ -191,6 +193,85 @@ fn speculation_survives_preemption() {
     assert!(h.metrics.spec_decode_num_accepted_tokens.get() > 0);
     h.shutdown();
     join.join().unwrap().unwrap();
+}
+
+/// A sink whose reader stops reading after the first delta until released (a slow HTTP
+/// client): its sequence pauses, keeping its drafts and cache, or is preempted for a
+/// waiting request.
+struct HeldSink {
+    tx: std::sync::mpsc::Sender<RequestOutput>,
+    sent: Arc<AtomicUsize>,
+    released: Arc<AtomicBool>,
+}
+
+impl OutputSink for HeldSink {
+    fn send(&mut self, out: RequestOutput) -> bool {
+        self.sent.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(out).is_ok()
+    }
+
+    fn has_room(&self) -> bool {
+        self.released.load(Ordering::Acquire) || self.sent.load(Ordering::Acquire) == 0
+    }
+}
+
+#[test]
+fn drafting_sequences_paused_or_preempted_for_their_readers_keep_the_plain_output() {
+    // Two drafting sequences pause after their first token (their readers hold back) and
+    // fill both slots; two more requests arrive, so the scheduler preempts a paused one to
+    // admit them. Once released, the paused and the preempted sequence resume (the latter
+    // recomputes) and every request still gets the plain greedy tokens.
+    let g = Golden::load("tiny-a");
+    let prompts = tie_safe(&g);
+    let (h, join) = start("tiny-a", sched(2, 256, None, 4096), 64 << 20, mtp(3));
+    let released = Arc::new(AtomicBool::new(false));
+    let held: Vec<_> = prompts[..2]
+        .iter()
+        .map(|p| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let sent = Arc::new(AtomicUsize::new(0));
+            let sink = HeldSink {
+                tx,
+                sent: sent.clone(),
+                released: released.clone(),
+            };
+            h.add_request_to(ids(&p["ids"]), greedy(32), Box::new(sink))
+                .unwrap();
+            let first = rx.recv().unwrap();
+            assert_eq!(first.new_token_ids[..], ids(&p["greedy"])[..1]);
+            (first, rx, sent)
+        })
+        .collect();
+    let rxs: Vec<_> = prompts[2..4]
+        .iter()
+        .map(|p| h.add_request(ids(&p["ids"]), greedy(32)).unwrap().1)
+        .collect();
+    for (p, rx) in prompts[2..4].iter().zip(rxs) {
+        assert_eq!(collect(rx).0, ids(&p["greedy"]), "p{}", p["index"]);
+    }
+    assert!(
+        held.iter()
+            .all(|(_, _, sent)| sent.load(Ordering::Acquire) == 1),
+        "a paused sequence ran on"
+    );
+    assert!(
+        h.metrics.num_preemptions.get() > 0,
+        "no slot was free: a paused sequence must have been preempted"
+    );
+    released.store(true, Ordering::Release);
+    for (p, (first, rx, _)) in prompts[..2].iter().zip(held) {
+        let mut toks = first.new_token_ids.to_vec();
+        toks.extend(collect(rx).0);
+        assert_eq!(toks, ids(&p["greedy"]), "held p{}", p["index"]);
+    }
+    h.drain().unwrap();
+    assert!(
+        h.metrics.spec_decode_num_drafts.get() > 0,
+        "nothing was drafted"
+    );
+    h.shutdown();
+    let core = join.join().unwrap().unwrap();
+    assert!(core.cache().usage().iter().all(|u| u.used_blocks == 0));
 }
 
 #[test]
