@@ -197,46 +197,12 @@ fn decode_row(
         Ok((secs, d))
     };
     let (_, counters) = step(bench)?; // warm-up: the workspace grows once
-    let bytes = counters.weight_bytes + counters.cache_bytes;
-    let flops = counters.flops as f64;
-    let (mut times, mut bw_pct, mut fma_pct, mut bound_pct) = (vec![], vec![], vec![], vec![]);
-    let (mut bws, mut fmas) = (vec![], vec![]);
+    let mut timed = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let r = quick_roofs(threads);
-        let (secs, _) = step(bench)?;
-        let (t_bw, t_fma) = (
-            bytes as f64 / (r.read_gbs * 1e9),
-            flops / (r.fma_gflops * 1e9),
-        );
-        times.push(secs);
-        bw_pct.push(100.0 * t_bw / secs);
-        fma_pct.push(100.0 * t_fma / secs);
-        bound_pct.push(100.0 * t_bw.max(t_fma) / secs);
-        bws.push(r.read_gbs);
-        fmas.push(r.fma_gflops);
+        let roofs = quick_roofs(threads);
+        timed.push((step(bench)?.0, roofs));
     }
-    let secs = median(times);
-    let (read_gbs, fma_gflops) = (median(bws), median(fmas));
-    let (t_bw, t_fma) = (bytes as f64 / (read_gbs * 1e9), flops / (fma_gflops * 1e9));
-    let row = DecodeRow {
-        batch: b,
-        tokens_per_seq: t,
-        context: args.context,
-        ms_per_step: secs * 1e3,
-        tokens_per_s: (b * t) as f64 / secs,
-        bytes_per_step: bytes,
-        bytes_per_token: bytes as f64 / (b * t) as f64,
-        gbs: bytes as f64 / secs / 1e9,
-        roofs: Roofs {
-            read_gbs,
-            fma_gflops,
-        },
-        pct_of_bandwidth: median(bw_pct),
-        gflops: flops / secs / 1e9,
-        pct_of_fma: median(fma_pct),
-        binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
-        pct_of_binding_roof: median(bound_pct),
-    };
+    let row = summarize(b, t, args.context, &counters, &timed);
     if args.profile && b == args.batch[0] && t == args.tokens_per_seq[0] {
         profile::set_enabled(true);
         let before = Snapshot::now();
@@ -255,6 +221,58 @@ fn decode_row(
         bench.cache.free_seq(s)?;
     }
     Ok(row)
+}
+
+/// A decode row from one step's counters and each repetition's time with the roofs
+/// measured right before it.
+fn summarize(
+    b: usize,
+    t: usize,
+    context: usize,
+    counters: &Snapshot,
+    timed: &[(f64, Roofs)],
+) -> DecodeRow {
+    let bytes = counters.weight_bytes + counters.cache_bytes;
+    let flops = counters.flops as f64;
+    let lower_bounds = |r: &Roofs| {
+        (
+            bytes as f64 / (r.read_gbs * 1e9),
+            flops / (r.fma_gflops * 1e9),
+        )
+    };
+    let each = |f: &dyn Fn(f64, f64, f64) -> f64| -> f64 {
+        median(
+            timed
+                .iter()
+                .map(|(secs, r)| {
+                    let (t_bw, t_fma) = lower_bounds(r);
+                    f(t_bw, t_fma, *secs)
+                })
+                .collect(),
+        )
+    };
+    let secs = median(timed.iter().map(|x| x.0).collect());
+    let roofs = Roofs {
+        read_gbs: median(timed.iter().map(|x| x.1.read_gbs).collect()),
+        fma_gflops: median(timed.iter().map(|x| x.1.fma_gflops).collect()),
+    };
+    let (t_bw, t_fma) = lower_bounds(&roofs);
+    DecodeRow {
+        batch: b,
+        tokens_per_seq: t,
+        context,
+        ms_per_step: secs * 1e3,
+        tokens_per_s: (b * t) as f64 / secs,
+        bytes_per_step: bytes,
+        bytes_per_token: bytes as f64 / (b * t) as f64,
+        gbs: bytes as f64 / secs / 1e9,
+        roofs,
+        pct_of_bandwidth: each(&|bw, _, s| 100.0 * bw / s),
+        gflops: flops / secs / 1e9,
+        pct_of_fma: each(&|_, fma, s| 100.0 * fma / s),
+        binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
+        pct_of_binding_roof: each(&|bw, fma, s| 100.0 * bw.max(fma) / s),
+    }
 }
 
 fn print_decode_row(row: &DecodeRow) {

@@ -222,6 +222,20 @@ impl Model {
         mut row_seq: Vec<(usize, usize, usize)>,
         paged: bool,
     ) -> Result<BatchRows<'a>, ModelError> {
+        self.check_rows(batch, cache)?;
+        map_spans(batch, cache, &mut row_seq, paged)?;
+        check_window_floors(batch)?;
+        Ok(BatchRows {
+            positions: &batch.positions,
+            spans: &batch.spans,
+            row_seq,
+            window_floor: &batch.window_floor,
+        })
+    }
+
+    /// Row-wise checks: one position per token, ids inside the vocabulary, logits rows
+    /// inside the batch, a window ring as long as the model's window.
+    fn check_rows(&self, batch: &ForwardBatch, cache: &dyn CacheView) -> Result<(), ModelError> {
         let (vocab, n) = (self.config.vocab_size, batch.num_tokens());
         if batch.positions.len() != n {
             return Err(ModelError::PositionsLength {
@@ -241,74 +255,7 @@ impl Model {
                 needed: self.config.sliding_window,
             });
         }
-        row_seq.clear();
-        row_seq.resize(n, (usize::MAX, 0, 0));
-        for (s, span) in batch.spans.iter().enumerate() {
-            if span.start + span.len > n {
-                return Err(ModelError::BadSpan {
-                    start: span.start,
-                    len: span.len,
-                    tokens: n,
-                });
-            }
-            let p0 = batch.positions.get(span.start).copied().unwrap_or(0);
-            for off in 0..span.len {
-                let (pos, expected) = (batch.positions[span.start + off], p0 + off);
-                if pos != expected {
-                    return Err(ModelError::NonConsecutive {
-                        seq: s,
-                        offset: off,
-                        pos,
-                        expected,
-                    });
-                }
-                if paged && pos >= cache.capacity_tokens(s) {
-                    return Err(ModelError::CacheTooSmall {
-                        seq: s,
-                        pos,
-                        capacity: cache.capacity_tokens(s),
-                    });
-                }
-                if row_seq[span.start + off].0 != usize::MAX {
-                    return Err(ModelError::BadSpan {
-                        start: span.start,
-                        len: span.len,
-                        tokens: n,
-                    });
-                }
-                row_seq[span.start + off] = (s, p0, span.start);
-            }
-        }
-        if row_seq.iter().any(|r| r.0 == usize::MAX) {
-            return Err(ModelError::BadSpan {
-                start: 0,
-                len: n,
-                tokens: n,
-            });
-        }
-        let floors = &batch.window_floor;
-        if !floors.is_empty() && floors.len() != batch.spans.len() {
-            return Err(ModelError::WindowFloors {
-                floors: floors.len(),
-                spans: batch.spans.len(),
-            });
-        }
-        for (s, (span, &floor)) in batch.spans.iter().zip(floors).enumerate() {
-            let first = batch.positions.get(span.start).copied().unwrap_or(0);
-            if span.len > 0 && floor > first {
-                return Err(ModelError::FloorAfterStart {
-                    seq: s,
-                    floor,
-                    first,
-                });
-            }
-        }
-        Ok(BatchRows {
-            positions: &batch.positions,
-            spans: &batch.spans,
-            row_seq,
-            window_floor: floors,
-        })
+        Ok(())
     }
 
     /// Runs the batch, leaves its state in `cache`, and returns the logits of
@@ -508,4 +455,77 @@ impl Head<'_> {
         ws.give(picked);
         ws.give(h);
     }
+}
+
+/// Maps each row to `(sequence, its span's first position, its span's first row)`: spans
+/// cover every row exactly once, with consecutive positions inside the reserved capacity
+/// when `paged`.
+fn map_spans(
+    batch: &ForwardBatch,
+    cache: &dyn CacheView,
+    row_seq: &mut Vec<(usize, usize, usize)>,
+    paged: bool,
+) -> Result<(), ModelError> {
+    let n = batch.num_tokens();
+    let bad_span = |start, len| ModelError::BadSpan {
+        start,
+        len,
+        tokens: n,
+    };
+    row_seq.clear();
+    row_seq.resize(n, (usize::MAX, 0, 0));
+    for (s, span) in batch.spans.iter().enumerate() {
+        if span.start + span.len > n {
+            return Err(bad_span(span.start, span.len));
+        }
+        let p0 = batch.positions.get(span.start).copied().unwrap_or(0);
+        for off in 0..span.len {
+            let (pos, expected) = (batch.positions[span.start + off], p0 + off);
+            if pos != expected {
+                return Err(ModelError::NonConsecutive {
+                    seq: s,
+                    offset: off,
+                    pos,
+                    expected,
+                });
+            }
+            if paged && pos >= cache.capacity_tokens(s) {
+                return Err(ModelError::CacheTooSmall {
+                    seq: s,
+                    pos,
+                    capacity: cache.capacity_tokens(s),
+                });
+            }
+            if row_seq[span.start + off].0 != usize::MAX {
+                return Err(bad_span(span.start, span.len));
+            }
+            row_seq[span.start + off] = (s, p0, span.start);
+        }
+    }
+    if row_seq.iter().any(|r| r.0 == usize::MAX) {
+        return Err(bad_span(0, n));
+    }
+    Ok(())
+}
+
+/// Window floors, when given: one per span, none after its span's first position.
+fn check_window_floors(batch: &ForwardBatch) -> Result<(), ModelError> {
+    let floors = &batch.window_floor;
+    if !floors.is_empty() && floors.len() != batch.spans.len() {
+        return Err(ModelError::WindowFloors {
+            floors: floors.len(),
+            spans: batch.spans.len(),
+        });
+    }
+    for (s, (span, &floor)) in batch.spans.iter().zip(floors).enumerate() {
+        let first = batch.positions.get(span.start).copied().unwrap_or(0);
+        if span.len > 0 && floor > first {
+            return Err(ModelError::FloorAfterStart {
+                seq: s,
+                floor,
+                first,
+            });
+        }
+    }
+    Ok(())
 }
