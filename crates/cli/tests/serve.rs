@@ -44,55 +44,18 @@ async fn model_root(server: &Server) -> String {
     v["data"][0]["root"].as_str().unwrap().to_string()
 }
 
-async fn metrics(server: &Server) -> String {
-    reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// Waits until no request runs or waits and every cache pool is empty.
-async fn wait_idle(server: &Server) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = metrics(server).await;
-        let busy = metric(&m, "deepinfer:num_requests_running", &[]) != Some(0.0)
-            || metric(&m, "deepinfer:num_requests_waiting", &[]) != Some(0.0)
-            || ["state_slots", "csa_entries", "hca_entries", "indexer_keys"]
-                .iter()
-                .any(|p| metric(&m, "deepinfer:kv_cache_usage_perc", &[("pool", p)]) != Some(0.0));
-        if !busy {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the server did not go idle:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits until the engine has counted `n` aborted requests.
 async fn wait_aborted(server: &Server, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = metrics(server).await;
-        let aborted = metric(
-            &m,
+    let aborts = |m: &str| {
+        metric(
+            m,
             "deepinfer:request_success_total",
             &[("finished_reason", "abort")],
-        );
-        if aborted == Some(n as f64) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} aborts were never counted:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ) == Some(n as f64)
+    };
+    server
+        .wait_metrics(Duration::from_secs(20), &format!("{n} aborts"), aborts)
+        .await;
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -152,7 +115,7 @@ async fn completions_equal_the_engine_greedy_whole_and_streamed() {
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"]["completion_tokens"], 24);
     assert_eq!(last["usage"]["prompt_tokens"], prompt_tokens);
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 #[tokio::test]
@@ -237,7 +200,7 @@ async fn n_choices_stop_strings_and_logprobs() {
         assert!((chosen - best).abs() < 1e-5, "greedy picks the top token");
         assert!(chosen <= 0.0);
     }
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 #[tokio::test]
@@ -409,7 +372,7 @@ async fn bad_requests_get_openai_errors() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_object());
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 #[tokio::test]
@@ -506,7 +469,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_cache() {
     while !seen.contains("\n\n") {
         seen.push_str(&String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()));
     }
-    let m = metrics(&server).await;
+    let m = server.metrics().await;
     assert_eq!(
         metric(&m, "deepinfer:num_requests_running", &[]),
         Some(1.0),
@@ -522,7 +485,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_cache() {
             > 0.0
     );
     drop(r);
-    let m = wait_idle(&server).await;
+    let m = server.wait_idle().await;
     assert_eq!(
         metric(
             &m,
@@ -560,7 +523,7 @@ async fn a_full_admission_queue_answers_503() {
     // The place comes back when the server drops the stream, which is when it aborts the
     // request; the engine's gauges alone can read idle before its first step reports.
     wait_aborted(&server, 1).await;
-    wait_idle(&server).await;
+    server.wait_idle().await;
     let (status, _) = post(
         &server,
         "/v1/completions",
@@ -607,7 +570,7 @@ async fn admission_counts_every_sequence_of_a_request() {
     let (status, v) = post(&server, "/v1/completions", batch(3, 1)).await;
     assert_eq!(status, 200, "{v}");
     drop(long);
-    wait_idle(&server).await;
+    server.wait_idle().await;
     let (status, _) = post(
         &server,
         "/v1/completions",
@@ -724,7 +687,7 @@ async fn chat_equals_the_engine_greedy_whole_and_streamed() {
             "length"
         );
     }
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 #[tokio::test]
@@ -830,7 +793,7 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
             "{body} -> {v}"
         );
     }
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 #[test]
@@ -973,7 +936,7 @@ async fn a_dsml_tool_call_comes_back_as_an_openai_tool_call() {
         .as_str()
         .unwrap()
         .contains("invoke name=\"get_weather\""));
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 /// Scripted reasoning with CJK and characters split across byte-level tokens.
@@ -1054,7 +1017,7 @@ async fn scripted_reasoning_splits_and_stops_exactly() {
 
     // Completions on the same script: a stop string, then the same with the stop included.
     // (Idle first: the chat request above is counted only after its response is sent.)
-    let m0 = wait_idle(&server).await;
+    let m0 = server.wait_idle().await;
     let stops = |m: &str| {
         metric(
             m,
@@ -1096,7 +1059,7 @@ async fn scripted_reasoning_splits_and_stops_exactly() {
         }
     }
     // Four requests ended by a stop string: counted as stops, none as an abort.
-    let m = wait_idle(&server).await;
+    let m = server.wait_idle().await;
     assert_eq!(stops(&m) - stops(&m0), 4.0, "{m}");
     assert_eq!(
         metric(
@@ -1162,7 +1125,7 @@ async fn scripted_reasoning_splits_and_stops_exactly() {
             "min_tokens {min_tokens}"
         );
     }
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 /// The text, finish reason and stop reason of choice 0 of a completions body.
@@ -1270,7 +1233,7 @@ async fn sampling_controls_change_the_output() {
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 
-    let m = wait_idle(&server).await;
+    let m = server.wait_idle().await;
     for h in [
         "time_to_first_token_seconds",
         "inter_token_latency_seconds",
@@ -1325,7 +1288,7 @@ async fn chat_n_choices_stream_each_complete() {
     assert_eq!(content, vec![want; 3]);
     assert_eq!(finish, vec![vec!["length".to_string()]; 3]);
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 18);
-    wait_idle(&server).await;
+    server.wait_idle().await;
 }
 
 /// Ctrl-C drains for at most --shutdown-timeout-secs: a generation still running then is
@@ -1416,7 +1379,7 @@ async fn speculative_serving_keeps_greedy_text_and_reports_its_counters() {
         assert_eq!(v["choices"][i]["text"].as_str().unwrap(), want);
     }
     assert_eq!(v["usage"]["completion_tokens"], 24);
-    let m = wait_idle(&server).await;
+    let m = server.wait_idle().await;
     let drafts = metric(&m, "deepinfer:spec_decode_num_drafts_total", &[]).unwrap_or(0.0);
     let tokens = metric(&m, "deepinfer:spec_decode_num_draft_tokens_total", &[]).unwrap_or(0.0);
     assert!(drafts > 0.0 && tokens >= drafts, "{m}");

@@ -35,28 +35,6 @@ async fn post_bytes(
     (status, v, t.elapsed().as_secs_f64())
 }
 
-async fn metrics(server: &Server) -> String {
-    reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// Polls /metrics until `done` holds, failing after `within`.
-async fn wait_for(server: &Server, within: Duration, what: &str, done: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + within;
-    loop {
-        let m = metrics(server).await;
-        if done(&m) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what} never happened:\n{m}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn aborted(m: &str) -> f64 {
     metric(
         m,
@@ -64,16 +42,6 @@ fn aborted(m: &str) -> f64 {
         &[("finished_reason", "abort")],
     )
     .unwrap_or(0.0)
-}
-
-fn idle(m: &str) -> bool {
-    metric(m, "deepinfer:num_requests_running", &[]) == Some(0.0)
-        && metric(m, "deepinfer:num_requests_waiting", &[]) == Some(0.0)
-        && metric(
-            m,
-            "deepinfer:kv_cache_usage_perc",
-            &[("pool", "state_slots")],
-        ) == Some(0.0)
 }
 
 /// A response for a failure message: its first 300 characters.
@@ -123,7 +91,7 @@ async fn stop_strings_are_bounded_and_share_one_matcher() {
     let (status, v, secs) = post(&server, "/v1/completions", &body, None).await;
     assert_eq!(status, 200, "{}", short(&v));
     assert!(secs < 60.0, "took {secs:.1} s");
-    wait_for(&server, Duration::from_secs(20), "idle", idle).await;
+    server.wait_idle().await;
 }
 
 /// Item 2: prompts are measured before they are tokenized or decoded.
@@ -284,24 +252,24 @@ async fn a_client_that_never_reads_pauses_then_is_dropped() {
     let mut status = [0u8; 12];
     stream.read_exact(&mut status).await.unwrap();
     assert_eq!(&status, b"HTTP/1.1 200");
-    let before = aborted(&metrics(&server).await);
+    let before = aborted(&server.metrics().await);
     let rss_start = peak_rss_mib(&server);
     // Never read: the socket buffers fill, the choices' deltas wait, the sequences pause,
     // and three seconds later the server gives up on the client.
-    wait_for(
-        &server,
-        Duration::from_secs(240),
-        "the stalled request's abort",
-        |m| aborted(m) >= before + n as f64,
-    )
-    .await;
-    let m = metrics(&server).await;
+    server
+        .wait_metrics(
+            Duration::from_secs(240),
+            "the stalled request's abort",
+            |m| aborted(m) >= before + n as f64,
+        )
+        .await;
+    let m = server.metrics().await;
     let generated = metric(&m, "deepinfer:generation_tokens_total", &[]).unwrap();
     assert!(
         generated < (n * max_tokens) as f64 / 10.0,
         "generated {generated} tokens for a client that read none"
     );
-    wait_for(&server, Duration::from_secs(20), "idle", idle).await;
+    server.wait_idle().await;
     let grew = peak_rss_mib(&server) - rss_start;
     assert!(grew < 256.0, "peak RSS grew by {grew:.0} MiB");
     // The server still serves.

@@ -73,6 +73,39 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// The server's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let r = reqwest::get(self.url("/metrics")).await.unwrap();
+        r.text().await.unwrap()
+    }
+
+    /// Polls `/metrics` until `done` holds and returns that text; fails after `within`.
+    pub async fn wait_metrics(
+        &self,
+        within: std::time::Duration,
+        what: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let m = self.metrics().await;
+            if done(&m) {
+                return m;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} never happened:\n{m}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until no request runs or waits and every cache pool is empty.
+    pub async fn wait_idle(&self) -> String {
+        self.wait_metrics(std::time::Duration::from_secs(20), "idle", idle)
+            .await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -117,6 +150,15 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the metrics say no request runs or waits and every cache pool is empty.
+pub fn idle(m: &str) -> bool {
+    metric(m, "deepinfer:num_requests_running", &[]) == Some(0.0)
+        && metric(m, "deepinfer:num_requests_waiting", &[]) == Some(0.0)
+        && ["state_slots", "csa_entries", "hca_entries", "indexer_keys"]
+            .iter()
+            .all(|p| metric(m, "deepinfer:kv_cache_usage_perc", &[("pool", p)]) == Some(0.0))
 }
 
 /// One metric's value from the Prometheus text, matching every label given.
