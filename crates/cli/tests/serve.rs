@@ -7,7 +7,7 @@ mod support;
 use deepinfer_server::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{engine_greedy, metric, sse_chunks, Server, SseEvents};
+use support::{engine_greedy, engine_greedy_text, metric, sse_chunks, Server, SseEvents};
 
 async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
@@ -34,16 +34,6 @@ async fn post_text(server: &Server, path: &str, body: Value) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-async fn model_root(server: &Server) -> String {
-    let v: Value = reqwest::get(server.url("/v1/models"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["data"][0]["root"].as_str().unwrap().to_string()
-}
-
 /// Waits until the engine has counted `n` aborted requests.
 async fn wait_aborted(server: &Server, n: usize) {
     let aborts = |m: &str| {
@@ -68,12 +58,7 @@ fn prompts() -> Vec<Vec<u32>> {
 #[tokio::test]
 async fn completions_equal_the_engine_greedy_whole_and_streamed() {
     let server = Server::start(&[]);
-    let root = model_root(&server).await;
-    let tok = Tokenizer::from_dir(&root).unwrap();
-    let reference: Vec<String> = engine_greedy(&root, &prompts(), 12)
-        .iter()
-        .map(|ids| tok.decode(ids, true))
-        .collect();
+    let reference = engine_greedy_text(&server.model_root().await, &prompts(), 12);
 
     let body = json!({"prompt": prompts(), "max_tokens": 12, "temperature": 0, "ignore_eos": true});
     let (status, v) = post(&server, "/v1/completions", body.clone()).await;
@@ -583,7 +568,7 @@ async fn admission_counts_every_sequence_of_a_request() {
 #[tokio::test]
 async fn tokenize_and_detokenize_use_the_model_tokenizer() {
     let server = Server::start(&[]);
-    let root = model_root(&server).await;
+    let root = server.model_root().await;
     let tok = Tokenizer::from_dir(&root).unwrap();
     let text = "Hello, 世界! 🦀 fn main() {}";
     let (status, v) = post(
@@ -639,7 +624,7 @@ async fn ctrl_c_lets_in_flight_streams_finish() {
 async fn chat_equals_the_engine_greedy_whole_and_streamed() {
     use deepinfer_server::chat::parse_chat_output;
     let server = Server::start(&[]);
-    let root = model_root(&server).await;
+    let root = server.model_root().await;
     let tok = Tokenizer::from_dir(&root).unwrap();
     let messages = json!([
         {"role": "system", "content": "You are terse."},
@@ -708,7 +693,7 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
     let (status, v) = post(&server, "/v1/chat/completions", round_trip.clone()).await;
     assert_eq!(status, 200, "{v}");
     let (_, t) = post(&server, "/tokenize", round_trip).await;
-    let text = Tokenizer::from_dir(model_root(&server).await)
+    let text = Tokenizer::from_dir(server.model_root().await)
         .unwrap()
         .decode(
             &serde_json::from_value::<Vec<u32>>(t["tokens"].clone()).unwrap(),
@@ -911,7 +896,7 @@ async fn a_dsml_tool_call_comes_back_as_an_openai_tool_call() {
         "{second}"
     );
     let (_, t) = post(&server, "/tokenize", round_trip).await;
-    let rendered = Tokenizer::from_dir(model_root(&server).await)
+    let rendered = Tokenizer::from_dir(server.model_root().await)
         .unwrap()
         .decode(
             &serde_json::from_value::<Vec<u32>>(t["tokens"].clone()).unwrap(),
@@ -1160,7 +1145,7 @@ fn completion_of(body: &str, stream: bool) -> (String, Value, Value) {
 #[tokio::test]
 async fn sampling_controls_change_the_output() {
     let server = Server::start(&[]);
-    let root = model_root(&server).await;
+    let root = server.model_root().await;
     let tok = Tokenizer::from_dir(&root).unwrap();
     let p = prompts()[0].clone();
     let text_of = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
@@ -1366,12 +1351,7 @@ async fn a_second_ctrl_c_aborts_at_once() {
 async fn speculative_serving_keeps_greedy_text_and_reports_its_counters() {
     let spec = r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#;
     let server = Server::start(&["--speculative-config", spec]);
-    let root = model_root(&server).await;
-    let tok = Tokenizer::from_dir(&root).unwrap();
-    let reference: Vec<String> = engine_greedy(&root, &prompts(), 12)
-        .iter()
-        .map(|ids| tok.decode(ids, true))
-        .collect();
+    let reference = engine_greedy_text(&server.model_root().await, &prompts(), 12);
     let body = json!({"prompt": prompts(), "max_tokens": 12, "temperature": 0, "ignore_eos": true});
     let (status, v) = post(&server, "/v1/completions", body).await;
     assert_eq!(status, 200, "{v}");

@@ -5,10 +5,9 @@
 
 mod support;
 
-use deepinfer_server::tokenizer::Tokenizer;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{engine_greedy, metric, sse_chunks, Server, SseEvents};
+use support::{engine_greedy_text, metric, sse_chunks, Server, SseEvents};
 
 const STREAMS: usize = 200;
 const DISTINCT: usize = 20;
@@ -24,21 +23,8 @@ fn prompt(k: usize) -> Vec<u32> {
 async fn two_hundred_concurrent_streams_each_get_the_greedy_text() {
     let server = Server::start(&[]);
     let client = reqwest::Client::new();
-    let models: Value = client
-        .get(server.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let root = models["data"][0]["root"].as_str().unwrap().to_string();
-    let tok = Tokenizer::from_dir(&root).unwrap();
     let prompts: Vec<Vec<u32>> = (0..DISTINCT).map(prompt).collect();
-    let reference: Vec<String> = engine_greedy(&root, &prompts, MAX_TOKENS)
-        .iter()
-        .map(|ids| tok.decode(ids, true))
-        .collect();
+    let reference = engine_greedy_text(&server.model_root().await, &prompts, MAX_TOKENS);
 
     let start = Instant::now();
     let tasks: Vec<_> = (0..STREAMS)

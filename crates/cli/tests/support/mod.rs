@@ -73,6 +73,13 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// The served model's directory (`root` in `/v1/models`).
+    pub async fn model_root(&self) -> String {
+        let r = reqwest::get(self.url("/v1/models")).await.unwrap();
+        let v: Value = r.json().await.unwrap();
+        v["data"][0]["root"].as_str().unwrap().to_string()
+    }
+
     /// The server's `/metrics` text.
     pub async fn metrics(&self) -> String {
         let r = reqwest::get(self.url("/metrics")).await.unwrap();
@@ -229,6 +236,15 @@ pub fn sse_chunks(body: &str) -> Vec<Value> {
     data[..data.len() - 1]
         .iter()
         .map(|d| serde_json::from_str(d).expect("chunk is JSON"))
+        .collect()
+}
+
+/// [`engine_greedy`]'s tokens as text, decoded with the model's tokenizer.
+pub fn engine_greedy_text(model: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<String> {
+    let tok = deepinfer_server::tokenizer::Tokenizer::from_dir(model).unwrap();
+    engine_greedy(model, prompts, max_tokens)
+        .iter()
+        .map(|ids| tok.decode(ids, true))
         .collect()
 }
 
