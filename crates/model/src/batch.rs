@@ -36,13 +36,13 @@ impl ForwardBatch {
     }
 
     /// Appends one sequence's `tokens` at positions `start..`, asking for the logits of the
-    /// last `num_logits` of them; returns the span's first row.
+    /// last `num_logits` of them.
     pub fn push_span(
         &mut self,
         start: usize,
         tokens: impl IntoIterator<Item = u32>,
         num_logits: usize,
-    ) -> usize {
+    ) {
         let first = self.token_ids.len();
         self.token_ids.extend(tokens);
         let len = self.token_ids.len() - first;
@@ -50,7 +50,6 @@ impl ForwardBatch {
         self.spans.push(SeqSpan { start: first, len });
         self.logits_rows
             .extend(first + len - num_logits.min(len)..first + len);
-        first
     }
 
     /// Empties the batch, keeping its buffers.
