@@ -73,6 +73,12 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// Whether two rows are the same bits (a batch-invariant computation gives a row the same
+/// bits whatever shares its step).
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()

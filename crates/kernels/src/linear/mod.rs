@@ -237,6 +237,15 @@ impl Plan {
             t.fill(0.0);
         }
         let mut rows = [[0.0f32; T_BLOCK]; 32];
+        // The kernels' whole chunks go stream by stream (see `stream_slot`).
+        let slot = |kk: usize| match self.family {
+            Isa::Scalar => kk,
+            f => {
+                let lanes = if f == Isa::Avx512 { 16 } else { 8 };
+                let chunk = prepare::chunk(self.w().format(), lanes);
+                stream_slot(kk, 2 * lanes, k / chunk * chunk)
+            }
+        };
         for k0 in (0..k).step_by(T_BLOCK) {
             let k1 = (k0 + T_BLOCK).min(k);
             // The strip's rows of this block in the kernels' layout (a block is whole
@@ -250,12 +259,13 @@ impl Plan {
                     None => row.copy_from_slice(x),
                 }
             }
-            for (kk, trow) in t[k0 * width..k1 * width]
-                .chunks_exact_mut(width)
-                .enumerate()
-            {
-                for (o, row) in trow.iter_mut().zip(&rows[..i1 - i0]) {
-                    *o = row[kk];
+            for kk in k0..k1 {
+                let r = slot(kk);
+                for (o, row) in t[r * width..(r + 1) * width]
+                    .iter_mut()
+                    .zip(&rows[..i1 - i0])
+                {
+                    *o = row[kk - k0];
                 }
             }
         }
@@ -388,6 +398,26 @@ pub(crate) fn gemm_from(isa: Isa) -> usize {
     match isa {
         Isa::Scalar => usize::MAX,
         Isa::Avx2 | Isa::Avx512 => 16,
+    }
+}
+
+/// Where the GEMM path puts element `q` (kernel order) of a row's first `main` elements:
+/// stream by stream, each stream's elements in order.
+///
+/// The fused kernels keep `streams = 2 · LANES` independent sums per output — lane `l` of
+/// the even vectors of every chunk, lane `l` of the odd ones — so element `q` goes to sum
+/// `q mod streams`, and each sum takes its elements in order. The GEMM lays its panels
+/// and activations out so that every stream is one contiguous run of the inner dimension,
+/// sums each run on its own and folds the sums as the fused kernels' last step does
+/// (`fold_streams` in the x86 GEMM): a row's result is then the same bits on either path, whatever the
+/// batch (with power-of-two FP8 block scales, as every V4 checkpoint has: the fused path
+/// scales the activations, the GEMM the weights).
+#[inline(always)]
+pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
+    if q < main {
+        (q % streams) * (main / streams) + q / streams
+    } else {
+        q
     }
 }
 

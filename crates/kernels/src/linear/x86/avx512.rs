@@ -28,6 +28,16 @@ const E2M1: [f32; 16] = [
 
 const E4M3_FIELDS: i32 = 0x87F0_0000u32 as i32;
 
+/// The sum of the sixteen lanes, as a halving tree (lane `i` plus lane `i + 8`, then `+ 4`,
+/// `+ 2`, `+ 1`): spelled out rather than left to `_mm512_reduce_add_ps`, because the GEMM
+/// path folds its per-lane partial sums in this same order ([`super::fold_streams`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn hsum(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    crate::vector::avx2::hsum(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
+}
+
 /// The four f32 vectors of a 64-byte FP8 load (vector `q` lane `j` = byte `4j + q`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -182,7 +192,7 @@ macro_rules! dot_kernel {
                 for (r, a) in acc[..sn].iter().enumerate() {
                     for (m, [a0, a1]) in a.iter().enumerate() {
                         // SAFETY: row s0 + r's results lie in `out`.
-                        unsafe { *out.add((s0 + r) * ldo + m) = _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1)) };
+                        unsafe { *out.add((s0 + r) * ldo + m) = hsum(_mm512_add_ps(*a0, *a1)) };
                     }
                 }
             }

@@ -6,10 +6,13 @@
 //! vectors of activation columns, with every accumulator in a register for the whole inner
 //! dimension.
 //!
-//! It sums each output over `k` in one lane, unlike the dot kernels, so a row's result
-//! differs from the small-batch path in the last bits.
+//! The inner dimension is laid out stream by stream ([`stream_slot`]) and each stream summed
+//! on its own, then folded as the dot kernels fold theirs, so a row's result is the same
+//! bits as on the small-batch path: whatever batch a token shares, it gets the same logits
+//! (what makes a cached prefix equal to a cold prefill, bit for bit).
 
-use super::{tails, Kernels, Out, Prefetch, Rows, M_MAX};
+use super::{fold_streams, tails, Kernels, Out, Prefetch, Rows, M_MAX};
+use crate::linear::stream_slot;
 use crate::linear::Plan;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -19,14 +22,18 @@ use std::ops::Range;
 const ROW_PAD: usize = 16;
 /// The largest micro-tile of any family (AVX-512: 12 rows × 32 columns or 24 × 16).
 const TILE_MAX: usize = 12 * 32;
+/// The most streams of any family (AVX-512: 32).
+const STREAMS_MAX: usize = 32;
 
-/// `out[kk · nr + n] = src[n · lds + kk]`: `nr` rows of `kc` floats (a multiple of 8) into a
-/// panel, in 8 × 8 blocks transposed in registers.
+/// `out[slot(kk) · nr + n] = src[n · lds + kk]`: `nr` rows of `kc` floats (a multiple of 8
+/// and of `streams`) into a panel, in 8 × 8 blocks transposed in registers, the inner
+/// dimension stream by stream ([`stream_slot`]).
 ///
 /// # Safety
 /// The CPU has AVX2; `src` holds the rows, `out` `kc · nr` floats.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32) {
+unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize, out: *mut f32) {
+    let slot = |kk: usize| stream_slot(kk, streams, kc);
     let full = nr / 8 * 8;
     for n0 in (0..full).step_by(8) {
         for k0 in (0..kc).step_by(8) {
@@ -57,8 +64,8 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32)
                 let lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
                 let hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
                 unsafe {
-                    _mm256_storeu_ps(out.add((k0 + j) * nr + n0), lo);
-                    _mm256_storeu_ps(out.add((k0 + j + 4) * nr + n0), hi);
+                    _mm256_storeu_ps(out.add(slot(k0 + j) * nr + n0), lo);
+                    _mm256_storeu_ps(out.add(slot(k0 + j + 4) * nr + n0), hi);
                 }
             }
         }
@@ -66,7 +73,7 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32)
     for n in full..nr {
         for kk in 0..kc {
             // SAFETY: as above.
-            unsafe { *out.add(kk * nr + n) = *src.add(n * lds + kk) };
+            unsafe { *out.add(slot(kk) * nr + n) = *src.add(n * lds + kk) };
         }
     }
 }
@@ -83,6 +90,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
 ) {
     let (k, m) = (plan.w().cols, plan.m);
     let main = how.main_elems::<K>();
+    let streams = 2 * K::LANES;
+    let run = main / streams;
     let (xt, xw, xw_last) = plan.xt();
     let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;
@@ -107,7 +116,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
             };
             // SAFETY: n rows of at least `main` floats, `lds` apart; the panel holds
             // main · n floats; every AVX family has AVX2.
-            unsafe { pack(src, lds, n, main, panel.as_mut_ptr()) };
+            unsafe { pack(src, lds, n, main, streams, panel.as_mut_ptr()) };
         };
         if !per_group {
             for n0 in (0..n_rows).step_by(nw) {
@@ -115,7 +124,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                 prepare(&mut panels[n0 * main..], rows.start + n0, nr);
             }
         }
-        let mut out = [0.0f32; TILE_MAX];
+        // Each stream's sums, then (folded) the tile's results.
+        let mut partial = [0.0f32; STREAMS_MAX * TILE_MAX];
         let n_rows = rows.len();
         // The plan's activations are as given here (the kernels' layout is in `xt`), so the
         // tail takes the exact weights with no factor to undo.
@@ -138,23 +148,33 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                     };
                 }
             }
+            let len = nr * xw;
             if main > 0 {
-                // SAFETY: the panel holds `main` rows of `nr` floats, the strip of `xt` holds
-                // `k` rows of `xw` floats, `out` holds NW · XW floats.
-                unsafe {
-                    K::gemm(
-                        panel.as_ptr(),
-                        nr,
-                        xt.add(m0 * k),
-                        xw,
-                        main,
-                        out.as_mut_ptr(),
-                        next,
-                    )
-                };
+                for st in 0..streams {
+                    let next = Prefetch {
+                        at: next.at.wrapping_add(st * next.bytes / streams),
+                        bytes: (st + 1) * next.bytes / streams - st * next.bytes / streams,
+                    };
+                    // SAFETY: the panel holds `main` rows of `nr` floats, stream `st` being
+                    // rows `st · run ..`, likewise the strip of `xt` (`k` rows of `xw`
+                    // floats); `partial` holds STREAMS_MAX · TILE_MAX floats.
+                    unsafe {
+                        K::gemm(
+                            panel.as_ptr().add(st * run * nr),
+                            nr,
+                            xt.add(m0 * k + st * run * xw),
+                            xw,
+                            run,
+                            partial.as_mut_ptr().add(st * len),
+                            next,
+                        )
+                    };
+                }
+                fold_streams(&mut partial, K::LANES, len);
             } else {
-                out[..nr * xw].fill(0.0);
+                partial[..len].fill(0.0);
             }
+            let out = &partial[..len];
             // Column by column: a column's rows are contiguous in `y` (`[m][n]`), so the
             // stores stream instead of striding `n` floats (often a multiple of 4 KiB, which
             // lands every store of a row in the same L1 set).

@@ -100,6 +100,24 @@ pub(super) trait Kernels {
     );
 }
 
+/// Folds `2 · lanes` partial sums of `len` outputs each (`partial[s · len + o]`, stream
+/// `s`) into `partial[..len]`: lane `l`'s even and odd sums added, then the lanes halved
+/// in a tree (`l` plus `l + lanes/2`, …), the order of the fused kernels' final reduction.
+pub(super) fn fold_streams(partial: &mut [f32], lanes: usize, len: usize) {
+    let (evens, odds) = partial[..2 * lanes * len].split_at_mut(lanes * len);
+    for (e, o) in evens.iter_mut().zip(odds.iter()) {
+        *e += *o;
+    }
+    let mut half = lanes / 2;
+    while half > 0 {
+        let (lo, hi) = evens[..2 * half * len].split_at_mut(half * len);
+        for (a, b) in lo.iter_mut().zip(hi.iter()) {
+            *a += *b;
+        }
+        half /= 2;
+    }
+}
+
 /// The scales of the weight rows an FP4 call reads: row `r`'s at `base + r · stride`.
 #[derive(Clone, Copy)]
 pub(super) struct Fp4Scales {
