@@ -414,8 +414,10 @@ pub(crate) fn gemm_from(isa: Isa) -> usize {
 /// scales the activations, the GEMM the weights).
 #[inline(always)]
 pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
+    debug_assert!(streams.is_power_of_two() && main.is_multiple_of(streams));
     if q < main {
-        (q % streams) * (main / streams) + q / streams
+        let shift = streams.trailing_zeros();
+        (q & (streams - 1)) * (main >> shift) + (q >> shift)
     } else {
         q
     }

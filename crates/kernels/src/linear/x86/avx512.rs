@@ -509,8 +509,19 @@ impl Kernels for Avx512 {
         unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
     }
 
+    unsafe fn fold(partial: &mut [f32], len: usize) {
+        // SAFETY: the family is only used where the CPU has it.
+        unsafe { fold(partial, len) }
+    }
+
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {
         // SAFETY: as above.
         unsafe { decode_row(format, chunks, out) }
     }
+}
+
+/// [`super::fold_streams`] on this family's vectors.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn fold(partial: &mut [f32], len: usize) {
+    super::fold_streams(partial, 16, len)
 }

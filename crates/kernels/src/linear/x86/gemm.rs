@@ -11,7 +11,7 @@
 //! bits as on the small-batch path: whatever batch a token shares, it gets the same logits
 //! (what makes a cached prefix equal to a cold prefill, bit for bit).
 
-use super::{fold_streams, tails, Kernels, Out, Prefetch, Rows, M_MAX};
+use super::{tails, Kernels, Out, Prefetch, Rows, M_MAX};
 use crate::linear::stream_slot;
 use crate::linear::Plan;
 use std::arch::x86_64::*;
@@ -34,9 +34,13 @@ const STREAMS_MAX: usize = 32;
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize, out: *mut f32) {
     let slot = |kk: usize| stream_slot(kk, streams, kc);
+    // Eight consecutive elements from a multiple of 8 lie in eight consecutive streams (there
+    // are at least 8), at the same place in each.
+    let run = kc / streams;
     let full = nr / 8 * 8;
     for n0 in (0..full).step_by(8) {
         for k0 in (0..kc).step_by(8) {
+            let base = slot(k0);
             // SAFETY (every block): rows n0..n0 + 8 and columns k0..k0 + 8 are in bounds.
             let r: [__m256; 8] =
                 std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add((n0 + i) * lds + k0)) });
@@ -64,8 +68,8 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize
                 let lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
                 let hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
                 unsafe {
-                    _mm256_storeu_ps(out.add(slot(k0 + j) * nr + n0), lo);
-                    _mm256_storeu_ps(out.add(slot(k0 + j + 4) * nr + n0), hi);
+                    _mm256_storeu_ps(out.add((base + j * run) * nr + n0), lo);
+                    _mm256_storeu_ps(out.add((base + (j + 4) * run) * nr + n0), hi);
                 }
             }
         }
@@ -170,7 +174,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                         )
                     };
                 }
-                fold_streams(&mut partial, K::LANES, len);
+                // SAFETY: the tile runs on family K only where the CPU has it.
+                unsafe { K::fold(&mut partial, len) };
             } else {
                 partial[..len].fill(0.0);
             }

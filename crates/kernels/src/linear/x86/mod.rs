@@ -82,6 +82,8 @@ pub(super) trait Kernels {
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
+    /// [`fold_streams`] of `2 · LANES` streams, compiled for the family's vectors.
+    unsafe fn fold(partial: &mut [f32], len: usize);
     /// GEMM micro-tile: weight rows per call (broadcast) with one or two vectors of
     /// activation columns (`LANES` or `2 · LANES` columns, as many rows as the registers
     /// hold accumulators for).
@@ -103,6 +105,7 @@ pub(super) trait Kernels {
 /// Folds `2 · lanes` partial sums of `len` outputs each (`partial[s · len + o]`, stream
 /// `s`) into `partial[..len]`: lane `l`'s even and odd sums added, then the lanes halved
 /// in a tree (`l` plus `l + lanes/2`, …), the order of the fused kernels' final reduction.
+#[inline(always)]
 pub(super) fn fold_streams(partial: &mut [f32], lanes: usize, len: usize) {
     let (evens, odds) = partial[..2 * lanes * len].split_at_mut(lanes * len);
     for (e, o) in evens.iter_mut().zip(odds.iter()) {
