@@ -288,7 +288,8 @@ fn generate(model: Model) -> Result<Vec<u32>, String> {
         budget: CacheBudget::Bytes(64 << 20),
         max_seqs: 2,
         rollback_slack: 0,
-        block_entries: 16,
+        block_tokens: 64,
+        prefix_caching: true,
         draft_layers: 0,
     };
     let mut config = EngineConfig {

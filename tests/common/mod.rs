@@ -98,7 +98,8 @@ pub fn cache_config(budget: usize, max_seqs: usize, slack: usize) -> CacheConfig
         budget: CacheBudget::Bytes(budget),
         max_seqs,
         rollback_slack: slack,
-        block_entries: 4,
+        block_tokens: 16,
+        prefix_caching: true,
         draft_layers: 0,
     }
 }

@@ -34,6 +34,17 @@ pub struct EngineArgs {
     /// Draft tokens per step; alone it means '{"method": "mtp"}' with that many tokens.
     #[arg(long)]
     pub num_speculative_tokens: Option<usize>,
+    /// Tokens per cache block, the unit of prefix reuse: a multiple of the model's
+    /// compress ratios (default: the smallest such multiple of at least 128).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Reuse the cache of earlier requests that share a prompt prefix (on by default, as
+    /// in vLLM; snapshots take a quarter of the budget after the state slots).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
 }
 
 impl EngineArgs {
@@ -70,8 +81,11 @@ impl EngineArgs {
                 budget: CacheBudget::Bytes(self.cache_budget_mib << 20),
                 max_seqs: self.max_num_seqs,
                 rollback_slack: 0,
-                block_entries: 16,
+                block_tokens: self
+                    .block_size
+                    .unwrap_or_else(|| engine::default_block_tokens(model)),
                 draft_layers: 0,
+                prefix_caching: !self.no_enable_prefix_caching,
             },
             forced_output: None,
             speculative,

@@ -59,7 +59,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         budget: CacheBudget::Bytes(1 << 30),
         max_seqs: 1,
         rollback_slack: 1,
-        block_entries: 64,
+        block_tokens: 256,
+        prefix_caching: false,
         draft_layers: 0,
     };
     let mut cache = CacheManager::new(&model.config, cache)?;

@@ -410,6 +410,23 @@ fn cache_config(
     cache
 }
 
+/// The block size an engine uses unless told: the smallest multiple of every compress ratio
+/// that is at least 128 tokens (prefix reuse comes in whole blocks, and each block boundary
+/// costs a snapshot of the window; see the README).
+pub fn default_block_tokens(model: &ModelConfig) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let lcm = [model.compress_rate_csa, model.compress_rate_hca]
+        .into_iter()
+        .filter(|&m| m > 0)
+        .fold(1, |l, m| l / gcd(l, m) * m);
+    128usize.div_ceil(lcm) * lcm
+}
+
 /// The longest sequence (prompt + output) the cache of an engine with `config` holds for
 /// `model`: what [`EngineCore::new`] checks `max_model_len` against. Computed without
 /// allocating the cache, so a caller can pick a length before starting the engine.
@@ -514,6 +531,12 @@ impl EngineCore {
         self.metrics
             .num_preemptions
             .inc_by(self.plan.preempted.len() as u64);
+        self.metrics
+            .prefix_cache_queries
+            .inc_by(self.plan.prefix_queries as u64);
+        self.metrics
+            .prefix_cache_hits
+            .inc_by(self.plan.prefix_hits as u64);
         if self.plan.scheduled.is_empty() {
             return Ok(());
         }
@@ -558,6 +581,8 @@ impl EngineCore {
                 .map(|i| seq.token(i))
                 .chain(seq.spec.draft_ids[..s.num_draft].iter().copied());
             let cache = seq.cache.expect("scheduled sequences hold a cache");
+            self.cache
+                .begin_capture(cache, start, start + s.num_tokens)?;
             self.runner.add(cache, start, tokens, s.num_logits);
         }
         let keep_hidden = self.spec.as_ref().is_some_and(Speculator::needs_hidden);
@@ -581,6 +606,13 @@ impl EngineCore {
             } else {
                 0
             };
+            // Blocks this step completed go to the prefix cache (a sequence that finished
+            // in `emit` did so as it was freed).
+            if let Some(seq) = self.seqs.get(&s.id) {
+                let cache = seq.cache.expect("scheduled sequences hold a cache");
+                let token = |i: usize| seq.token(i);
+                self.cache.commit_prefix(cache, seq.num_computed, &token)?;
+            }
             self.records.push(StepRecord {
                 id: s.id,
                 row,
@@ -657,6 +689,7 @@ impl EngineCore {
                     logprobs,
                     finish_reason: None,
                     num_prompt_tokens: seq.request.prompt_ids.len(),
+                    num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
                 };
                 if !seq.out.send(out) {
                     // The client went away: stop spending compute on it.
@@ -743,6 +776,11 @@ impl EngineCore {
         };
         self.scheduler.remove(id);
         if let Some(cache) = seq.cache {
+            // Its completed blocks stay for later requests (a chat's next turn).
+            let token = |i: usize| seq.token(i);
+            if let Err(e) = self.cache.commit_prefix(cache, seq.num_computed, &token) {
+                tracing::error!(request = id, "caching its prefix failed: {e}");
+            }
             if let Err(e) = self.cache.free_seq(cache) {
                 tracing::error!(request = id, "freeing the cache failed: {e}");
             }
@@ -753,6 +791,7 @@ impl EngineCore {
             logprobs,
             finish_reason: Some(reason),
             num_prompt_tokens: seq.request.prompt_ids.len(),
+            num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
         });
         self.record_finished(&seq, reason);
         self.update_gauges();

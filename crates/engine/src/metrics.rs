@@ -49,6 +49,9 @@ pub struct EngineMetrics {
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub num_preemptions: IntCounter,
+    /// Prefix caching (vLLM's names): prompt tokens looked up at admission, and found.
+    pub prefix_cache_queries: IntCounter,
+    pub prefix_cache_hits: IntCounter,
     /// Speculative decoding (vLLM's names): verify rounds (one per sequence and step with
     /// drafts), draft tokens verified, accepted, and accepted by draft position.
     pub spec_decode_num_drafts: IntCounter,
@@ -181,6 +184,14 @@ impl EngineMetrics {
                 "num_preemptions_total",
                 "Sequences preempted (their cache freed, recomputed later).",
             ),
+            prefix_cache_queries: c(
+                "prefix_cache_queries_total",
+                "Prefix cache queries, in tokens: every token of a sequence admitted.",
+            ),
+            prefix_cache_hits: c(
+                "prefix_cache_hits_total",
+                "Prefix cache hits, in tokens: those found computed in the cache.",
+            ),
             request_success,
             num_requests_running: g(
                 "num_requests_running",
@@ -267,6 +278,7 @@ mod tests {
         m.request_finished(FinishReason::Length);
         m.set_cache_usage([PoolUsage {
             name: "csa_entries",
+            cached_blocks: 0,
             used_blocks: 1,
             total_blocks: 4,
             used_bytes: 10,

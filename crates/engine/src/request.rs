@@ -58,6 +58,9 @@ pub struct RequestOutput {
     pub logprobs: Option<Vec<TokenLogprobs>>,
     pub finish_reason: Option<FinishReason>,
     pub num_prompt_tokens: usize,
+    /// Prompt tokens the prefix cache held when the request was admitted (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub num_cached_tokens: usize,
 }
 
 /// Where a request's deltas go. The engine thread calls `send` and never blocks on it; a

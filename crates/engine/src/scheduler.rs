@@ -42,6 +42,10 @@ pub struct ScheduledSeq {
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
     pub preempted: Vec<RequestId>,
+    /// Tokens of the sequences admitted this step looked up in the prefix cache, and those
+    /// found (vLLM's `prefix_cache_queries` / `prefix_cache_hits`).
+    pub prefix_queries: usize,
+    pub prefix_hits: usize,
 }
 
 impl SchedulerOutput {
@@ -52,6 +56,8 @@ impl SchedulerOutput {
     fn clear(&mut self) {
         self.scheduled.clear();
         self.preempted.clear();
+        self.prefix_queries = 0;
+        self.prefix_hits = 0;
     }
 }
 
@@ -115,7 +121,7 @@ impl Scheduler {
                 continue;
             }
             let admitted = if self.running.len() < cfg.max_num_seqs {
-                admit(id, cap, budget, seqs, alloc)?
+                admit(id, cap, budget, seqs, alloc, out)?
             } else {
                 None
             };
@@ -221,14 +227,15 @@ impl Scheduler {
     }
 }
 
-/// A waiting sequence's first chunk, with a cache of its own; `None` when the cache has no
-/// room (it stays waiting).
+/// A waiting sequence's first chunk, with a cache of its own that starts from the longest
+/// cached prefix of its tokens; `None` when the cache has no room (it stays waiting).
 fn admit(
     id: RequestId,
     cap: usize,
     budget: usize,
     seqs: &mut HashMap<RequestId, Sequence>,
     alloc: &mut dyn BlockAllocator,
+    out: &mut SchedulerOutput,
 ) -> Result<Option<ScheduledSeq>, CacheError> {
     let cache = match alloc.add_seq() {
         Ok(c) => c,
@@ -236,10 +243,18 @@ fn admit(
         Err(e) => return Err(e),
     };
     let seq = seqs.get_mut(&id).expect("waiting sequences exist");
-    let n = seq.num_uncomputed().min(cap).min(budget);
-    if let Err(e) = alloc.ensure_capacity(cache, n) {
+    let len = seq.num_tokens();
+    let cached = alloc.attach_prefix(cache, len, &|i| seq.token(i))?;
+    let n = (len - cached).min(cap).min(budget);
+    if let Err(e) = alloc.ensure_capacity(cache, cached + n) {
         alloc.free_seq(cache)?;
         return if is_exhausted(&e) { Ok(None) } else { Err(e) };
+    }
+    out.prefix_queries += len;
+    out.prefix_hits += cached;
+    seq.num_computed = cached;
+    if seq.num_cached_tokens.is_none() {
+        seq.num_cached_tokens = Some(cached);
     }
     seq.cache = Some(cache);
     Ok(Some(plan(id, seq, n, 0)))

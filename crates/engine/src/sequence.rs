@@ -15,6 +15,9 @@ pub struct Sequence {
     pub num_computed: usize,
     /// The cache handle while running; preemption gives it back and recomputes later.
     pub cache: Option<SeqId>,
+    /// Prompt tokens found in the prefix cache when first admitted (OpenAI's
+    /// `cached_tokens`); `None` before that.
+    pub num_cached_tokens: Option<usize>,
     pub rng: SeqRng,
     pub out: Box<dyn OutputSink>,
     /// Draft tokens to verify in the next step, the drafter's progress, the policy's view.
@@ -34,6 +37,7 @@ impl Sequence {
             output_ids: Vec::new(),
             num_computed: 0,
             cache: None,
+            num_cached_tokens: None,
             rng,
             out,
             spec: SeqSpec::default(),

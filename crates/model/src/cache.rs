@@ -42,4 +42,19 @@ pub trait CacheView: Sync {
     fn pending_mut(&mut self, seq: usize, layer: usize, stream: Stream, slot: usize) -> &mut [f32];
     fn entry(&self, seq: usize, layer: usize, stream: Stream, w: usize) -> &[f32];
     fn entry_mut(&mut self, seq: usize, layer: usize, stream: Stream, w: usize) -> &mut [f32];
+
+    /// Every window row a step computed for `seq` at `layer` (positions `p0..`, `head_dim`
+    /// floats each), the ring having kept only its last ones: an owner that snapshots the
+    /// state at block boundaries (prefix caching) copies what it needs. Default: nothing.
+    fn keep_window(&mut self, _seq: usize, _layer: usize, _p0: usize, _rows: &[f32]) {}
+    /// Likewise every pending row of a compressor (`2·coff·c` floats each).
+    fn keep_pending(
+        &mut self,
+        _seq: usize,
+        _layer: usize,
+        _stream: Stream,
+        _p0: usize,
+        _rows: &[f32],
+    ) {
+    }
 }

@@ -12,6 +12,16 @@ pub trait BlockAllocator {
     fn ensure_capacity(&mut self, seq: SeqId, tokens: usize) -> Result<(), CacheError>;
     /// Returns everything `seq` holds.
     fn free_seq(&mut self, seq: SeqId) -> Result<(), CacheError>;
+    /// Starts `seq` (just added) from the longest cached prefix of its `len` tokens
+    /// (`token(i)`); returns the tokens it need not compute. Default: none cached.
+    fn attach_prefix(
+        &mut self,
+        _seq: SeqId,
+        _len: usize,
+        _token: &dyn Fn(usize) -> u32,
+    ) -> Result<usize, CacheError> {
+        Ok(0)
+    }
 }
 
 impl BlockAllocator for CacheManager {
@@ -25,6 +35,15 @@ impl BlockAllocator for CacheManager {
 
     fn free_seq(&mut self, seq: SeqId) -> Result<(), CacheError> {
         CacheManager::free_seq(self, seq)
+    }
+
+    fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        len: usize,
+        token: &dyn Fn(usize) -> u32,
+    ) -> Result<usize, CacheError> {
+        CacheManager::attach_prefix(self, seq, len, token)
     }
 }
 

@@ -50,18 +50,42 @@ fn parse_mem_available(meminfo: &str) -> Option<usize> {
     }
 }
 
-/// Blocks per paged pool for a budget of `budget` bytes after `max_seqs` state slots.
+/// The share of the budget left after the state slots that holds prefix-cache snapshots
+/// (when prefix caching is on): snapshots are the large part of cached state (a window of
+/// rows per block boundary), and a fixed share keeps them from crowding out the blocks
+/// running sequences need.
+pub const SNAPSHOT_SHARE: f64 = 0.25;
+
+/// How a budget is carved up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Split {
+    /// Blocks per paged pool.
+    pub blocks: Vec<usize>,
+    /// Prefix-cache snapshot records (0 when prefix caching is off).
+    pub snapshots: usize,
+}
+
+/// Blocks per paged pool (and snapshot records, if `snapshots`) for a budget of `budget`
+/// bytes after `max_seqs` state slots.
 ///
-/// Every pool first gets one block; the rest is split in proportion to the pools' bytes per
-/// token (`layers · width · 4 / ratio`), so that all pools fill up at about the same sequence
-/// length. The total never exceeds the budget.
+/// Every pool first gets one block (and the store one snapshot); of the rest, the snapshots
+/// get [`SNAPSHOT_SHARE`], and the pools split what remains in proportion to their bytes per
+/// token (`layers · width · 4 / ratio`), so that all pools fill up at about the same
+/// sequence length. The total never exceeds the budget.
 pub(super) fn split(
     layout: &CacheLayout,
     budget: usize,
     max_seqs: usize,
-) -> Result<Vec<usize>, CacheError> {
+    snapshots: bool,
+) -> Result<Split, CacheError> {
     let slot_bytes = layout.slot_bytes();
-    let min_pool_bytes: usize = layout.pools.iter().map(|p| p.block_bytes()).sum();
+    let snap_bytes = if snapshots {
+        layout.snapshot.bytes().max(1)
+    } else {
+        0
+    };
+    let min_pool_bytes: usize =
+        layout.pools.iter().map(|p| p.block_bytes()).sum::<usize>() + snap_bytes;
     let too_small = || CacheError::BudgetTooSmall {
         budget,
         max_seqs,
@@ -70,7 +94,13 @@ pub(super) fn split(
         min_pool_bytes,
     };
     let fixed = (max_seqs as u128) * (slot_bytes as u128) + min_pool_bytes as u128;
-    let rest = (budget as u128).checked_sub(fixed).ok_or_else(too_small)?;
+    let mut rest = (budget as u128).checked_sub(fixed).ok_or_else(too_small)?;
+    let mut records = 0;
+    if snapshots {
+        let share = (rest as f64 * SNAPSHOT_SHARE) as u128;
+        records = 1 + (share / snap_bytes as u128) as usize;
+        rest -= share / snap_bytes as u128 * snap_bytes as u128;
+    }
 
     // Bytes per token of pool p = 4 · window_floats_p / ratio_p; scale every pool by
     // lcm(ratios) / 4 to compare them in integers.
@@ -81,14 +111,18 @@ pub(super) fn split(
     let weight =
         |p: &super::layout::PoolLayout| p.window_floats() as u128 * (lcm / p.ratio as u128);
     let total_weight: u128 = layout.pools.iter().map(weight).sum();
-    Ok(layout
+    let blocks = layout
         .pools
         .iter()
         .map(|p| {
             let extra = rest * weight(p) / (total_weight * p.block_bytes() as u128);
             1 + extra as usize
         })
-        .collect())
+        .collect();
+    Ok(Split {
+        blocks,
+        snapshots: records,
+    })
 }
 
 fn lcm(a: u128, b: u128) -> u128 {
@@ -134,33 +168,56 @@ mod tests {
 
     #[test]
     fn split_is_proportional_and_within_budget() {
-        let layout = CacheLayout::new(&tiny_config(), 0, 8, 0).unwrap();
+        let layout = CacheLayout::new(&tiny_config(), 0, 32, 0).unwrap();
         // Per token: csa 2·96/4 = 48, hca 96/8 = 12, indexer 2·64/4 = 32 floats (92 in all).
-        // Block bytes: csa 6144 (32 tokens), hca 3072 (64 tokens), indexer 4096 (32 tokens).
+        // Block bytes (32 tokens each): csa 6144, hca 1536, indexer 4096.
         let min: usize = layout.pools.iter().map(|p| p.block_bytes()).sum();
         let slots = 3 * layout.slot_bytes();
         for rest in [0, 1, 11_775, 11_776, 23_552, 1 << 20, 10 << 20] {
             let budget = slots + min + rest;
-            let blocks = split(&layout, budget, 3).unwrap();
+            let blocks = split(&layout, budget, 3, false).unwrap().blocks;
             let used: usize = blocks
                 .iter()
                 .zip(&layout.pools)
                 .map(|(n, p)| n * p.block_bytes())
                 .sum();
             assert!(slots + used <= budget, "rest {rest}: {blocks:?}");
-            // 92 floats = 368 bytes per token; a csa block spans 32 tokens, an hca block 64.
+            // 92 floats = 368 bytes per token; every block spans 32 tokens.
             let tokens = rest / 368;
-            assert_eq!(blocks[0], 1 + tokens / 32, "rest {rest}");
-            assert_eq!(blocks[1], 1 + tokens / 64, "rest {rest}");
-            assert_eq!(blocks[2], 1 + tokens / 32, "rest {rest}");
+            assert_eq!(blocks, [1 + tokens / 32; 3], "rest {rest}");
         }
     }
 
     #[test]
+    fn snapshots_take_their_share() {
+        let layout = CacheLayout::new(&tiny_config(), 0, 32, 0).unwrap();
+        let (snap, slots) = (layout.snapshot.bytes(), 3 * layout.slot_bytes());
+        let min: usize = layout.pools.iter().map(|p| p.block_bytes()).sum::<usize>() + snap;
+        let rest = 40 << 20;
+        let s = split(&layout, slots + min + rest, 3, true).unwrap();
+        let pools: usize = s
+            .blocks
+            .iter()
+            .zip(&layout.pools)
+            .map(|(n, p)| n * p.block_bytes())
+            .sum();
+        assert_eq!(s.snapshots, 1 + rest / 4 / snap);
+        assert!(slots + pools + s.snapshots * snap <= slots + min + rest);
+        let off = split(&layout, slots + min + rest, 3, false).unwrap();
+        assert!(
+            s.blocks[0] * 4 / 3 <= off.blocks[0] + 1,
+            "{:?} {:?}",
+            s.blocks,
+            off.blocks
+        );
+        assert_eq!(off.snapshots, 0);
+    }
+
+    #[test]
     fn too_small_names_the_numbers() {
-        let layout = CacheLayout::new(&tiny_config(), 0, 8, 0).unwrap();
+        let layout = CacheLayout::new(&tiny_config(), 0, 32, 0).unwrap();
         let slot = layout.slot_bytes();
-        let e = split(&layout, 2 * slot, 2).unwrap_err();
+        let e = split(&layout, 2 * slot, 2, false).unwrap_err();
         assert_eq!(
             e,
             CacheError::BudgetTooSmall {
@@ -168,11 +225,11 @@ mod tests {
                 max_seqs: 2,
                 slot_bytes: slot,
                 slots_bytes: 2 * slot,
-                min_pool_bytes: 6144 + 3072 + 4096,
+                min_pool_bytes: 6144 + 1536 + 4096,
             }
         );
         let msg = e.to_string();
-        for n in [2 * slot, slot, 13_312] {
+        for n in [2 * slot, slot, 11_776] {
             assert!(msg.contains(&n.to_string()), "{msg}");
         }
     }

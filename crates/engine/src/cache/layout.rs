@@ -3,8 +3,14 @@
 //! A sequence's fixed-size state (window rings and compressors' pending rings of every layer)
 //! is one contiguous *state slot*. Compressed entries and indexer keys grow with length and
 //! live in *paged pools*, one per group of layers that grow at the same rate, so that one
-//! block table per pool serves all of its layers: a block holds `block_entries` consecutive
-//! entries of every member layer, member-major (`[member][entry][width]`).
+//! block table per pool serves all of its layers: a block holds the entries of
+//! `block_tokens` tokens of every member layer, member-major (`[member][entry][width]`).
+//! Every pool's block `b` thus covers the same tokens, `b·block_tokens..(b+1)·block_tokens`:
+//! the unit the prefix cache shares.
+//!
+//! A *snapshot* holds what of the state slot a sequence resumed at a block boundary `P`
+//! still reads: the window rows of `P − W..P` and, for the overlapping (CSA) compressors,
+//! the pending rows of the window before `P` ([`SnapshotLayout`]).
 
 use std::ops::Range;
 
@@ -128,15 +134,62 @@ impl PoolLayout {
     }
 }
 
+/// The rows of one ring a snapshot keeps: those of the `rows` positions before the boundary,
+/// at `offset` in the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotPart {
+    pub layer: usize,
+    pub what: RingKind,
+    pub ring: Ring,
+    pub rows: usize,
+    pub offset: usize,
+}
+
+/// Which ring of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingKind {
+    Window,
+    Pending(Stream),
+}
+
+/// What a snapshot holds: every main layer's window rows, and the pending rows the
+/// overlapping compressors read after the boundary (draft layers keep none: the drafter
+/// starts its window where a sequence resumed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotLayout {
+    pub parts: Vec<SnapshotPart>,
+    pub floats: usize,
+}
+
+impl SnapshotLayout {
+    pub fn bytes(&self) -> usize {
+        self.floats * size_of::<f32>()
+    }
+
+    /// Floats of position `pos`'s row of `part` in a snapshot taken at `boundary`, if the
+    /// part keeps that position.
+    pub fn row(&self, part: &SnapshotPart, boundary: usize, pos: usize) -> Option<Range<usize>> {
+        let first = boundary.checked_sub(part.rows).unwrap_or(0);
+        (first..boundary).contains(&pos).then(|| {
+            let i = part.rows - (boundary - pos);
+            let start = part.offset + i * part.ring.width;
+            start..start + part.ring.width
+        })
+    }
+}
+
 /// The whole cache's geometry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheLayout {
     pub window_slots: usize,
     pub rollback_slack: usize,
+    /// Tokens every paged block covers (in every pool), and between snapshot boundaries.
+    pub block_tokens: usize,
     pub layers: Vec<LayerLayout>,
     pub pools: Vec<PoolLayout>,
     /// Floats of one sequence's state slot.
     pub slot_floats: usize,
+    pub snapshot: SnapshotLayout,
 }
 
 /// Names of the paged pools, in allocation order.
@@ -147,19 +200,20 @@ pub const INDEXER_KEYS: &str = "indexer_keys";
 impl CacheLayout {
     /// Layout for the decoder layers of `cfg` (`cfg.layer_types`), then `draft_layers`
     /// sliding-window layers for a draft model (the MTP block), which keep only a window
-    /// ring.
+    /// ring. Blocks cover `block_tokens` tokens, a multiple of every compression ratio.
     pub fn new(
         cfg: &ModelConfig,
         rollback_slack: usize,
-        block_entries: usize,
+        block_tokens: usize,
         draft_layers: usize,
     ) -> Result<Self, CacheError> {
-        if block_entries == 0 {
-            return Err(CacheError::InvalidConfig {
-                field: "block_entries",
-                value: "0".into(),
-                reason: "a block must hold at least one entry",
-            });
+        let bad_block = |reason| CacheError::InvalidConfig {
+            field: "block_size",
+            value: block_tokens.to_string(),
+            reason,
+        };
+        if block_tokens == 0 {
+            return Err(bad_block("a block covers at least one token"));
         }
         let (hd, ihd) = (cfg.head_dim, cfg.index_head_dim);
         let window_slots = cfg.sliding_window + rollback_slack;
@@ -241,13 +295,18 @@ impl CacheLayout {
         let mut pools = Vec::new();
         for (g, ((name, width, ratio), layers)) in specs.into_iter().zip(members).enumerate() {
             if !layers.is_empty() {
+                if !block_tokens.is_multiple_of(ratio) {
+                    return Err(bad_block(
+                        "a block covers whole compression windows: a multiple of every compress ratio",
+                    ));
+                }
                 index[g] = pools.len();
                 pools.push(PoolLayout {
                     name,
                     layers,
                     width,
                     ratio,
-                    block_entries,
+                    block_entries: block_tokens / ratio,
                 });
             }
         }
@@ -259,18 +318,50 @@ impl CacheLayout {
                 p.pool = index[p.pool];
             }
         }
+        let snapshot = snapshot_layout(&layers[..cfg.layer_types.len()], cfg.sliding_window);
         Ok(Self {
             window_slots,
             rollback_slack,
+            block_tokens,
             layers,
             pools,
             slot_floats,
+            snapshot,
         })
     }
 
     pub fn slot_bytes(&self) -> usize {
         self.slot_floats * size_of::<f32>()
     }
+}
+
+/// The rings a sequence resumed at a block boundary reads before rewriting them: the window
+/// (`window` rows) of every layer, and the window before the boundary (`m` rows) of each
+/// overlapping compressor (a CSA entry pools the previous window too; an HCA one only its
+/// own).
+fn snapshot_layout(layers: &[LayerLayout], window: usize) -> SnapshotLayout {
+    let mut out = SnapshotLayout::default();
+    for (layer, l) in layers.iter().enumerate() {
+        let mut part = |what, ring: Ring, rows: usize| {
+            out.parts.push(SnapshotPart {
+                layer,
+                what,
+                ring,
+                rows,
+                offset: out.floats,
+            });
+            out.floats += rows * ring.width;
+        };
+        part(RingKind::Window, l.window, window);
+        if l.kind == AttnKind::Csa {
+            for stream in [Stream::Attn, Stream::Indexer] {
+                if let Some(ring) = l.pending(stream) {
+                    part(RingKind::Pending(stream), ring, l.ratio);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -282,7 +373,7 @@ mod tests {
     fn tiny_sizes() {
         // tiny-a: [sliding, csa, hca, csa], csa m=4, hca m=8, head_dim 96, index_head_dim 64,
         // sliding_window 8.
-        let l = CacheLayout::new(&tiny_config(), 2, 8, 0).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 2, 32, 0).unwrap();
         assert_eq!(l.window_slots, 10);
         let pend: Vec<usize> = l.layers.iter().map(LayerLayout::pending_slots).collect();
         assert_eq!(pend, [0, 2 * 4 + 2, 8 + 2, 2 * 4 + 2]);
@@ -301,7 +392,7 @@ mod tests {
         assert_eq!(l.pools[0].layers, [1, 3]);
         assert_eq!(l.pools[0].block_floats(), 2 * 8 * 96);
         assert_eq!(l.pools[1].layers, [2]);
-        assert_eq!(l.pools[1].block_floats(), 8 * 96);
+        assert_eq!(l.pools[1].block_floats(), 4 * 96);
         assert_eq!(l.pools[2].block_floats(), 2 * 8 * 64);
         assert_eq!(l.pools[1].ratio, 8);
         assert_eq!(
@@ -325,8 +416,8 @@ mod tests {
 
     #[test]
     fn draft_layers_add_a_window_ring_each() {
-        let main = CacheLayout::new(&tiny_config(), 2, 8, 0).unwrap();
-        let l = CacheLayout::new(&tiny_config(), 2, 8, 1).unwrap();
+        let main = CacheLayout::new(&tiny_config(), 2, 32, 0).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 2, 32, 1).unwrap();
         assert_eq!(l.layers.len(), 5);
         let mtp = &l.layers[4];
         assert_eq!(mtp.kind, AttnKind::Sliding);
@@ -339,7 +430,7 @@ mod tests {
 
     #[test]
     fn rings_tile_the_slot() {
-        let l = CacheLayout::new(&tiny_config(), 3, 4, 0).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 3, 16, 0).unwrap();
         let mut rings: Vec<Ring> = l
             .layers
             .iter()
@@ -359,7 +450,7 @@ mod tests {
     fn empty_groups_have_no_pool() {
         let mut cfg = tiny_config();
         cfg.layer_types = vec![AttnKind::Sliding, AttnKind::Hca];
-        let l = CacheLayout::new(&cfg, 0, 4, 0).unwrap();
+        let l = CacheLayout::new(&cfg, 0, 32, 0).unwrap();
         assert_eq!(l.pools.len(), 1);
         assert_eq!(l.pools[0].name, HCA_ENTRIES);
         assert_eq!(
@@ -367,15 +458,52 @@ mod tests {
             Some(EntryPlace { pool: 0, member: 0 })
         );
         assert!(CacheLayout::new(&cfg, 0, 0, 0).is_err());
+        // 12 tokens are not whole HCA windows of 8.
+        let e = CacheLayout::new(&cfg, 0, 12, 0).unwrap_err();
+        assert!(e.to_string().contains("block_size"), "{e}");
     }
 
     #[test]
     fn entry_range_follows_table() {
-        let l = CacheLayout::new(&tiny_config(), 0, 4, 0).unwrap();
+        let l = CacheLayout::new(&tiny_config(), 0, 16, 0).unwrap();
         let p = &l.pools[0]; // 2 layers × 4 entries × 96
         let table = [5, 2];
         assert_eq!(p.entry_range(&table, 0, 0), 5 * 768..5 * 768 + 96);
         assert_eq!(p.entry_range(&table, 1, 3).start, 5 * 768 + (4 + 3) * 96);
         assert_eq!(p.entry_range(&table, 1, 6).start, 2 * 768 + (4 + 2) * 96);
+    }
+
+    #[test]
+    fn snapshots_keep_the_window_and_the_overlap() {
+        // tiny-a: [sliding, csa, hca, csa], window 8, csa m=4; a draft layer keeps nothing.
+        let l = CacheLayout::new(&tiny_config(), 2, 32, 1).unwrap();
+        let s = &l.snapshot;
+        let kinds: Vec<_> = s.parts.iter().map(|p| (p.layer, p.what, p.rows)).collect();
+        let (w, a, i) = (
+            RingKind::Window,
+            RingKind::Pending(Stream::Attn),
+            RingKind::Pending(Stream::Indexer),
+        );
+        assert_eq!(
+            kinds,
+            [
+                (0, w, 8),
+                (1, w, 8),
+                (1, a, 4),
+                (1, i, 4),
+                (2, w, 8),
+                (3, w, 8),
+                (3, a, 4),
+                (3, i, 4)
+            ]
+        );
+        assert_eq!(s.floats, 4 * 8 * 96 + 2 * 4 * (384 + 256));
+        let part = &s.parts[2];
+        assert_eq!(s.row(part, 32, 27), None);
+        assert_eq!(s.row(part, 32, 28), Some(part.offset..part.offset + 384));
+        assert_eq!(s.row(part, 32, 31).unwrap().start, part.offset + 3 * 384);
+        assert_eq!(s.row(part, 32, 32), None);
+        // Near the start the rows before position 0 do not exist.
+        assert_eq!(s.row(&s.parts[0], 4, 0).unwrap().start, 4 * 96);
     }
 }

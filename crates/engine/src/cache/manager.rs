@@ -8,8 +8,11 @@ use deepinfer_model::config::ModelConfig;
 use super::block_pool::{BlockPool, BlockTable};
 use super::budget::{split, CacheBudget};
 use super::layout::CacheLayout;
-use super::view::BatchView;
+use super::prefix::PrefixCache;
+use super::view::{BatchView, Capture};
 use super::CacheError;
+
+mod reuse;
 
 /// How big the cache is and what it must allow.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,10 +23,13 @@ pub struct CacheConfig {
     /// Extra ring slots beyond what the model reads: a sequence may be truncated by at most
     /// this many tokens below the furthest position it has written.
     pub rollback_slack: usize,
-    /// Compressed entries per block (per member layer).
-    pub block_entries: usize,
+    /// Tokens per block (vLLM's `--block-size`): every paged pool's block covers this many
+    /// tokens, and the prefix cache shares whole blocks; a multiple of every compress ratio.
+    pub block_tokens: usize,
     /// Window-only layers of a draft model (the MTP block) kept after the main layers.
     pub draft_layers: usize,
+    /// Keep computed blocks for later requests that start with the same tokens.
+    pub prefix_caching: bool,
 }
 
 /// A sequence's handle. Never reused, so a stale handle is reported, not confused with a
@@ -46,11 +52,13 @@ impl fmt::Display for SeqId {
 }
 
 /// Occupancy of one pool (the state slots are reported as pool `"state_slots"`, one block
-/// per slot).
+/// per slot). Blocks only the prefix cache holds count as `cached`, not used: a request
+/// that needs them evicts them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
     pub name: &'static str,
     pub used_blocks: usize,
+    pub cached_blocks: usize,
     pub total_blocks: usize,
     pub used_bytes: usize,
     pub total_bytes: usize,
@@ -64,7 +72,14 @@ struct SeqState {
     /// The most tokens ever reserved: the rings may hold rows up to here (only what is
     /// reserved is written), which bounds how far back a truncation may go.
     high_water: usize,
+    /// The prefix-cache node of this sequence's last cached block (pinned while it runs:
+    /// its next block becomes the node's child), and how many blocks are cached.
+    tip: Option<usize>,
+    cached_blocks: usize,
 }
+
+/// Block boundaries a step's tokens usually cross (more grow the buffers once).
+const CAPTURES_PER_SEQ: usize = 4;
 
 /// All cache memory of the engine: `max_seqs` state slots and one paged pool per group of
 /// layers whose entries grow at the same rate.
@@ -80,6 +95,12 @@ pub struct CacheManager {
     slot_tables: Vec<Vec<BlockTable>>,
     /// `(slot, capacity)` of the sequences of the last view, reused.
     batch: Vec<(usize, usize)>,
+    /// The snapshots the last view's sequences are taking.
+    captures: Vec<Capture>,
+    /// The snapshots each state slot's sequence is taking this step, `(boundary, record)`
+    /// (kept per slot, so taking one allocates nothing).
+    slot_captures: Vec<Vec<(usize, usize)>>,
+    prefix: Option<PrefixCache>,
     next_id: u64,
 }
 
@@ -113,7 +134,7 @@ impl CacheManager {
         let layout = CacheLayout::new(
             cfg,
             cache.rollback_slack,
-            cache.block_entries,
+            cache.block_tokens,
             cache.draft_layers,
         )?;
         let budget = cache.budget.resolve()?;
@@ -124,13 +145,30 @@ impl CacheManager {
                 reason: "larger than the address space",
             });
         }
-        let blocks = split(&layout, budget, cache.max_seqs)?;
+        let split = split(&layout, budget, cache.max_seqs, cache.prefix_caching)?;
         let pools: Vec<BlockPool> = layout
             .pools
             .iter()
-            .zip(&blocks)
+            .zip(&split.blocks)
             .map(|(p, &n)| BlockPool::new(p.name, p.block_floats(), n))
             .collect();
+        // A node holds a block of every pool, so there are never more nodes than the
+        // smallest pool has blocks (a layout without pools keeps snapshots only).
+        let max_nodes = split
+            .blocks
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(split.snapshots);
+        let prefix = cache.prefix_caching.then(|| {
+            PrefixCache::new(
+                cache.block_tokens,
+                pools.len(),
+                max_nodes,
+                layout.snapshot.floats,
+                split.snapshots,
+            )
+        });
         let this = Self {
             states: vec![0.0; cache.max_seqs * layout.slot_floats],
             free_slots: (0..cache.max_seqs).rev().collect(),
@@ -139,7 +177,10 @@ impl CacheManager {
             slot_tables: vec![vec![BlockTable::default(); pools.len()]; cache.max_seqs],
             pools,
             seqs: HashMap::new(),
-            batch: Vec::new(),
+            batch: Vec::with_capacity(cache.max_seqs),
+            captures: Vec::with_capacity(CAPTURES_PER_SEQ * cache.max_seqs),
+            slot_captures: vec![Vec::with_capacity(CAPTURES_PER_SEQ); cache.max_seqs],
+            prefix,
             next_id: 0,
         };
         for u in this.usage() {
@@ -148,6 +189,16 @@ impl CacheManager {
                 blocks = u.total_blocks,
                 mib = u.total_bytes as f64 / (1 << 20) as f64,
                 "cache pool"
+            );
+        }
+        if let Some(p) = &this.prefix {
+            let u = p.usage();
+            tracing::info!(
+                snapshots = u.snapshot_capacity,
+                mib =
+                    (u.snapshot_capacity * this.layout.snapshot.bytes()) as f64 / (1 << 20) as f64,
+                block_tokens = this.layout.block_tokens,
+                "prefix cache"
             );
         }
         Ok(this)
@@ -195,6 +246,8 @@ impl CacheManager {
                 slot,
                 capacity: 0,
                 high_water: 0,
+                tip: None,
+                cached_blocks: 0,
             },
         );
         Ok(id)
@@ -209,8 +262,9 @@ impl CacheManager {
         Ok(self.state(seq)?.capacity)
     }
 
-    /// Reserves blocks in every pool so that all entries of `tokens` tokens fit. All or
-    /// nothing: on failure every block taken by this call is returned.
+    /// Reserves blocks in every pool so that all entries of `tokens` tokens fit, evicting
+    /// cached prefixes no sequence holds when a pool is short. All or nothing: on failure
+    /// every block taken by this call is returned.
     pub fn ensure_capacity(&mut self, seq: SeqId, tokens: usize) -> Result<(), CacheError> {
         let s = self.seqs.get_mut(&seq).ok_or(CacheError::UnknownSeq(seq))?;
         if tokens <= s.capacity {
@@ -219,7 +273,14 @@ impl CacheManager {
         let tables = &mut self.slot_tables[s.slot];
         for i in 0..self.pools.len() {
             let want = self.layout.pools[i].blocks_for(tokens);
-            if let Err(e) = self.pools[i].grow(&mut tables[i], want) {
+            while let Err(e) = self.pools[i].grow(&mut tables[i], want) {
+                let evicted = self
+                    .prefix
+                    .as_mut()
+                    .is_some_and(|p| p.evict_for(i, &mut self.pools));
+                if evicted {
+                    continue;
+                }
                 for (j, table) in tables.iter_mut().enumerate().take(i) {
                     let had = self.layout.pools[j].blocks_for(s.capacity);
                     self.pools[j].shrink(table, had);
@@ -262,11 +323,20 @@ impl CacheManager {
         Ok(())
     }
 
-    /// Returns `seq`'s state slot and all its blocks.
+    /// Returns `seq`'s state slot and all its blocks (those the prefix cache holds stay
+    /// cached).
     pub fn free_seq(&mut self, seq: SeqId) -> Result<(), CacheError> {
         let s = self.seqs.remove(&seq).ok_or(CacheError::UnknownSeq(seq))?;
         for (pool, table) in self.pools.iter_mut().zip(&mut self.slot_tables[s.slot]) {
             pool.shrink(table, 0);
+        }
+        if let Some(p) = &mut self.prefix {
+            if let Some(tip) = s.tip {
+                p.unpin(tip);
+            }
+            for (_, rec) in self.slot_captures[s.slot].drain(..) {
+                p.free_snapshot(rec);
+            }
         }
         self.free_slots.push(s.slot);
         Ok(())
@@ -284,11 +354,16 @@ impl CacheManager {
         let layout = CacheLayout::new(
             cfg,
             cache.rollback_slack,
-            cache.block_entries,
+            cache.block_tokens,
             cache.draft_layers,
         )?;
-        let blocks = split(&layout, cache.budget.resolve()?, cache.max_seqs)?;
-        Ok(tokens_held(&layout, blocks.into_iter()))
+        let split = split(
+            &layout,
+            cache.budget.resolve()?,
+            cache.max_seqs,
+            cache.prefix_caching,
+        )?;
+        Ok(tokens_held(&layout, split.blocks.into_iter()))
     }
 
     /// Occupancy: `"state_slots"` first, then the paged pools in layout order.
@@ -303,6 +378,7 @@ impl CacheManager {
         let slots = PoolUsage {
             name: "state_slots",
             used_blocks: used_slots,
+            cached_blocks: 0,
             total_blocks: self.max_seqs,
             used_bytes: used_slots * slot_bytes,
             total_bytes: self.max_seqs * slot_bytes,
@@ -310,6 +386,7 @@ impl CacheManager {
         std::iter::once(slots).chain(self.pools.iter().map(|p| PoolUsage {
             name: p.name(),
             used_blocks: p.used_blocks(),
+            cached_blocks: p.cached_blocks(),
             total_blocks: p.total_blocks(),
             used_bytes: p.used_blocks() * p.block_bytes(),
             total_bytes: p.total_blocks() * p.block_bytes(),
@@ -319,19 +396,34 @@ impl CacheManager {
     /// The cache state of one batch; batch span `i` is `seqs[i]`.
     pub fn view(&mut self, seqs: &[SeqId]) -> Result<BatchView<'_>, CacheError> {
         self.batch.clear();
+        self.captures.clear();
         for (i, &id) in seqs.iter().enumerate() {
             if seqs[..i].contains(&id) {
                 return Err(CacheError::DuplicateSeq(id));
             }
             let s = self.seqs.get(&id).ok_or(CacheError::UnknownSeq(id))?;
             self.batch.push((s.slot, s.capacity));
+            self.captures.extend(
+                self.slot_captures[s.slot]
+                    .iter()
+                    .map(|&(boundary, record)| Capture {
+                        seq: i,
+                        boundary,
+                        record,
+                    }),
+            );
         }
+        let snapshots = self
+            .prefix
+            .as_mut()
+            .map(|p| (&self.layout.snapshot, p.snapshot_data_mut()));
         Ok(BatchView::new(
             &self.layout,
             &mut self.states,
             &mut self.pools,
             &self.slot_tables,
             &self.batch,
+            snapshots.map(|(l, d)| (l, d, &self.captures[..])),
         ))
     }
 }
@@ -356,20 +448,21 @@ mod tests {
             budget: CacheBudget::Bytes(budget),
             max_seqs,
             rollback_slack: 2,
-            block_entries: 8,
+            block_tokens: 32,
             draft_layers: 0,
+            prefix_caching: false,
         };
         CacheManager::new(&tiny_config(), cfg).unwrap()
     }
 
     fn slot_bytes() -> usize {
-        CacheLayout::new(&tiny_config(), 2, 8, 0)
+        CacheLayout::new(&tiny_config(), 2, 32, 0)
             .unwrap()
             .slot_bytes()
     }
 
-    /// Bytes of one block of each pool (csa, hca, indexer) for tiny-a with 8 entries a block.
-    const MIN_POOLS: usize = 6144 + 3072 + 4096;
+    /// Bytes of one block of each pool (csa, hca, indexer) for tiny-a with 32-token blocks.
+    const MIN_POOLS: usize = 6144 + 1536 + 4096;
 
     impl CacheManager {
         fn check_invariants(&self) {
@@ -494,12 +587,11 @@ mod tests {
     }
 
     #[test]
-    fn exhaustion_is_atomic_across_pools() {
-        // 23 552 spare bytes: csa 1 + 2 blocks (96 tokens), hca 1 + 1 (128 tokens),
-        // indexer 1 + 2 (96 tokens).
+    fn exhaustion_leaves_everything_as_it_was() {
+        // 23 552 spare bytes = 64 tokens of every pool: 1 + 2 blocks (32 tokens) each.
         let mut m = manager(3 * slot_bytes() + MIN_POOLS + 23_552, 3);
         let totals: Vec<usize> = m.usage().iter().map(|u| u.total_blocks).collect();
-        assert_eq!(totals, [3, 3, 2, 3]);
+        assert_eq!(totals, [3, 3, 3, 3]);
         let (a, b, c) = (
             m.add_seq().unwrap(),
             m.add_seq().unwrap(),
@@ -507,25 +599,25 @@ mod tests {
         );
         m.ensure_capacity(a, 9).unwrap();
         m.ensure_capacity(b, 32).unwrap();
-        // c: the csa pool has a block left, the hca pool none.
+        // c: 40 tokens need two csa blocks, one is left.
         let before = m.usage();
-        let err = m.ensure_capacity(c, 8).unwrap_err();
+        let err = m.ensure_capacity(c, 40).unwrap_err();
         assert_eq!(
             err,
             CacheError::OutOfBlocks {
-                pool: "hca_entries",
-                needed: 1,
-                free: 0
+                pool: "csa_entries",
+                needed: 2,
+                free: 1
             }
         );
-        assert!(err.to_string().contains("hca_entries"));
+        assert!(err.to_string().contains("csa_entries"));
         assert_eq!(m.usage(), before);
         assert_eq!(m.capacity_tokens(c).unwrap(), 0);
-        // Tokens that need no hca entry yet still fit.
-        m.ensure_capacity(c, 7).unwrap();
-        assert_eq!(m.usage()[1].used_blocks, 3);
+        m.ensure_capacity(c, 32).unwrap();
+        assert!(m.usage()[1..].iter().all(|u| u.used_blocks == 3));
         m.check_invariants();
-        // Truncating a frees its hca block for c (within the slack of 2: 9 → 7, not 6).
+        // Truncating a below its first HCA entry frees its hca block (within the slack of
+        // 2: 9 → 7, not 6).
         assert!(matches!(
             m.truncate(a, 6),
             Err(CacheError::TruncateTooFar {
@@ -535,7 +627,7 @@ mod tests {
             })
         ));
         m.truncate(a, 7).unwrap();
-        m.ensure_capacity(c, 8).unwrap();
+        assert_eq!(m.usage()[2].used_blocks, 2);
         assert_eq!(m.add_seq(), Err(CacheError::NoFreeSlot { max_seqs: 3 }));
         m.check_invariants();
     }
@@ -563,8 +655,9 @@ mod tests {
             budget: CacheBudget::Bytes(1000),
             max_seqs: 4,
             rollback_slack: 2,
-            block_entries: 8,
+            block_tokens: 32,
             draft_layers: 0,
+            prefix_caching: false,
         };
         let e = CacheManager::new(&tiny_config(), cfg).unwrap_err();
         let msg = e.to_string();

@@ -42,6 +42,7 @@ mod budget;
 mod error;
 pub mod layout;
 mod manager;
+mod prefix;
 mod view;
 
 pub use allocator::{is_exhausted, BlockAllocator};
@@ -50,6 +51,7 @@ pub use budget::CacheBudget;
 pub use error::CacheError;
 pub use layout::CacheLayout;
 pub use manager::{CacheConfig, CacheManager, PoolUsage, SeqId};
+pub use prefix::PrefixUsage;
 pub use view::BatchView;
 
 #[cfg(test)]

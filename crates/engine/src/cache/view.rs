@@ -6,7 +6,19 @@ use std::ops::Range;
 use deepinfer_model::cache::{CacheView, Stream};
 
 use super::block_pool::{BlockPool, BlockTable};
-use super::layout::{CacheLayout, LayerLayout, PoolLayout};
+use super::layout::{CacheLayout, LayerLayout, PoolLayout, RingKind, SnapshotLayout};
+
+/// A snapshot a batch sequence is taking this step: the rows it keeps before `boundary` go
+/// to snapshot record `record`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capture {
+    pub seq: usize,
+    pub boundary: usize,
+    pub record: usize,
+}
+
+/// The snapshot store and this batch's captures.
+type Snapshots<'a> = (&'a SnapshotLayout, &'a mut [f32], &'a [Capture]);
 
 /// The cache state of the sequences of one batch, `seq` being the batch span index.
 ///
@@ -22,6 +34,7 @@ pub struct BatchView<'a> {
     tables: &'a [Vec<BlockTable>],
     /// `(state slot, capacity)` per batch sequence.
     seqs: &'a [(usize, usize)],
+    snapshots: Option<Snapshots<'a>>,
 }
 
 impl<'a> BatchView<'a> {
@@ -31,6 +44,7 @@ impl<'a> BatchView<'a> {
         pools: &'a mut [BlockPool],
         tables: &'a [Vec<BlockTable>],
         seqs: &'a [(usize, usize)],
+        snapshots: Option<Snapshots<'a>>,
     ) -> Self {
         Self {
             layout,
@@ -38,6 +52,35 @@ impl<'a> BatchView<'a> {
             pools,
             tables,
             seqs,
+            snapshots,
+        }
+    }
+
+    /// Copies the rows of `rows` (positions `p0..`, one ring row each) that snapshots of
+    /// `seq` keep for ring `what` of `layer`.
+    fn keep(&mut self, seq: usize, layer: usize, what: RingKind, p0: usize, rows: &[f32]) {
+        let Some((layout, data, captures)) = &mut self.snapshots else {
+            return;
+        };
+        for c in captures.iter().filter(|c| c.seq == seq) {
+            let Some(part) = layout
+                .parts
+                .iter()
+                .find(|p| p.layer == layer && p.what == what)
+            else {
+                return;
+            };
+            let width = part.ring.width;
+            let n = rows.len() / width;
+            let first = c.boundary.saturating_sub(part.rows).max(p0);
+            let last = c.boundary.min(p0 + n);
+            if first >= last {
+                continue;
+            }
+            let at = layout.row(part, c.boundary, first).expect("kept").start;
+            let base = c.record * layout.floats + at;
+            data[base..base + (last - first) * width]
+                .copy_from_slice(&rows[(first - p0) * width..(last - p0) * width]);
         }
     }
 
@@ -173,6 +216,14 @@ impl CacheView for BatchView<'_> {
         let (p, r) = self.entry_range(seq, layer, stream, w);
         &mut self.pools[p].data_mut()[r]
     }
+
+    fn keep_window(&mut self, seq: usize, layer: usize, p0: usize, rows: &[f32]) {
+        self.keep(seq, layer, RingKind::Window, p0, rows);
+    }
+
+    fn keep_pending(&mut self, seq: usize, layer: usize, stream: Stream, p0: usize, rows: &[f32]) {
+        self.keep(seq, layer, RingKind::Pending(stream), p0, rows);
+    }
 }
 
 #[cfg(test)]
@@ -235,7 +286,8 @@ mod tests {
             budget: CacheBudget::Bytes(4 << 20),
             max_seqs: 3,
             rollback_slack: 1,
-            block_entries: 2,
+            block_tokens: 8,
+            prefix_caching: false,
             draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
@@ -294,7 +346,8 @@ mod tests {
             budget: CacheBudget::Bytes(1 << 20),
             max_seqs: 1,
             rollback_slack: 0,
-            block_entries: 8,
+            block_tokens: 32,
+            prefix_caching: false,
             draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
@@ -311,7 +364,8 @@ mod tests {
             budget: CacheBudget::Bytes(1 << 20),
             max_seqs: 1,
             rollback_slack: 0,
-            block_entries: 8,
+            block_tokens: 32,
+            prefix_caching: false,
             draft_layers: 0,
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();

@@ -282,6 +282,12 @@ pub fn attention(
                 .window_mut(s, layer, (p0 + j) % ring)
                 .copy_from_slice(row);
         }
+        cache.keep_window(
+            s,
+            layer,
+            p0,
+            &kv[span.start * hd..(span.start + span.len) * hd],
+        );
     }
     let res = grouped_output(&out, n, c.o_groups, w, ws);
     for v in [qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {

@@ -60,6 +60,7 @@ pub fn absorb(
     let width = 2 * w.wkv.out_dim();
     let slots = cache.pending_slots(layer);
     let (entry, temps) = scratch.split_at_mut(w.dim);
+    cache.keep_pending(seq, layer, stream, p0, rows);
     for (i, row) in rows.chunks_exact(width).enumerate() {
         let pos = p0 + i;
         cache
