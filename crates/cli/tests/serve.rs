@@ -72,7 +72,12 @@ async fn completions_equal_the_engine_greedy_whole_and_streamed() {
     let prompt_tokens: usize = prompts().iter().map(Vec::len).sum();
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": prompt_tokens, "completion_tokens": 24, "total_tokens": prompt_tokens + 24})
+        json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 24,
+            "total_tokens": prompt_tokens + 24,
+            "prompt_tokens_details": {"cached_tokens": 0}
+        })
     );
 
     let mut streamed = body;
@@ -1365,6 +1370,51 @@ async fn speculative_serving_keeps_greedy_text_and_reports_its_counters() {
     assert!(drafts > 0.0 && tokens >= drafts, "{m}");
     assert!(
         metric(&m, "deepinfer:spec_decode_num_accepted_tokens_total", &[]).is_some(),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_prompt_is_served_from_the_prefix_cache_with_the_same_text() {
+    // 300 tokens: two whole blocks of the default 128 can be reused.
+    let prompt: Vec<u32> = (0..300).map(|i| 500 + 17 * i).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let server = Server::start(&[]);
+    let reference =
+        engine_greedy_text(&server.model_root().await, std::slice::from_ref(&prompt), 8);
+    let (status, first) = post(&server, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = post(&server, "/v1/completions", body.clone()).await;
+    for v in [&first, &second] {
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), reference[0]);
+    }
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"],
+        256
+    );
+    let m = server.wait_idle().await;
+    assert_eq!(
+        metric(&m, "deepinfer:prefix_cache_hits_total", &[]),
+        Some(256.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "deepinfer:prefix_cache_queries_total", &[]),
+        Some(600.0),
+        "{m}"
+    );
+
+    let off = Server::start(&["--no-enable-prefix-caching"]);
+    for _ in 0..2 {
+        let (_, v) = post(&off, "/v1/completions", body.clone()).await;
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), reference[0]);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    }
+    let m = off.wait_idle().await;
+    assert_eq!(
+        metric(&m, "deepinfer:prefix_cache_hits_total", &[]),
+        Some(0.0),
         "{m}"
     );
 }

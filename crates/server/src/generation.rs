@@ -11,6 +11,7 @@
 //! reading therefore stops its own generation instead of growing the server's memory; the
 //! connection's write timeout then closes it, which aborts the request.
 
+use crate::openai::Usage;
 use crate::openai::{ApiError, OutputOptions};
 use crate::tokenizer::{IncrementalDetokenizer, StopSet, StopStrings, Tokenizer};
 use deepinfer_engine::engine::EngineHandle;
@@ -78,6 +79,9 @@ struct ChoiceText {
     include_stop: bool,
     stop_token_ids: Vec<u32>,
     num_tokens: usize,
+    /// The prompt's length, and how much of it the prefix cache held.
+    prompt_tokens: usize,
+    cached_tokens: usize,
     finished: bool,
     /// Shared with the choice's sink (see [`ChoiceSink::unread`], [`ChoiceSink::stopped`]).
     unread: Arc<AtomicUsize>,
@@ -174,6 +178,7 @@ impl Generation {
         };
         for (index, (prompt_ids, p)) in choices.into_iter().enumerate() {
             let stop_token_ids = p.stop_token_ids.clone();
+            let prompt_tokens = prompt_ids.len();
             let detok = IncrementalDetokenizer::with_prompt(
                 tokenizer.clone(),
                 &prompt_ids,
@@ -196,6 +201,8 @@ impl Generation {
                 include_stop: opts.include_stop_str_in_output,
                 stop_token_ids,
                 num_tokens: 0,
+                prompt_tokens,
+                cached_tokens: 0,
                 finished: false,
                 unread,
                 stopped,
@@ -218,6 +225,16 @@ impl Generation {
         self.choices.iter().map(|c| c.num_tokens).sum()
     }
 
+    /// The usage of a request whose prompts have `prompt_tokens` tokens in all (each
+    /// prompt once, however many choices sample it); the cached share is the choices'
+    /// share of their prompts the prefix cache held.
+    pub fn usage(&self, prompt_tokens: usize) -> Usage {
+        let fed: usize = self.choices.iter().map(|c| c.prompt_tokens).sum();
+        let cached: usize = self.choices.iter().map(|c| c.cached_tokens).sum();
+        let cached = (cached as u128 * prompt_tokens as u128 / fed.max(1) as u128) as usize;
+        Usage::new(prompt_tokens, self.total_completion_tokens()).with_cached(cached)
+    }
+
     /// The next delta of any choice; `None` once every choice has finished. An engine that
     /// stops midway ends the generation with a 500.
     pub async fn next(&mut self) -> Option<Result<(usize, ChoiceDelta), ApiError>> {
@@ -236,6 +253,7 @@ impl Generation {
             };
             let choice = &mut self.choices[index];
             choice.unread.fetch_sub(1, Ordering::AcqRel);
+            choice.cached_tokens = out.num_cached_tokens;
             if choice.finished {
                 // Deltas after a stop-string hit (up to the stop's last delta) carry nothing new.
                 continue;

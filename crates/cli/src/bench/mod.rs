@@ -3,6 +3,7 @@
 
 mod kernels;
 mod model;
+mod multi_turn;
 
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
@@ -36,11 +37,25 @@ pub struct BenchArgs {
     request_rate: Option<f64>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// What the requests look like: independent random prompts, or conversations that
+    /// resend their history every turn (`--num-prompts` conversations of `--turns` turns,
+    /// each turn `--input-len` new tokens and `--output-len` answer tokens).
+    #[arg(long, value_enum, default_value_t = Workload::Random)]
+    workload: Workload,
+    /// Turns per conversation (multi-turn workload).
+    #[arg(long, default_value_t = 8)]
+    turns: usize,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    Random,
+    MultiTurn,
 }
 
 #[derive(Subcommand, Debug)]
@@ -184,6 +199,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");
     };
     let mut model = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    if args.workload == Workload::MultiTurn {
+        let config = args.engine.bench_config(&model.config, "deepinfer")?;
+        return multi_turn::run(&args, model, config);
+    }
     let prompts = random_prompts(
         args.num_prompts,
         args.input_len,

@@ -169,7 +169,7 @@ impl SnapshotLayout {
     /// Floats of position `pos`'s row of `part` in a snapshot taken at `boundary`, if the
     /// part keeps that position.
     pub fn row(&self, part: &SnapshotPart, boundary: usize, pos: usize) -> Option<Range<usize>> {
-        let first = boundary.checked_sub(part.rows).unwrap_or(0);
+        let first = boundary.saturating_sub(part.rows);
         (first..boundary).contains(&pos).then(|| {
             let i = part.rows - (boundary - pos);
             let start = part.offset + i * part.ring.width;

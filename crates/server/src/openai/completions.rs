@@ -144,6 +144,13 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens: those the prefix cache held.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -152,6 +159,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
+        }
+    }
+
+    pub fn with_cached(self, cached_tokens: usize) -> Self {
+        Self {
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+            ..self
         }
     }
 }

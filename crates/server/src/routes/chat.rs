@@ -6,7 +6,7 @@ use crate::chat::{render_chat, ChatDelta, ChatOutputParser, ReasoningEffort, Ren
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
     check_sequences, fields, resolve_max_tokens, ApiError, ChatChoice, ChatCompletionResponse,
-    ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob, Usage,
+    ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
@@ -327,10 +327,7 @@ impl ChatOutput {
                 stop_reason,
             });
         }
-        resp.usage = Some(Usage::new(
-            self.prompt_tokens,
-            gen.total_completion_tokens(),
-        ));
+        resp.usage = Some(gen.usage(self.prompt_tokens));
         Ok(Json(resp).into_response())
     }
 
@@ -410,14 +407,14 @@ impl ChatOutput {
                 for c in self.chunks(i, &d) {
                     let mut c = c;
                     if so.continuous_usage_stats {
-                        c.usage = Some(Usage::new(self.prompt_tokens, gen.total_completion_tokens()));
+                        c.usage = Some(gen.usage(self.prompt_tokens));
                     }
                     yield sse::json_event(&c);
                 }
             }
             if so.include_usage {
                 let mut last = self.head.clone();
-                last.usage = Some(Usage::new(self.prompt_tokens, gen.total_completion_tokens()));
+                last.usage = Some(gen.usage(self.prompt_tokens));
                 yield sse::json_event(&last);
             }
             yield sse::done_event();

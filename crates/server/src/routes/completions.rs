@@ -5,7 +5,7 @@ use super::{blocking, body_bytes, sse, Shared};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
     check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
-    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields, Usage,
+    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields,
 };
 use crate::state::{response_id, unix_now};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
@@ -255,7 +255,7 @@ async fn whole(
             c.stop_reason = d.stop_reason;
         }
     }
-    resp.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+    resp.usage = Some(gen.usage(prompt_tokens));
     Ok(Json(resp).into_response())
 }
 
@@ -289,13 +289,13 @@ fn stream(
                 stop_reason: d.stop_reason,
             });
             if so.continuous_usage_stats {
-                chunk.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+                chunk.usage = Some(gen.usage(prompt_tokens));
             }
             yield sse::json_event(&chunk);
         }
         if so.include_usage {
             let mut last = head.clone();
-            last.usage = Some(Usage::new(prompt_tokens, gen.total_completion_tokens()));
+            last.usage = Some(gen.usage(prompt_tokens));
             yield sse::json_event(&last);
         }
         yield sse::done_event();

@@ -1,0 +1,207 @@
+//! `deepinfer bench --workload multi-turn`: conversations that resend their whole history
+//! every turn (what a chat client or an agent does), TTFT per turn with prefix caching and
+//! without, beside the time to prefill each turn's new tokens alone (the target: a turn costs
+//! what its new tokens cost).
+
+use super::BenchArgs;
+use crate::generate::random_prompts;
+use anyhow::{Context, Result};
+use deepinfer_engine::engine::{self, EngineConfig};
+use deepinfer_engine::sampling_params::SamplingParams;
+use deepinfer_model::v4::Model;
+use serde::Serialize;
+use std::time::Instant;
+
+/// One turn of one conversation as a run saw it.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Turn {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    ttft_s: f64,
+}
+
+/// Per turn, averaged over the conversations.
+#[derive(Serialize)]
+struct TurnRow {
+    turn: usize,
+    prompt_tokens: f64,
+    cached_tokens: f64,
+    new_tokens: f64,
+    ttft_cached_ms: f64,
+    ttft_uncached_ms: f64,
+    /// A fresh prompt as long as the turn's new tokens, nothing cached.
+    prefill_new_alone_ms: f64,
+}
+
+/// The messages and answers of every conversation: `turns` user messages of
+/// `--input-len` tokens each; answers are `--output-len` tokens, whatever the model says.
+fn messages(args: &BenchArgs, vocab: usize) -> Vec<Vec<Vec<u32>>> {
+    let all = random_prompts(
+        args.num_prompts * args.turns,
+        args.input_len,
+        vocab,
+        args.seed,
+    );
+    all.chunks(args.turns).map(|c| c.to_vec()).collect()
+}
+
+/// Runs every conversation turn by turn (conversations side by side, each turn sent when
+/// the last one's answer is complete); returns `[conversation][turn]`.
+fn conversations(
+    model: Model,
+    config: EngineConfig,
+    msgs: &[Vec<Vec<u32>>],
+    output_len: usize,
+) -> Result<(Vec<Vec<Turn>>, Model)> {
+    let (handle, join) = engine::start(model, config)?;
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: output_len,
+        min_tokens: output_len,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let workers: Vec<_> = msgs
+        .iter()
+        .cloned()
+        .map(|conv| {
+            let (handle, params) = (handle.clone(), params.clone());
+            std::thread::spawn(move || -> Result<Vec<Turn>> {
+                let mut history = Vec::new();
+                let mut turns = Vec::new();
+                for msg in conv {
+                    history.extend(msg);
+                    let sent = Instant::now();
+                    let (_, rx) = handle.add_request(history.clone(), params.clone())?;
+                    let mut t = Turn {
+                        prompt_tokens: history.len(),
+                        ..Turn::default()
+                    };
+                    for delta in rx {
+                        if t.ttft_s == 0.0 && !delta.new_token_ids.is_empty() {
+                            t.ttft_s = sent.elapsed().as_secs_f64();
+                        }
+                        t.cached_tokens = delta.num_cached_tokens;
+                        history.extend(delta.new_token_ids);
+                    }
+                    turns.push(t);
+                }
+                Ok(turns)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for w in workers {
+        out.push(
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a conversation panicked"))??,
+        );
+    }
+    handle.shutdown();
+    let core = join
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+    Ok((out, core.into_model()))
+}
+
+/// TTFT of fresh prompts of the given lengths, one at a time, nothing cached.
+fn alone(
+    model: Model,
+    config: EngineConfig,
+    lens: &[usize],
+    seed: u64,
+) -> Result<(Vec<f64>, Model)> {
+    let (handle, join) = engine::start(model, config)?;
+    let vocab = handle.vocab_size();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 1,
+        ..SamplingParams::default()
+    };
+    let mut out = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        let prompt = random_prompts(1, len.max(1), vocab, seed ^ (0xA11 + i as u64)).remove(0);
+        let sent = Instant::now();
+        let (_, rx) = handle.add_request(prompt, params.clone())?;
+        let mut ttft = 0.0;
+        for delta in rx {
+            if ttft == 0.0 && !delta.new_token_ids.is_empty() {
+                ttft = sent.elapsed().as_secs_f64();
+            }
+        }
+        out.push(ttft);
+    }
+    handle.shutdown();
+    let core = join
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+    Ok((out, core.into_model()))
+}
+
+pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
+    anyhow::ensure!(args.turns > 0, "--turns must be at least 1");
+    let msgs = messages(args, model.config.vocab_size);
+    let mut with = config.clone();
+    with.cache.prefix_caching = true;
+    let mut without = config;
+    without.cache.prefix_caching = false;
+    eprintln!(
+        "multi-turn: {} conversations × {} turns, prefix caching off",
+        args.num_prompts, args.turns
+    );
+    let (cold, model) = conversations(model, without.clone(), &msgs, args.output_len)?;
+    eprintln!("multi-turn: prefix caching on");
+    let (warm, model) = conversations(model, with, &msgs, args.output_len)?;
+    let mean = |f: &dyn Fn(&Turn) -> f64, runs: &[Vec<Turn>], t: usize| {
+        runs.iter().map(|c| f(&c[t])).sum::<f64>() / runs.len() as f64
+    };
+    let new_tokens: Vec<usize> = (0..args.turns)
+        .map(|t| mean(&|x| (x.prompt_tokens - x.cached_tokens) as f64, &warm, t).round() as usize)
+        .collect();
+    eprintln!("multi-turn: each turn's new tokens alone");
+    let (alone_s, _) = alone(model, without, &new_tokens, args.seed)?;
+    let rows: Vec<TurnRow> = (0..args.turns)
+        .map(|t| TurnRow {
+            turn: t + 1,
+            prompt_tokens: mean(&|x| x.prompt_tokens as f64, &warm, t),
+            cached_tokens: mean(&|x| x.cached_tokens as f64, &warm, t),
+            new_tokens: new_tokens[t] as f64,
+            ttft_cached_ms: mean(&|x| x.ttft_s, &warm, t) * 1e3,
+            ttft_uncached_ms: mean(&|x| x.ttft_s, &cold, t) * 1e3,
+            prefill_new_alone_ms: alone_s[t] * 1e3,
+        })
+        .collect();
+    println!("{:=^96}", " Multi-turn Benchmark Result ");
+    println!(
+        "{:>4} {:>8} {:>8} {:>8} {:>14} {:>14} {:>14} {:>8} {:>8}",
+        "turn",
+        "prompt",
+        "cached",
+        "new",
+        "TTFT on (ms)",
+        "TTFT off (ms)",
+        "new alone (ms)",
+        "on/new",
+        "off/on"
+    );
+    for r in &rows {
+        println!(
+            "{:>4} {:>8.0} {:>8.0} {:>8.0} {:>14.1} {:>14.1} {:>14.1} {:>8.2} {:>8.2}",
+            r.turn,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.new_tokens,
+            r.ttft_cached_ms,
+            r.ttft_uncached_ms,
+            r.prefill_new_alone_ms,
+            r.ttft_cached_ms / r.prefill_new_alone_ms,
+            r.ttft_uncached_ms / r.ttft_cached_ms,
+        );
+    }
+    println!("{}", "=".repeat(96));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
