@@ -13,6 +13,7 @@ use deepinfer_engine::request::{Request, RequestOutput};
 use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::SpeculativeConfig;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
@@ -226,6 +227,16 @@ fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
 }
 
 fn engine(prefix: bool, budget: usize, max_seqs: usize, chunk: Option<usize>) -> EngineCore {
+    engine_with(prefix, budget, max_seqs, chunk, None)
+}
+
+fn engine_with(
+    prefix: bool,
+    budget: usize,
+    max_seqs: usize,
+    chunk: Option<usize>,
+    speculative: Option<SpeculativeConfig>,
+) -> EngineCore {
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: max_seqs,
@@ -240,7 +251,7 @@ fn engine(prefix: bool, budget: usize, max_seqs: usize, chunk: Option<usize>) ->
         },
         model_name: "prefix".into(),
         forced_output: None,
-        speculative: None,
+        speculative,
     };
     let metrics = Arc::new(EngineMetrics::new("prefix"));
     EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap()
@@ -377,4 +388,49 @@ fn the_default_block_is_whole_windows_of_at_least_128_tokens() {
     let (csa, hca) = (m.config.compress_rate_csa, m.config.compress_rate_hca);
     assert!(b >= 128 && b.is_multiple_of(hca) && b.is_multiple_of(csa));
     assert!(b < 128 + m.config.compress_rate_hca.max(m.config.compress_rate_csa));
+}
+
+/// Many requests at once, sharing prefixes of every length with each other: all get the
+/// cold bits, and once they are done nothing is held but the cache, which resets to empty.
+#[test]
+fn a_load_of_shared_prefixes_returns_every_reference() {
+    let mut cold = engine(false, 32 << 20, 8, None);
+    let mut warm = engine(true, 8 << 20, 8, Some(40));
+    let vocab = warm.vocab() as u32;
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let roots: Vec<Vec<u32>> = (0..3)
+        .map(|r| (0..120).map(|i| (i * 11 + r * 5 + 1) % vocab).collect())
+        .collect();
+    for round in 0..3 {
+        let prompts: Vec<Vec<u32>> = (0..12)
+            .map(|_| {
+                let root = &roots[next(3) as usize];
+                let keep = next(121) as usize;
+                let extra = 1 + next(40) as u32;
+                let tail = (0..extra).map(|i| (i * 3 + keep as u32) % vocab);
+                root[..keep].iter().copied().chain(tail).collect()
+            })
+            .collect();
+        let got = serve(&mut warm, &prompts, 1000 * round);
+        let want = serve(&mut cold, &prompts, 1000 * round);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!((&g.0, &g.1), (&w.0, &w.1), "round {round} request {k}");
+        }
+    }
+    assert!(warm.metrics().prefix_cache_hits.get() > 0);
+    for u in warm.cache().usage() {
+        assert_eq!((u.used_blocks, u.used_bytes), (0, 0), "{}", u.name);
+    }
+    warm.reset_prefix_cache();
+    for u in warm.cache().usage() {
+        assert_eq!((u.used_blocks, u.cached_blocks), (0, 0), "{}", u.name);
+    }
+    let p = warm.cache().prefix_usage().unwrap();
+    assert_eq!((p.nodes, p.snapshots), (0, 0));
 }

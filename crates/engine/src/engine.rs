@@ -494,6 +494,14 @@ impl EngineCore {
         &self.cache
     }
 
+    /// Evicts every cached prefix no running request extends (vLLM's
+    /// `/reset_prefix_cache`); returns how many blocks went.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        let n = self.cache.reset_prefix_cache();
+        self.metrics.set_cache_usage(self.cache.pool_usage());
+        n
+    }
+
     pub fn metrics(&self) -> &EngineMetrics {
         &self.metrics
     }

@@ -401,17 +401,10 @@ pub(crate) fn gemm_from(isa: Isa) -> usize {
     }
 }
 
-/// Where the GEMM path puts element `q` (kernel order) of a row's first `main` elements:
-/// stream by stream, each stream's elements in order.
-///
-/// The fused kernels keep `streams = 2 · LANES` independent sums per output — lane `l` of
-/// the even vectors of every chunk, lane `l` of the odd ones — so element `q` goes to sum
-/// `q mod streams`, and each sum takes its elements in order. The GEMM lays its panels
-/// and activations out so that every stream is one contiguous run of the inner dimension,
-/// sums each run on its own and folds the sums as the fused kernels' last step does
-/// (`fold_streams` in the x86 GEMM): a row's result is then the same bits on either path, whatever the
-/// batch (with power-of-two FP8 block scales, as every V4 checkpoint has: the fused path
-/// scales the activations, the GEMM the weights).
+/// Where the GEMM path's transposed activations put element `q` (kernel order) of a row's
+/// first `main` elements: stream by stream (`streams` of them), each stream's elements in
+/// order, so the micro-kernel that sums one stream reads its activations front to back (the
+/// panel, packed per tile, is read with a stride instead). See the x86 GEMM path.
 #[inline(always)]
 pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
     debug_assert!(streams.is_power_of_two() && main.is_multiple_of(streams));

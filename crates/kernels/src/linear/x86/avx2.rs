@@ -349,9 +349,10 @@ unsafe fn store<const N: usize>(out: *mut f32, v: &[__m256; N]) {
 unsafe fn gemm_micro<const NW: usize, const V: usize>(
     panel: *const f32,
     xt: *const f32,
-    kc: usize,
+    (kc, stride): (usize, usize),
     out: *mut f32,
     next: Prefetch,
+    adds: &[*const f32],
 ) {
     let mut acc = [[_mm256_setzero_ps(); V]; NW];
     for kk in 0..kc {
@@ -362,9 +363,16 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm256_loadu_ps(xt.add((kk * V + v) * 8)) });
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * NW + n) });
+            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * stride * NW + n) });
             for (av, xv) in a.iter_mut().zip(&x) {
                 *av = _mm256_fmadd_ps(wv, *xv, *av);
+            }
+        }
+    }
+    for &p in adds {
+        for (n, a) in acc.iter_mut().enumerate() {
+            for (v, av) in a.iter_mut().enumerate() {
+                *av = _mm256_add_ps(*av, unsafe { _mm256_loadu_ps(p.add((n * V + v) * 8)) });
             }
         }
     }
@@ -390,35 +398,36 @@ impl Kernels for Avx2 {
         nw: usize,
         xt: *const f32,
         xw: usize,
-        kc: usize,
+        kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,
+        adds: &[*const f32],
     ) {
         // SAFETY: as above.
         unsafe {
             if xw == 8 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next),
-                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next),
-                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next),
-                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next),
-                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next),
-                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next),
-                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next),
-                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next),
-                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next),
-                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next),
-                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next),
-                    _ => gemm_micro::<12, 1>(panel, xt, kc, out, next),
+                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next, adds),
+                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next, adds),
+                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next, adds),
+                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next, adds),
+                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next, adds),
+                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next, adds),
+                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next, adds),
+                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next, adds),
+                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next, adds),
+                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next, adds),
+                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next, adds),
+                    _ => gemm_micro::<12, 1>(panel, xt, kc, out, next, adds),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next),
-                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next),
-                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next),
-                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next),
-                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next),
-                    _ => gemm_micro::<6, 2>(panel, xt, kc, out, next),
+                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next, adds),
+                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next, adds),
+                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next, adds),
+                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next, adds),
+                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next, adds),
+                    _ => gemm_micro::<6, 2>(panel, xt, kc, out, next, adds),
                 }
             }
         }
@@ -476,19 +485,8 @@ impl Kernels for Avx2 {
         unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
     }
 
-    unsafe fn fold(partial: &mut [f32], len: usize) {
-        // SAFETY: the family is only used where the CPU has it.
-        unsafe { fold(partial, len) }
-    }
-
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {
         // SAFETY: as above.
         unsafe { decode_row(format, chunks, out) }
     }
-}
-
-/// [`super::fold_streams`] on this family's vectors.
-#[target_feature(enable = "avx2,fma")]
-fn fold(partial: &mut [f32], len: usize) {
-    super::fold_streams(partial, 8, len)
 }

@@ -30,7 +30,7 @@ const E4M3_FIELDS: i32 = 0x87F0_0000u32 as i32;
 
 /// The sum of the sixteen lanes, as a halving tree (lane `i` plus lane `i + 8`, then `+ 4`,
 /// `+ 2`, `+ 1`): spelled out rather than left to `_mm512_reduce_add_ps`, because the GEMM
-/// path folds its per-lane partial sums in this same order ([`super::fold_streams`]).
+/// path folds its per-lane partial sums in this same order (see `gemm.rs`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn hsum(v: __m512) -> f32 {
@@ -306,9 +306,10 @@ unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
 unsafe fn gemm_micro<const NW: usize, const V: usize>(
     panel: *const f32,
     xt: *const f32,
-    kc: usize,
+    (kc, stride): (usize, usize),
     out: *mut f32,
     next: Prefetch,
+    adds: &[*const f32],
 ) {
     let mut acc = [[_mm512_setzero_ps(); V]; NW];
     for kk in 0..kc {
@@ -319,9 +320,16 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
         let x: [_; V] =
             std::array::from_fn(|v| unsafe { _mm512_loadu_ps(xt.add((kk * V + v) * 16)) });
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm512_set1_ps(unsafe { *panel.add(kk * NW + n) });
+            let wv = _mm512_set1_ps(unsafe { *panel.add(kk * stride * NW + n) });
             for (av, xv) in a.iter_mut().zip(&x) {
                 *av = _mm512_fmadd_ps(wv, *xv, *av);
+            }
+        }
+    }
+    for &p in adds {
+        for (n, a) in acc.iter_mut().enumerate() {
+            for (v, av) in a.iter_mut().enumerate() {
+                *av = _mm512_add_ps(*av, unsafe { _mm512_loadu_ps(p.add((n * V + v) * 16)) });
             }
         }
     }
@@ -342,9 +350,10 @@ unsafe fn gemm_micro<const NW: usize, const V: usize>(
 unsafe fn gemm_micro_narrow<const NW: usize>(
     panel: *const f32,
     xt: *const f32,
-    kc: usize,
+    (kc, stride): (usize, usize),
     out: *mut f32,
     next: Prefetch,
+    adds: &[*const f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); NW];
     for kk in 0..kc {
@@ -354,8 +363,13 @@ unsafe fn gemm_micro_narrow<const NW: usize>(
         // SAFETY (every block): in bounds by the contract.
         let x = unsafe { _mm256_loadu_ps(xt.add(kk * 8)) };
         for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * NW + n) });
+            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * stride * NW + n) });
             *a = _mm256_fmadd_ps(wv, x, *a);
+        }
+    }
+    for &p in adds {
+        for (n, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_ps(*a, unsafe { _mm256_loadu_ps(p.add(n * 8)) });
         }
     }
     for (n, a) in acc.iter().enumerate() {
@@ -378,80 +392,81 @@ impl Kernels for Avx512 {
         nw: usize,
         xt: *const f32,
         xw: usize,
-        kc: usize,
+        kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,
+        adds: &[*const f32],
     ) {
         // SAFETY: as above.
         unsafe {
             if xw == 8 {
                 match nw {
-                    1 => gemm_micro_narrow::<1>(panel, xt, kc, out, next),
-                    2 => gemm_micro_narrow::<2>(panel, xt, kc, out, next),
-                    3 => gemm_micro_narrow::<3>(panel, xt, kc, out, next),
-                    4 => gemm_micro_narrow::<4>(panel, xt, kc, out, next),
-                    5 => gemm_micro_narrow::<5>(panel, xt, kc, out, next),
-                    6 => gemm_micro_narrow::<6>(panel, xt, kc, out, next),
-                    7 => gemm_micro_narrow::<7>(panel, xt, kc, out, next),
-                    8 => gemm_micro_narrow::<8>(panel, xt, kc, out, next),
-                    9 => gemm_micro_narrow::<9>(panel, xt, kc, out, next),
-                    10 => gemm_micro_narrow::<10>(panel, xt, kc, out, next),
-                    11 => gemm_micro_narrow::<11>(panel, xt, kc, out, next),
-                    12 => gemm_micro_narrow::<12>(panel, xt, kc, out, next),
-                    13 => gemm_micro_narrow::<13>(panel, xt, kc, out, next),
-                    14 => gemm_micro_narrow::<14>(panel, xt, kc, out, next),
-                    15 => gemm_micro_narrow::<15>(panel, xt, kc, out, next),
-                    16 => gemm_micro_narrow::<16>(panel, xt, kc, out, next),
-                    17 => gemm_micro_narrow::<17>(panel, xt, kc, out, next),
-                    18 => gemm_micro_narrow::<18>(panel, xt, kc, out, next),
-                    19 => gemm_micro_narrow::<19>(panel, xt, kc, out, next),
-                    20 => gemm_micro_narrow::<20>(panel, xt, kc, out, next),
-                    21 => gemm_micro_narrow::<21>(panel, xt, kc, out, next),
-                    22 => gemm_micro_narrow::<22>(panel, xt, kc, out, next),
-                    23 => gemm_micro_narrow::<23>(panel, xt, kc, out, next),
-                    _ => gemm_micro_narrow::<24>(panel, xt, kc, out, next),
+                    1 => gemm_micro_narrow::<1>(panel, xt, kc, out, next, adds),
+                    2 => gemm_micro_narrow::<2>(panel, xt, kc, out, next, adds),
+                    3 => gemm_micro_narrow::<3>(panel, xt, kc, out, next, adds),
+                    4 => gemm_micro_narrow::<4>(panel, xt, kc, out, next, adds),
+                    5 => gemm_micro_narrow::<5>(panel, xt, kc, out, next, adds),
+                    6 => gemm_micro_narrow::<6>(panel, xt, kc, out, next, adds),
+                    7 => gemm_micro_narrow::<7>(panel, xt, kc, out, next, adds),
+                    8 => gemm_micro_narrow::<8>(panel, xt, kc, out, next, adds),
+                    9 => gemm_micro_narrow::<9>(panel, xt, kc, out, next, adds),
+                    10 => gemm_micro_narrow::<10>(panel, xt, kc, out, next, adds),
+                    11 => gemm_micro_narrow::<11>(panel, xt, kc, out, next, adds),
+                    12 => gemm_micro_narrow::<12>(panel, xt, kc, out, next, adds),
+                    13 => gemm_micro_narrow::<13>(panel, xt, kc, out, next, adds),
+                    14 => gemm_micro_narrow::<14>(panel, xt, kc, out, next, adds),
+                    15 => gemm_micro_narrow::<15>(panel, xt, kc, out, next, adds),
+                    16 => gemm_micro_narrow::<16>(panel, xt, kc, out, next, adds),
+                    17 => gemm_micro_narrow::<17>(panel, xt, kc, out, next, adds),
+                    18 => gemm_micro_narrow::<18>(panel, xt, kc, out, next, adds),
+                    19 => gemm_micro_narrow::<19>(panel, xt, kc, out, next, adds),
+                    20 => gemm_micro_narrow::<20>(panel, xt, kc, out, next, adds),
+                    21 => gemm_micro_narrow::<21>(panel, xt, kc, out, next, adds),
+                    22 => gemm_micro_narrow::<22>(panel, xt, kc, out, next, adds),
+                    23 => gemm_micro_narrow::<23>(panel, xt, kc, out, next, adds),
+                    _ => gemm_micro_narrow::<24>(panel, xt, kc, out, next, adds),
                 }
             } else if xw == 16 {
                 match nw {
-                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next),
-                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next),
-                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next),
-                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next),
-                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next),
-                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next),
-                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next),
-                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next),
-                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next),
-                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next),
-                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next),
-                    12 => gemm_micro::<12, 1>(panel, xt, kc, out, next),
-                    13 => gemm_micro::<13, 1>(panel, xt, kc, out, next),
-                    14 => gemm_micro::<14, 1>(panel, xt, kc, out, next),
-                    15 => gemm_micro::<15, 1>(panel, xt, kc, out, next),
-                    16 => gemm_micro::<16, 1>(panel, xt, kc, out, next),
-                    17 => gemm_micro::<17, 1>(panel, xt, kc, out, next),
-                    18 => gemm_micro::<18, 1>(panel, xt, kc, out, next),
-                    19 => gemm_micro::<19, 1>(panel, xt, kc, out, next),
-                    20 => gemm_micro::<20, 1>(panel, xt, kc, out, next),
-                    21 => gemm_micro::<21, 1>(panel, xt, kc, out, next),
-                    22 => gemm_micro::<22, 1>(panel, xt, kc, out, next),
-                    23 => gemm_micro::<23, 1>(panel, xt, kc, out, next),
-                    _ => gemm_micro::<24, 1>(panel, xt, kc, out, next),
+                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next, adds),
+                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next, adds),
+                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next, adds),
+                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next, adds),
+                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next, adds),
+                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next, adds),
+                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next, adds),
+                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next, adds),
+                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next, adds),
+                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next, adds),
+                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next, adds),
+                    12 => gemm_micro::<12, 1>(panel, xt, kc, out, next, adds),
+                    13 => gemm_micro::<13, 1>(panel, xt, kc, out, next, adds),
+                    14 => gemm_micro::<14, 1>(panel, xt, kc, out, next, adds),
+                    15 => gemm_micro::<15, 1>(panel, xt, kc, out, next, adds),
+                    16 => gemm_micro::<16, 1>(panel, xt, kc, out, next, adds),
+                    17 => gemm_micro::<17, 1>(panel, xt, kc, out, next, adds),
+                    18 => gemm_micro::<18, 1>(panel, xt, kc, out, next, adds),
+                    19 => gemm_micro::<19, 1>(panel, xt, kc, out, next, adds),
+                    20 => gemm_micro::<20, 1>(panel, xt, kc, out, next, adds),
+                    21 => gemm_micro::<21, 1>(panel, xt, kc, out, next, adds),
+                    22 => gemm_micro::<22, 1>(panel, xt, kc, out, next, adds),
+                    23 => gemm_micro::<23, 1>(panel, xt, kc, out, next, adds),
+                    _ => gemm_micro::<24, 1>(panel, xt, kc, out, next, adds),
                 }
             } else {
                 match nw {
-                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next),
-                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next),
-                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next),
-                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next),
-                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next),
-                    6 => gemm_micro::<6, 2>(panel, xt, kc, out, next),
-                    7 => gemm_micro::<7, 2>(panel, xt, kc, out, next),
-                    8 => gemm_micro::<8, 2>(panel, xt, kc, out, next),
-                    9 => gemm_micro::<9, 2>(panel, xt, kc, out, next),
-                    10 => gemm_micro::<10, 2>(panel, xt, kc, out, next),
-                    11 => gemm_micro::<11, 2>(panel, xt, kc, out, next),
-                    _ => gemm_micro::<12, 2>(panel, xt, kc, out, next),
+                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next, adds),
+                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next, adds),
+                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next, adds),
+                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next, adds),
+                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next, adds),
+                    6 => gemm_micro::<6, 2>(panel, xt, kc, out, next, adds),
+                    7 => gemm_micro::<7, 2>(panel, xt, kc, out, next, adds),
+                    8 => gemm_micro::<8, 2>(panel, xt, kc, out, next, adds),
+                    9 => gemm_micro::<9, 2>(panel, xt, kc, out, next, adds),
+                    10 => gemm_micro::<10, 2>(panel, xt, kc, out, next, adds),
+                    11 => gemm_micro::<11, 2>(panel, xt, kc, out, next, adds),
+                    _ => gemm_micro::<12, 2>(panel, xt, kc, out, next, adds),
                 }
             }
         }
@@ -509,19 +524,8 @@ impl Kernels for Avx512 {
         unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
     }
 
-    unsafe fn fold(partial: &mut [f32], len: usize) {
-        // SAFETY: the family is only used where the CPU has it.
-        unsafe { fold(partial, len) }
-    }
-
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {
         // SAFETY: as above.
         unsafe { decode_row(format, chunks, out) }
     }
-}
-
-/// [`super::fold_streams`] on this family's vectors.
-#[target_feature(enable = "avx512f,avx512bw")]
-fn fold(partial: &mut [f32], len: usize) {
-    super::fold_streams(partial, 16, len)
 }

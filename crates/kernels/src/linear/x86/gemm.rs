@@ -6,13 +6,18 @@
 //! vectors of activation columns, with every accumulator in a register for the whole inner
 //! dimension.
 //!
-//! The inner dimension is laid out stream by stream ([`stream_slot`]) and each stream summed
-//! on its own, then folded as the dot kernels fold theirs, so a row's result is the same
-//! bits as on the small-batch path: whatever batch a token shares, it gets the same logits
-//! (what makes a cached prefix equal to a cold prefill, bit for bit).
+//! It sums in the dot kernels' order: they keep `2 · LANES` independent sums per output
+//! (lane `l` of the even vectors of every chunk, lane `l` of the odd ones), so element `q`
+//! of the kernel order goes to sum `q mod 2·LANES`, in order. The micro-kernel sums one such
+//! *stream* at a time (every `2·LANES`-th row of the panel; the activations are transposed
+//! stream by stream, [`crate::linear::stream_slot`]), and its
+//! epilogue folds the streams as the dot kernels' last step does, so a row's result is the
+//! same bits on either path: whatever batch a token shares, it gets the same logits (what
+//! makes a cached prefix equal to a cold prefill, bit for bit). That holds with power-of-two
+//! FP8 block scales, as every V4 checkpoint has (the fused path scales the activations, the
+//! GEMM the weights).
 
 use super::{tails, Kernels, Out, Prefetch, Rows, M_MAX};
-use crate::linear::stream_slot;
 use crate::linear::Plan;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -22,25 +27,19 @@ use std::ops::Range;
 const ROW_PAD: usize = 16;
 /// The largest micro-tile of any family (AVX-512: 12 rows × 32 columns or 24 × 16).
 const TILE_MAX: usize = 12 * 32;
-/// The most streams of any family (AVX-512: 32).
-const STREAMS_MAX: usize = 32;
+/// The most lanes of any family (AVX-512: 16).
+const LANES_MAX: usize = 16;
 
-/// `out[slot(kk) · nr + n] = src[n · lds + kk]`: `nr` rows of `kc` floats (a multiple of 8
-/// and of `streams`) into a panel, in 8 × 8 blocks transposed in registers, the inner
-/// dimension stream by stream ([`stream_slot`]).
+/// `out[kk · nr + n] = src[n · lds + kk]`: `nr` rows of `kc` floats (a multiple of 8) into a
+/// panel, in 8 × 8 blocks transposed in registers.
 ///
 /// # Safety
 /// The CPU has AVX2; `src` holds the rows, `out` `kc · nr` floats.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize, out: *mut f32) {
-    let slot = |kk: usize| stream_slot(kk, streams, kc);
-    // Eight consecutive elements from a multiple of 8 lie in eight consecutive streams (there
-    // are at least 8), at the same place in each.
-    let run = kc / streams;
+unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32) {
     let full = nr / 8 * 8;
     for n0 in (0..full).step_by(8) {
         for k0 in (0..kc).step_by(8) {
-            let base = slot(k0);
             // SAFETY (every block): rows n0..n0 + 8 and columns k0..k0 + 8 are in bounds.
             let r: [__m256; 8] =
                 std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add((n0 + i) * lds + k0)) });
@@ -68,8 +67,8 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize
                 let lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
                 let hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
                 unsafe {
-                    _mm256_storeu_ps(out.add((base + j * run) * nr + n0), lo);
-                    _mm256_storeu_ps(out.add((base + (j + 4) * run) * nr + n0), hi);
+                    _mm256_storeu_ps(out.add((k0 + j) * nr + n0), lo);
+                    _mm256_storeu_ps(out.add((k0 + j + 4) * nr + n0), hi);
                 }
             }
         }
@@ -77,7 +76,7 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, streams: usize
     for n in full..nr {
         for kk in 0..kc {
             // SAFETY: as above.
-            unsafe { *out.add(slot(kk) * nr + n) = *src.add(n * lds + kk) };
+            unsafe { *out.add(kk * nr + n) = *src.add(n * lds + kk) };
         }
     }
 }
@@ -120,7 +119,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
             };
             // SAFETY: n rows of at least `main` floats, `lds` apart; the panel holds
             // main · n floats; every AVX family has AVX2.
-            unsafe { pack(src, lds, n, main, streams, panel.as_mut_ptr()) };
+            unsafe { pack(src, lds, n, main, panel.as_mut_ptr()) };
         };
         if !per_group {
             for n0 in (0..n_rows).step_by(nw) {
@@ -128,8 +127,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                 prepare(&mut panels[n0 * main..], rows.start + n0, nr);
             }
         }
-        // Each stream's sums, then (folded) the tile's results.
-        let mut partial = [0.0f32; STREAMS_MAX * TILE_MAX];
+        // Each lane's folded sums; lane 0 ends with the tile's results.
+        let mut partial = [0.0f32; LANES_MAX * TILE_MAX];
         let n_rows = rows.len();
         // The plan's activations are as given here (the kernels' layout is in `xt`), so the
         // tail takes the exact weights with no factor to undo.
@@ -154,28 +153,50 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
             }
             let len = nr * xw;
             if main > 0 {
-                for st in 0..streams {
-                    let next = Prefetch {
-                        at: next.at.wrapping_add(st * next.bytes / streams),
-                        bytes: (st + 1) * next.bytes / streams - st * next.bytes / streams,
-                    };
-                    // SAFETY: the panel holds `main` rows of `nr` floats, stream `st` being
-                    // rows `st · run ..`, likewise the strip of `xt` (`k` rows of `xw`
-                    // floats); `partial` holds STREAMS_MAX · TILE_MAX floats.
-                    unsafe {
-                        K::gemm(
-                            panel.as_ptr().add(st * run * nr),
-                            nr,
-                            xt.add(m0 * k + st * run * xw),
-                            xw,
-                            run,
-                            partial.as_mut_ptr().add(st * len),
-                            next,
-                        )
-                    };
+                // Lane by lane from the last: its even stream's sum, then its odd stream's
+                // plus that, plus the lanes the fused kernels' halving tree adds to it (each
+                // already folded, being higher) — the fold happens in the micro-kernels'
+                // epilogue, in the fused kernels' order.
+                let lanes = K::LANES;
+                let base = partial.as_mut_ptr();
+                for lane in (0..lanes).rev() {
+                    for (odd, st) in [(false, lane), (true, lanes + lane)] {
+                        let mut adds = [std::ptr::null(); 5];
+                        let mut n_adds = 0;
+                        if odd {
+                            adds[0] = base.wrapping_add(lane * len).cast_const();
+                            n_adds = 1;
+                            let mut half = lanes / 2;
+                            while half > 0 {
+                                if lane < half {
+                                    adds[n_adds] = base.wrapping_add((lane + half) * len).cast_const();
+                                    n_adds += 1;
+                                }
+                                half /= 2;
+                            }
+                        }
+                        let next = Prefetch {
+                            at: next.at.wrapping_add(st * next.bytes / streams),
+                            bytes: (st + 1) * next.bytes / streams - st * next.bytes / streams,
+                        };
+                        // SAFETY: the panel holds `main` rows of `nr` floats, stream `st`
+                        // being rows `st + streams · j`; the strip of `xt` holds `k` rows of
+                        // `xw` floats, stream `st` being rows `st · run ..`; `partial` holds
+                        // LANES_MAX tiles of TILE_MAX floats.
+                        unsafe {
+                            K::gemm(
+                                panel.as_ptr().add(st * nr),
+                                nr,
+                                xt.add(m0 * k + st * run * xw),
+                                xw,
+                                (run, streams),
+                                base.add(lane * len),
+                                next,
+                                &adds[..n_adds],
+                            )
+                        };
+                    }
                 }
-                // SAFETY: the tile runs on family K only where the CPU has it.
-                unsafe { K::fold(&mut partial, len) };
             } else {
                 partial[..len].fill(0.0);
             }

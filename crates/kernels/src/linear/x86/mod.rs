@@ -82,43 +82,26 @@ pub(super) trait Kernels {
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
-    /// [`fold_streams`] of `2 · LANES` streams, compiled for the family's vectors.
-    unsafe fn fold(partial: &mut [f32], len: usize);
-    /// GEMM micro-tile: weight rows per call (broadcast) with one or two vectors of
+    /// GEMM micro-tile (`kc = (steps, stride)`: rows `0, stride, 2·stride, …` of the panel,
+    /// `steps` of them, against the strip's first `steps` rows): weight rows per call (broadcast) with one or two vectors of
     /// activation columns (`LANES` or `2 · LANES` columns, as many rows as the registers
     /// hold accumulators for).
     const GEMM_NW: [usize; 2];
     /// `out[n][0..xw] = Σ_k panel[k][n] · xt[k][0..xw]` for a panel of `nw` weight rows
     /// and one strip of the transposed activations (`xw` columns a row), prefetching the
-    /// bytes `next` names into L2 along the way (the stored weights decoded next).
+    /// bytes `next` names into L2 along the way (the stored weights decoded next); then
+    /// plus each tile at `adds` (laid out as `out`), in order, before the store.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         panel: *const f32,
         nw: usize,
         xt: *const f32,
         xw: usize,
-        kc: usize,
+        kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,
+        adds: &[*const f32],
     );
-}
-
-/// Folds `2 · lanes` partial sums of `len` outputs each (`partial[s · len + o]`, stream
-/// `s`) into `partial[..len]`: lane `l`'s even and odd sums added, then the lanes halved
-/// in a tree (`l` plus `l + lanes/2`, …), the order of the fused kernels' final reduction.
-#[inline(always)]
-pub(super) fn fold_streams(partial: &mut [f32], lanes: usize, len: usize) {
-    let (evens, odds) = partial[..2 * lanes * len].split_at_mut(lanes * len);
-    for (e, o) in evens.iter_mut().zip(odds.iter()) {
-        *e += *o;
-    }
-    let mut half = lanes / 2;
-    while half > 0 {
-        let (lo, hi) = evens[..2 * half * len].split_at_mut(half * len);
-        for (a, b) in lo.iter_mut().zip(hi.iter()) {
-            *a += *b;
-        }
-        half /= 2;
-    }
 }
 
 /// The scales of the weight rows an FP4 call reads: row `r`'s at `base + r · stride`.
