@@ -460,6 +460,8 @@ impl EngineCore {
         }
         let mut model = model;
         model.limit_positions(max_model_len);
+        // Resuming from a cached prefix is exact only if no row depends on its batch.
+        model.set_batch_invariant(config.cache.prefix_caching);
         metrics.set_cache_usage(cache.pool_usage());
         let sampler = match config.forced_output {
             Some(script) => Sampler::scripted(script),

@@ -47,6 +47,10 @@ pub struct ModelArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Time the products in the faster order that a server without prefix caching uses
+    /// (`--no-enable-prefix-caching`), not the batch-invariant one.
+    #[arg(long)]
+    batch_variant: bool,
 }
 
 #[derive(Serialize, Clone)]
@@ -352,6 +356,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         args.model.display(),
         t.elapsed().as_secs_f64()
     );
+    model.set_batch_invariant(!args.batch_variant);
     let vocab = model.config.vocab_size;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let cache = CacheConfig {

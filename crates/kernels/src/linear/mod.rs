@@ -119,6 +119,8 @@ pub(crate) struct Plan {
     tiles_before: usize,
     /// The kernel family this product runs on (its activations are laid out for it).
     family: Isa,
+    /// Whether the GEMM path sums in the fused kernels' streams (batch invariance).
+    pub(crate) invariant: bool,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -239,6 +241,7 @@ impl Plan {
         let mut rows = [[0.0f32; T_BLOCK]; 32];
         // The kernels' whole chunks go stream by stream (see `stream_slot`).
         let slot = |kk: usize| match self.family {
+            _ if !self.invariant => kk,
             Isa::Scalar => kk,
             f => {
                 let lanes = if f == Isa::Avx512 { 16 } else { 8 };
@@ -273,10 +276,21 @@ impl Plan {
 }
 
 thread_local! {
+    /// Whether this thread's products sum in the batch-invariant order (see
+    /// [`set_batch_invariant`]).
+    static BATCH_INVARIANT: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
     static CALL: RefCell<CallScratch> = RefCell::default();
     static TILE: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
     static TILE2: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
     static TILE3: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
+}
+
+/// Whether products started on this thread give every row the same bits whatever batch it is
+/// in (the default), or, off, let the prefill-sized GEMM sum each output in one run (faster;
+/// within rounding of the decode path). Set it on every thread of a compute pool (the model
+/// does, with `rayon::broadcast`).
+pub fn set_batch_invariant(on: bool) {
+    BATCH_INVARIANT.with(|c| c.set(on));
 }
 
 /// Runs `f` with this thread's tile scratch, at least `len` floats (grown once, then reused).
@@ -484,6 +498,7 @@ fn x_stride(k: usize, m: usize) -> usize {
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
 fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
     s.plans.clear();
+    let invariant = BATCH_INVARIANT.with(|c| c.get());
     let lanes = |f: Isa| if f == Isa::Avx512 { 16 } else { 8 };
     // Activations in the kernels' layout: a permuted copy for the fused and decode-once
     // paths (made here), the transposition pass's own for the GEMM path.
@@ -611,6 +626,7 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             m_parts: 1,
             tiles_before,
             family: fam,
+            invariant,
         };
         let mut p = p;
         if !p.xt.is_null() {

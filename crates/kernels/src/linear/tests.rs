@@ -146,11 +146,13 @@ fn every_format_matches_the_reference_on_ragged_shapes() {
         let x: Vec<f32> = (0..m * k).map(|_| rng.next() * 3.0).collect();
         for (name, w) in matrices(n, k, &mut rng) {
             let (want, mag) = reference(&w, 0..n, &x, m);
-            for isa in families() {
+            for (isa, invariant) in families().into_iter().flat_map(|f| [(f, true), (f, false)]) {
+                set_batch_invariant(invariant);
                 let mut y = vec![f32::NAN; m * n];
                 matmuls_on(&mut [Matmul::new(&w, &x, m, &mut y)], isa);
+                set_batch_invariant(true);
                 check(
-                    &format!("{name} {isa:?} m={m} n={n} k={k}"),
+                    &format!("{name} {isa:?} invariant {invariant} m={m} n={n} k={k}"),
                     &y,
                     &want,
                     &mag,

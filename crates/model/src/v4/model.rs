@@ -132,6 +132,9 @@ pub(super) struct Scratch {
     pub row_seq: Vec<(usize, usize, usize)>,
     /// The rayon pool whose threads have their scratch reserved (its id).
     reserved_pool: Option<usize>,
+    /// Whether products give a row the same bits whatever batch it is in (see
+    /// [`Model::set_batch_invariant`]); set on every thread of the pool with the scratch.
+    pub batch_variant: bool,
 }
 
 /// What a forward pass hands back besides the logits.
@@ -201,6 +204,14 @@ impl Model {
         c.max_position_embeddings = max_len.max(1);
         let entries = c.max_position_embeddings / c.compress_rate_csa.max(1);
         c.index_topk = c.index_topk.min(entries.max(1));
+        self.scratch.reserved_pool = None;
+    }
+
+    /// Whether every product gives a row the same bits whatever else shares its step (on
+    /// by default): what makes a cached prefix equal a cold prefill bit for bit. Off, the
+    /// prefill-sized products sum in a faster order (within rounding of the other).
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.scratch.batch_variant = !on;
         self.scratch.reserved_pool = None;
     }
 
@@ -328,8 +339,10 @@ impl Model {
         .unwrap_or(0);
         // Two weight rows, or a decode-sized block of activations.
         let floats = 16 * widest;
+        let invariant = !self.scratch.batch_variant;
         rayon::broadcast(|_| {
             deepinfer_kernels::linear::reserve_scratch(floats);
+            deepinfer_kernels::linear::set_batch_invariant(invariant);
             super::attention::reserve_scratch(c);
         });
         self.scratch.reserved_pool = pool;

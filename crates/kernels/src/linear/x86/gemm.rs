@@ -152,7 +152,22 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                 }
             }
             let len = nr * xw;
-            if main > 0 {
+            if main > 0 && !plan.invariant {
+                // SAFETY: the panel holds `main` rows of `nr` floats, the strip of `xt`
+                // `k` rows of `xw` floats, `partial` at least NW · XW floats.
+                unsafe {
+                    K::gemm(
+                        panel.as_ptr(),
+                        nr,
+                        xt.add(m0 * k),
+                        xw,
+                        (main, 1),
+                        partial.as_mut_ptr(),
+                        next,
+                        &[],
+                    )
+                };
+            } else if main > 0 {
                 // Lane by lane from the last: its even stream's sum, then its odd stream's
                 // plus that, plus the lanes the fused kernels' halving tree adds to it (each
                 // already folded, being higher) — the fold happens in the micro-kernels'
@@ -169,7 +184,8 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                             let mut half = lanes / 2;
                             while half > 0 {
                                 if lane < half {
-                                    adds[n_adds] = base.wrapping_add((lane + half) * len).cast_const();
+                                    adds[n_adds] =
+                                        base.wrapping_add((lane + half) * len).cast_const();
                                     n_adds += 1;
                                 }
                                 half /= 2;
