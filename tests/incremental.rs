@@ -60,12 +60,6 @@ fn cached_greedy_decode_reproduces_hf() {
     cached_greedy("tiny-a", "hf", 7);
 }
 
-/// prompt + greedy continuation of prompt `pi`: a sequence long enough to cross windows.
-fn long_sequence(g: &Golden, pi: usize) -> Vec<u32> {
-    let p = &g.prompts()[pi];
-    [ids(&p["ids"]), ids(&p["greedy"])].concat()
-}
-
 #[test]
 fn chunked_prefill_equals_full_forward_at_every_position() {
     for (config, pi) in [("tiny-a", 2), ("tiny-b", 1), ("tiny-c", 3)] {

@@ -107,11 +107,6 @@ fn assert_rows_equal(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     }
 }
 
-fn long_sequence(g: &Golden, pi: usize) -> Vec<u32> {
-    let p = &g.prompts()[pi];
-    [ids(&p["ids"]), ids(&p["greedy"])].concat()
-}
-
 #[test]
 fn a_cached_prefix_gives_the_cold_logits_bit_for_bit() {
     for (config, pi) in [("tiny-a", 2), ("tiny-b", 1), ("tiny-c", 3)] {

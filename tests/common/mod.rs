@@ -79,6 +79,12 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// prompt + greedy continuation of prompt `pi`: a sequence long enough to cross windows.
+pub fn long_sequence(g: &Golden, pi: usize) -> Vec<u32> {
+    let p = &g.prompts()[pi];
+    [ids(&p["ids"]), ids(&p["greedy"])].concat()
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
