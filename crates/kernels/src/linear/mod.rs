@@ -406,8 +406,9 @@ fn tile_rows(w: &QMatrix, m: usize, isa: Isa) -> usize {
 ///
 /// Below it the fused kernels decode each weight chunk in registers for a group of
 /// activation rows, and a row's result never depends on the rest of the batch; from it on,
-/// a tile is decoded once into panels and multiplied against columns of activations, which
-/// sums in another order (within rounding of the former).
+/// a tile is decoded once into panels and multiplied against columns of activations, in the
+/// fused kernels' order while batch invariance is on ([`set_batch_invariant`]), else in
+/// one run per output (within rounding of the former).
 pub(crate) fn gemm_from(isa: Isa) -> usize {
     match isa {
         Isa::Scalar => usize::MAX,

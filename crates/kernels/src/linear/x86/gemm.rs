@@ -81,6 +81,78 @@ unsafe fn pack(src: *const f32, lds: usize, nr: usize, kc: usize, out: *mut f32)
     }
 }
 
+/// The partial sums a lane's odd stream adds in its epilogue, in order: its even stream's
+/// (already in `lane`'s slot), then those of the lanes the fused kernels' halving tree adds
+/// to it (`lane + lanes/2`, `+ lanes/4`, … while `lane` is below that half), which are final
+/// by then as lanes run from the last. Slots are `len` floats apart from `base`.
+fn fold_partners(
+    base: *const f32,
+    lane: usize,
+    lanes: usize,
+    len: usize,
+) -> ([*const f32; 5], usize) {
+    let mut adds = [std::ptr::null(); 5];
+    adds[0] = base.wrapping_add(lane * len);
+    let mut n = 1;
+    let mut half = lanes / 2;
+    while half > 0 {
+        if lane < half {
+            adds[n] = base.wrapping_add((lane + half) * len);
+            n += 1;
+        }
+        half /= 2;
+    }
+    (adds, n)
+}
+
+/// One micro-tile in the fused kernels' order: each of the `2 · LANES` streams summed on its
+/// own (`run` rows: every `2 · LANES`-th row of the panel, a contiguous run of the strip
+/// `xt = (strip, xw)`), lane by lane from the last, even stream then odd, the odd one's
+/// epilogue folding ([`fold_partners`]); the tile's results end in `partial[..nr · xw]`.
+///
+/// # Safety
+/// As [`Kernels::gemm`] for every stream; `partial` holds `LANES · nr · xw` floats.
+unsafe fn stream_sums<K: Kernels>(
+    panel: *const f32,
+    nr: usize,
+    (strip, xw): (*const f32, usize),
+    run: usize,
+    partial: &mut [f32],
+    next: Prefetch,
+) {
+    let (lanes, len) = (K::LANES, nr * xw);
+    let streams = 2 * lanes;
+    assert!(partial.len() >= lanes * len);
+    let base = partial.as_mut_ptr();
+    for lane in (0..lanes).rev() {
+        for (odd, st) in [(false, lane), (true, lanes + lane)] {
+            let (adds, n_adds) = if odd {
+                fold_partners(base.cast_const(), lane, lanes, len)
+            } else {
+                ([std::ptr::null(); 5], 0)
+            };
+            let next = Prefetch {
+                at: next.at.wrapping_add(st * next.bytes / streams),
+                bytes: (st + 1) * next.bytes / streams - st * next.bytes / streams,
+            };
+            // SAFETY: stream `st` is panel rows `st + streams · j` and strip rows
+            // `st · run ..` (the caller's contract); slot `lane` lies in `partial`.
+            unsafe {
+                K::gemm(
+                    panel.add(st * nr),
+                    nr,
+                    strip.add(st * run * xw),
+                    xw,
+                    (run, streams),
+                    base.add(lane * len),
+                    next,
+                    &adds[..n_adds],
+                )
+            };
+        }
+    }
+}
+
 /// Rows `rows` of the plan's matrix against the activation strips of `part`.
 ///
 /// # Safety
@@ -168,51 +240,12 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                     )
                 };
             } else if main > 0 {
-                // Lane by lane from the last: its even stream's sum, then its odd stream's
-                // plus that, plus the lanes the fused kernels' halving tree adds to it (each
-                // already folded, being higher) — the fold happens in the micro-kernels'
-                // epilogue, in the fused kernels' order.
-                let lanes = K::LANES;
-                let base = partial.as_mut_ptr();
-                for lane in (0..lanes).rev() {
-                    for (odd, st) in [(false, lane), (true, lanes + lane)] {
-                        let mut adds = [std::ptr::null(); 5];
-                        let mut n_adds = 0;
-                        if odd {
-                            adds[0] = base.wrapping_add(lane * len).cast_const();
-                            n_adds = 1;
-                            let mut half = lanes / 2;
-                            while half > 0 {
-                                if lane < half {
-                                    adds[n_adds] =
-                                        base.wrapping_add((lane + half) * len).cast_const();
-                                    n_adds += 1;
-                                }
-                                half /= 2;
-                            }
-                        }
-                        let next = Prefetch {
-                            at: next.at.wrapping_add(st * next.bytes / streams),
-                            bytes: (st + 1) * next.bytes / streams - st * next.bytes / streams,
-                        };
-                        // SAFETY: the panel holds `main` rows of `nr` floats, stream `st`
-                        // being rows `st + streams · j`; the strip of `xt` holds `k` rows of
-                        // `xw` floats, stream `st` being rows `st · run ..`; `partial` holds
-                        // LANES_MAX tiles of TILE_MAX floats.
-                        unsafe {
-                            K::gemm(
-                                panel.as_ptr().add(st * nr),
-                                nr,
-                                xt.add(m0 * k + st * run * xw),
-                                xw,
-                                (run, streams),
-                                base.add(lane * len),
-                                next,
-                                &adds[..n_adds],
-                            )
-                        };
-                    }
-                }
+                let strip = xt.wrapping_add(m0 * k);
+                // SAFETY: the panel holds `main` rows of `nr` floats, the strip `k` rows of
+                // `xw` floats laid out stream by stream; `partial` holds LANES_MAX tiles.
+                unsafe {
+                    stream_sums::<K>(panel.as_ptr(), nr, (strip, xw), run, &mut partial, next)
+                };
             } else {
                 partial[..len].fill(0.0);
             }
