@@ -6,8 +6,10 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
-use deepinfer_engine::engine::{self, EngineConfig, EngineCore};
+use deepinfer_engine::cache::{
+    default_block_tokens, CacheBudget, CacheConfig, CacheManager, SeqId,
+};
+use deepinfer_engine::engine::{EngineConfig, EngineCore};
 use deepinfer_engine::metrics::EngineMetrics;
 use deepinfer_engine::request::{Request, RequestOutput};
 use deepinfer_engine::runner::ModelRunner;
@@ -379,7 +381,7 @@ fn engine_turns_reuse_earlier_turns_and_report_it() {
 #[test]
 fn the_default_block_is_whole_windows_of_at_least_128_tokens() {
     let m = load("tiny-b", "official");
-    let b = engine::default_block_tokens(&m.config);
+    let b = default_block_tokens(&m.config);
     let (csa, hca) = (m.config.compress_rate_csa, m.config.compress_rate_hca);
     assert!(b >= 128 && b.is_multiple_of(hca) && b.is_multiple_of(csa));
     assert!(b < 128 + m.config.compress_rate_hca.max(m.config.compress_rate_csa));

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use deepinfer_engine::cache::{CacheBudget, CacheConfig};
+use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig};
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
@@ -83,7 +83,7 @@ impl EngineArgs {
                 rollback_slack: 0,
                 block_tokens: self
                     .block_size
-                    .unwrap_or_else(|| engine::default_block_tokens(model)),
+                    .unwrap_or_else(|| default_block_tokens(model)),
                 draft_layers: 0,
                 prefix_caching: !self.no_enable_prefix_caching,
             },

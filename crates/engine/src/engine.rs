@@ -410,23 +410,6 @@ fn cache_config(
     cache
 }
 
-/// The block size an engine uses unless told: the smallest multiple of every compress ratio
-/// that is at least 128 tokens (prefix reuse comes in whole blocks, and each block boundary
-/// costs a snapshot of the window; see the README).
-pub fn default_block_tokens(model: &ModelConfig) -> usize {
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    let lcm = [model.compress_rate_csa, model.compress_rate_hca]
-        .into_iter()
-        .filter(|&m| m > 0)
-        .fold(1, |l, m| l / gcd(l, m) * m);
-    128usize.div_ceil(lcm) * lcm
-}
-
 /// The longest sequence (prompt + output) the cache of an engine with `config` holds for
 /// `model`: what [`EngineCore::new`] checks `max_model_len` against. Computed without
 /// allocating the cache, so a caller can pick a length before starting the engine.

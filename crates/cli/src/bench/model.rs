@@ -364,7 +364,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         max_seqs: max_batch.max(1),
         // Every timed step is rolled back.
         rollback_slack: args.tokens_per_seq.iter().copied().max().unwrap_or(1),
-        block_tokens: deepinfer_engine::engine::default_block_tokens(&model.config),
+        block_tokens: deepinfer_engine::cache::default_block_tokens(&model.config),
         prefix_caching: false,
         draft_layers: 0,
     };

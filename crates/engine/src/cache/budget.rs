@@ -125,7 +125,7 @@ pub(super) fn split(
     })
 }
 
-fn lcm(a: u128, b: u128) -> u128 {
+pub(super) fn lcm(a: u128, b: u128) -> u128 {
     fn gcd(a: u128, b: u128) -> u128 {
         if b == 0 {
             a

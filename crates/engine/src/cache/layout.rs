@@ -134,6 +134,17 @@ impl PoolLayout {
     }
 }
 
+/// The block size an engine uses unless told: the smallest multiple of every compress ratio
+/// that is at least 128 tokens (prefix reuse comes in whole blocks, and each block boundary
+/// costs a snapshot of the window; see the README).
+pub fn default_block_tokens(cfg: &ModelConfig) -> usize {
+    let lcm = [cfg.compress_rate_csa, cfg.compress_rate_hca]
+        .into_iter()
+        .filter(|&m| m > 0)
+        .fold(1, |l, m| super::budget::lcm(l, m as u128)) as usize;
+    128usize.div_ceil(lcm) * lcm
+}
+
 /// The rows of one ring a snapshot keeps: those of the `rows` positions before the boundary,
 /// at `offset` in the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

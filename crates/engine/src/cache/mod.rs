@@ -49,7 +49,7 @@ pub use allocator::{is_exhausted, BlockAllocator};
 pub use block_pool::BlockTable;
 pub use budget::CacheBudget;
 pub use error::CacheError;
-pub use layout::CacheLayout;
+pub use layout::{default_block_tokens, CacheLayout};
 pub use manager::{CacheConfig, CacheManager, PoolUsage, SeqId};
 pub use prefix::PrefixUsage;
 pub use view::BatchView;

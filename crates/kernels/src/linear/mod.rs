@@ -239,16 +239,17 @@ impl Plan {
             t.fill(0.0);
         }
         let mut rows = [[0.0f32; T_BLOCK]; 32];
-        // The kernels' whole chunks go stream by stream (see `stream_slot`).
-        let slot = |kk: usize| match self.family {
-            _ if !self.invariant => kk,
-            Isa::Scalar => kk,
-            f => {
-                let lanes = if f == Isa::Avx512 { 16 } else { 8 };
+        // With batch invariance the kernels' whole chunks go stream by stream (see
+        // `stream_slot`): the streams and the elements they cover.
+        let streams = match self.family {
+            Isa::Avx512 | Isa::Avx2 if self.invariant => {
+                let lanes = if self.family == Isa::Avx512 { 16 } else { 8 };
                 let chunk = prepare::chunk(self.w().format(), lanes);
-                stream_slot(kk, 2 * lanes, k / chunk * chunk)
+                Some((2 * lanes, k / chunk * chunk))
             }
+            _ => None,
         };
+        let slot = |kk: usize| streams.map_or(kk, |(s, main)| stream_slot(kk, s, main));
         for k0 in (0..k).step_by(T_BLOCK) {
             let k1 = (k0 + T_BLOCK).min(k);
             // The strip's rows of this block in the kernels' layout (a block is whole

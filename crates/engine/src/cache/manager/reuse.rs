@@ -53,6 +53,11 @@ impl CacheManager {
         self.prefix.as_ref().map(|p| p.usage())
     }
 
+    /// Floats of state slot `slot` in the states.
+    fn slot_range(&self, slot: usize) -> std::ops::Range<usize> {
+        slot * self.layout.slot_floats..(slot + 1) * self.layout.slot_floats
+    }
+
     /// Starts `seq` (just added, nothing reserved) from the longest cached prefix of its
     /// `len` tokens (`token(i)`) that leaves at least one to compute; returns the tokens
     /// reused (a multiple of the block size; 0 without prefix caching).
@@ -63,7 +68,7 @@ impl CacheManager {
         token: &dyn Fn(usize) -> u32,
     ) -> Result<usize, CacheError> {
         let s = self.seqs.get(&seq).ok_or(CacheError::UnknownSeq(seq))?;
-        let slot = s.slot;
+        let (slot, range) = (s.slot, self.slot_range(s.slot));
         let Some(prefix) = &mut self.prefix else {
             return Ok(0);
         };
@@ -83,7 +88,6 @@ impl CacheManager {
         let reused = hit.chain.len() * self.layout.block_tokens;
         let rec = prefix.snapshot_of(tip).expect("a hit ends at a snapshot");
         prefix.pin(tip);
-        let range = slot * self.layout.slot_floats..(slot + 1) * self.layout.slot_floats;
         let (state, snapshot) = (&mut self.states[range], prefix.snapshot(rec));
         each_row(&self.layout, reused, reused, |ring, kept| {
             state[ring].copy_from_slice(&snapshot[kept]);
@@ -106,17 +110,18 @@ impl CacheManager {
         start: usize,
         end: usize,
     ) -> Result<(), CacheError> {
-        let s = self.seqs.get_mut(&seq).ok_or(CacheError::UnknownSeq(seq))?;
+        let slot = self.seqs.get(&seq).ok_or(CacheError::UnknownSeq(seq))?.slot;
+        let range = self.slot_range(slot);
+        let s = self.seqs.get_mut(&seq).expect("looked up");
         let Some(prefix) = &mut self.prefix else {
             return Ok(());
         };
-        let captures = &mut self.slot_captures[s.slot];
+        let captures = &mut self.slot_captures[slot];
         for (_, rec) in captures.drain(..) {
             prefix.free_snapshot(rec);
         }
         let t = self.layout.block_tokens;
         let first = (start / t + 1).max(s.cached_blocks + 1);
-        let range = s.slot * self.layout.slot_floats..(s.slot + 1) * self.layout.slot_floats;
         for b in first..=end / t {
             let Some(rec) = prefix.alloc_snapshot() else {
                 break;
@@ -196,12 +201,6 @@ mod tests {
     use crate::cache::layout::RingKind;
     use crate::cache::tests::tiny_config;
     use crate::cache::{CacheBudget, CacheConfig};
-
-    impl CacheManager {
-        fn slot_range(&self, slot: usize) -> std::ops::Range<usize> {
-            slot * self.layout.slot_floats..(slot + 1) * self.layout.slot_floats
-        }
-    }
 
     fn manager() -> CacheManager {
         let cfg = CacheConfig {

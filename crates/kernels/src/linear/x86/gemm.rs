@@ -165,8 +165,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
 ) {
     let (k, m) = (plan.w().cols, plan.m);
     let main = how.main_elems::<K>();
-    let streams = 2 * K::LANES;
-    let run = main / streams;
+    let run = main / (2 * K::LANES);
     let (xt, xw, xw_last) = plan.xt();
     let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;

@@ -82,8 +82,7 @@ pub(super) trait Kernels {
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
-    /// GEMM micro-tile (`kc = (steps, stride)`: rows `0, stride, 2·stride, …` of the panel,
-    /// `steps` of them, against the strip's first `steps` rows): weight rows per call (broadcast) with one or two vectors of
+    /// GEMM micro-tile: weight rows per call (broadcast) with one or two vectors of
     /// activation columns (`LANES` or `2 · LANES` columns, as many rows as the registers
     /// hold accumulators for).
     const GEMM_NW: [usize; 2];
@@ -91,6 +90,8 @@ pub(super) trait Kernels {
     /// and one strip of the transposed activations (`xw` columns a row), prefetching the
     /// bytes `next` names into L2 along the way (the stored weights decoded next); then
     /// plus each tile at `adds` (laid out as `out`), in order, before the store.
+    /// `kc = (steps, stride)`: panel rows `0, stride, 2·stride, …`, `steps` of them, against
+    /// the strip's first `steps` rows.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         panel: *const f32,
