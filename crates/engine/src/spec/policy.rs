@@ -55,6 +55,13 @@ impl Ewma {
     fn get(&self) -> Option<f64> {
         (self.n > 0).then_some(self.value)
     }
+
+    /// Brings the value down to `bound` if it is above (a known upper bound).
+    fn cap(&mut self, bound: f64) {
+        if self.n > 0 && self.value > bound {
+            self.value = bound;
+        }
+    }
 }
 
 /// Decayed counts of accepted and rejected draft tokens.
@@ -164,6 +171,12 @@ impl Policy {
             self.plain[b].update(t.target_s);
         }
         if drafted > 0 {
+            // A step that also verified drafts did more than a plain one: a plain step timed
+            // slower (a disturbed one, and once drafting pays no plain step comes to correct
+            // it) made every draft look free.
+            if t.pure_decode {
+                self.plain[b].cap(t.target_s);
+            }
             if let (true, Some(p)) = (t.pure_decode, self.plain[b].get()) {
                 self.extra[b].update((t.target_s - p).max(0.0) / drafted as f64);
             }
@@ -367,6 +380,28 @@ mod tests {
             planned(&s)[0] > 0,
             "a timed plain step and no evidence: try drafting"
         );
+    }
+
+    #[test]
+    fn a_disturbed_plain_step_does_not_make_drafts_look_free() {
+        let mut p = Policy::new(K, true, 8);
+        let mut s = seqs(1);
+        // The only plain step timed was disturbed: 10× its real 10 ms.
+        step(&mut p, &mut s, decode_step(0.100, 0.0), &records(1, 0, 0));
+        let mut drafted = 0;
+        let mut last = planned(&s)[0];
+        for _ in 0..200 {
+            // Drafts never accepted; a verify round costs as much as a plain step.
+            let t = if last > 0 {
+                decode_step(0.020, 0.005)
+            } else {
+                decode_step(0.010, 0.0)
+            };
+            step(&mut p, &mut s, t, &records(1, last, 0));
+            last = planned(&s)[0];
+            drafted += usize::from(last > 0);
+        }
+        assert!(drafted <= 12, "{drafted} of 200 steps drafted");
     }
 
     #[test]
