@@ -1,5 +1,6 @@
 //! The engine's knobs, shared by every subcommand that runs one.
 
+use crate::load_args::LoadArgs;
 use anyhow::Result;
 use clap::Args;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig};
@@ -7,6 +8,8 @@ use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
 use deepinfer_model::config::ModelConfig;
+use deepinfer_model::v4::Model;
+use std::path::Path;
 
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
@@ -45,9 +48,16 @@ pub struct EngineArgs {
     /// Turn prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    #[command(flatten)]
+    pub load: LoadArgs,
 }
 
 impl EngineArgs {
+    /// Loads the model in `dir`, its memory plan leaving room for the cache pools.
+    pub fn load_model(&self, dir: &Path, progress: impl FnMut(usize, usize)) -> Result<Model> {
+        self.load.load(dir, self.cache_budget_mib << 20, progress)
+    }
+
     pub fn config(&self, model: &ModelConfig, model_name: &str) -> Result<EngineConfig> {
         let config = self.bench_config(model, model_name)?;
         if let Some(SpecMethod::Replay { .. }) = config.speculative.as_ref().map(|s| &s.method) {

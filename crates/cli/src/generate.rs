@@ -6,7 +6,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepinfer_engine::engine;
 use deepinfer_engine::sampling_params::SamplingParams;
-use deepinfer_model::v4::Model;
 use deepinfer_server::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::io::Write;
@@ -100,8 +99,7 @@ pub fn random_prompts(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = args.engine.load_model(&args.model, |_, _| {})?;
     let vocab = model.config.vocab_size;
     let mut prompts = args.prompt_ids.clone();
     let tokenizer = if args.prompts.is_empty() {

@@ -3,6 +3,7 @@
 mod bench;
 mod engine_args;
 mod generate;
+mod load_args;
 mod serve;
 mod synth;
 

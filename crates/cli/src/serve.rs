@@ -127,7 +127,7 @@ fn default_model() -> Result<PathBuf> {
 
 /// Loads the weights with a bar that moves layer by layer, then for the embedding and head
 /// (a real checkpoint takes minutes; a spinner would not say whether it is moving).
-fn load_model(dir: &Path) -> Result<Model> {
+fn load_model(dir: &Path, engine: &EngineArgs) -> Result<Model> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}")?
@@ -135,11 +135,10 @@ fn load_model(dir: &Path) -> Result<Model> {
     );
     bar.set_message(format!("loading {}", dir.display()));
     bar.enable_steady_tick(Duration::from_millis(200));
-    let model = Model::load_with_progress(dir, |done, total| {
+    let model = engine.load_model(dir, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
-    })
-    .with_context(|| format!("loading {}", dir.display()));
+    });
     bar.finish_and_clear();
     model
 }
@@ -152,7 +151,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let name = args.served_model_name.clone().unwrap_or(default_name);
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let start = Instant::now();
-    let model = load_model(&dir)?;
+    let model = load_model(&dir, &args.engine)?;
     if tokenizer.vocab_size() > model.config.vocab_size {
         tracing::warn!(
             tokenizer = tokenizer.vocab_size(),

@@ -12,8 +12,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Model shape: `tiny` (every layer kind at toy width, seconds to write) or `bench`
-    /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block).
+    /// Model shape: `tiny` (every layer kind at toy width, seconds to write), `bench`
+    /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block) or
+    /// `big` (bench's width with 256 experts over 16 layers, about 12.5 GB: for streaming
+    /// experts from disk).
     #[arg(long)]
     preset: String,
     /// Output directory, created if missing.

@@ -140,7 +140,7 @@ fn time_layers(
         };
         let t0 = Instant::now();
         for _ in 0..REPS {
-            block_forward(lw, &ctx_l, &mut x, &mut view, &mut ws);
+            block_forward(lw, &ctx_l, &mut x, &mut view, &mut ws)?;
         }
         out.push(t0.elapsed().as_secs_f64() * 1e6 / REPS as f64);
         angles.recycle(&mut ws);

@@ -59,6 +59,8 @@ enum Store {
     Heap(Vec<u64>),
     /// `offset..offset + len` of an arena.
     Arena { arena: Arc<Arena>, offset: usize },
+    /// `offset..offset + len` of a slab's region.
+    Slab { region: Arc<Region>, offset: usize },
 }
 
 /// A read-only byte buffer (after construction) with `u16` and `f32` views.
@@ -72,6 +74,7 @@ impl std::fmt::Debug for WeightBytes {
         let kind = match self.store {
             Store::Heap(_) => "heap",
             Store::Arena { .. } => "huge-page arena",
+            Store::Slab { .. } => "slab",
         };
         write!(f, "WeightBytes({} bytes, {kind})", self.len)
     }
@@ -136,6 +139,11 @@ impl WeightBytes {
             Store::Arena { arena, offset } => unsafe {
                 std::slice::from_raw_parts(arena.base.add(*offset), self.len)
             },
+            // SAFETY: the range is inside the region (checked by `Slab::view`), the region
+            // inside its arena, and no `&mut` to it exists while this view holds the region.
+            Store::Slab { region, offset } => unsafe {
+                std::slice::from_raw_parts(region.arena.base.add(region.offset + offset), self.len)
+            },
         }
     }
 
@@ -147,6 +155,82 @@ impl WeightBytes {
     /// The bytes as `f32`s. Panics if the length is not a multiple of 4.
     pub fn as_f32(&self) -> &[f32] {
         bytemuck::cast_slice(self.as_bytes())
+    }
+}
+
+/// A reusable buffer lent out as [`WeightBytes`] views: what an expert cache reads a whole
+/// expert into and hands to the kernels, then refills once every view of the previous
+/// contents is gone. Slabs are carved page-aligned out of one huge-page mapping, so a cache
+/// of many takes the bytes it asks for.
+pub struct Slab {
+    region: Arc<Region>,
+}
+
+/// `offset..offset + cap` of an arena, owned by one slab and its views.
+struct Region {
+    arena: Arc<Arena>,
+    offset: usize,
+    cap: usize,
+}
+
+impl std::fmt::Debug for Slab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slab({} bytes)", self.region.cap)
+    }
+}
+
+/// Slab starts (direct I/O and pages like 4 KiB).
+const SLAB_ALIGN: usize = 4096;
+
+impl Slab {
+    /// One slab of `cap` bytes, zeroed (`None` when the mapping fails).
+    pub fn new(cap: usize) -> Option<Self> {
+        Self::carve(1, cap)?.pop()
+    }
+
+    /// `count` slabs of `cap` bytes each, zeroed, from one mapping.
+    pub fn carve(count: usize, cap: usize) -> Option<Vec<Self>> {
+        let stride = cap.max(1).next_multiple_of(SLAB_ALIGN);
+        let total = stride.checked_mul(count)?;
+        let arena = Arc::new(Arena::new(total.max(1).next_multiple_of(HUGE_ALIGN))?);
+        Some(
+            (0..count)
+                .map(|i| Self {
+                    region: Arc::new(Region {
+                        arena: Arc::clone(&arena),
+                        offset: i * stride,
+                        cap,
+                    }),
+                })
+                .collect(),
+        )
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.region.cap
+    }
+
+    /// The whole buffer, writable, when no view of it is alive (`None` otherwise).
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let r = Arc::get_mut(&mut self.region)?;
+        // SAFETY: `get_mut` proves no `WeightBytes` view shares the region and `&mut self`
+        // that nothing else reaches it; regions of one arena are disjoint and lie inside it.
+        Some(unsafe { std::slice::from_raw_parts_mut(r.arena.base.add(r.offset), r.cap) })
+    }
+
+    /// Bytes `offset..offset + len` as a read-only view that keeps the slab's memory alive;
+    /// `None` when the range is outside the slab or not 64-byte aligned.
+    pub fn view(&self, offset: usize, len: usize) -> Option<WeightBytes> {
+        let in_range = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.region.cap);
+        (in_range && offset.is_multiple_of(ALIGN)).then(|| WeightBytes {
+            store: Store::Slab {
+                region: Arc::clone(&self.region),
+                offset,
+            },
+            len,
+        })
     }
 }
 
@@ -179,5 +263,29 @@ mod tests {
         }
         let f = WeightBytes::copy_from(bytemuck::cast_slice(&[1.0f32, 2.0, 3.0, 4.0]));
         assert_eq!(f.as_f32(), &[1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn a_slab_is_writable_only_while_no_view_lives() {
+        let mut slab = Slab::new(4096).unwrap();
+        slab.bytes_mut().unwrap()[64..68].copy_from_slice(&[1, 2, 3, 4]);
+        let view = slab.view(64, 4).unwrap();
+        assert_eq!(view.as_bytes(), &[1, 2, 3, 4]);
+        assert!(slab.bytes_mut().is_none());
+        assert!(slab.view(63, 4).is_none());
+        assert!(slab.view(slab.capacity() - 60, 64).is_none());
+        drop(view);
+        slab.bytes_mut().unwrap()[64] = 9;
+        assert_eq!(slab.view(64, 1).unwrap().as_bytes(), &[9]);
+
+        // Carved slabs are disjoint: one's writes never show in another.
+        let mut many = Slab::carve(3, 5000).unwrap();
+        for (i, s) in many.iter_mut().enumerate() {
+            s.bytes_mut().unwrap().fill(i as u8 + 1);
+        }
+        for (i, s) in many.iter().enumerate() {
+            let v = s.view(0, 5000).unwrap();
+            assert!(v.as_bytes().iter().all(|&b| b == i as u8 + 1));
+        }
     }
 }

@@ -130,22 +130,32 @@ impl QMatrix {
 
     /// An f32 matrix from little-endian bytes.
     pub fn f32_from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatrixError> {
+        Self::f32_in(rows, cols, WeightBytes::copy_from(bytes))
+    }
+
+    /// An f32 matrix over little-endian bytes already in place (4-byte aligned).
+    pub fn f32_in(rows: usize, cols: usize, bytes: WeightBytes) -> Result<Self, MatrixError> {
         check_len("f32 data", rows, cols, bytes.len(), rows * cols * 4)?;
         Ok(Self {
             rows,
             cols,
-            data: Data::F32(WeightBytes::copy_from(bytes)),
+            data: Data::F32(bytes),
             fast_ok: true,
         })
     }
 
     /// A BF16 matrix from little-endian bytes.
     pub fn bf16_from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatrixError> {
+        Self::bf16_in(rows, cols, WeightBytes::copy_from(bytes))
+    }
+
+    /// A BF16 matrix over little-endian bytes already in place (2-byte aligned).
+    pub fn bf16_in(rows: usize, cols: usize, bytes: WeightBytes) -> Result<Self, MatrixError> {
         check_len("bf16 data", rows, cols, bytes.len(), rows * cols * 2)?;
         Ok(Self {
             rows,
             cols,
-            data: Data::Bf16(WeightBytes::copy_from(bytes)),
+            data: Data::Bf16(bytes),
             fast_ok: true,
         })
     }
@@ -156,6 +166,20 @@ impl QMatrix {
         rows: usize,
         cols: usize,
         codes: &[u8],
+        scales: Vec<f32>,
+        scale_cols: usize,
+        br: usize,
+        bc: usize,
+    ) -> Result<Self, MatrixError> {
+        let codes = WeightBytes::copy_from(codes);
+        Self::fp8_in(rows, cols, codes, scales, scale_cols, br, bc)
+    }
+
+    /// [`Self::fp8`] over codes already in place.
+    pub fn fp8_in(
+        rows: usize,
+        cols: usize,
+        codes: WeightBytes,
         scales: Vec<f32>,
         scale_cols: usize,
         br: usize,
@@ -183,7 +207,7 @@ impl QMatrix {
             rows,
             cols,
             data: Data::Fp8 {
-                codes: WeightBytes::copy_from(codes),
+                codes,
                 scales,
                 scale_cols,
                 br: br.max(1),
@@ -200,6 +224,23 @@ impl QMatrix {
         cols: usize,
         packed: &[u8],
         scales: &[u8],
+        group: usize,
+    ) -> Result<Self, MatrixError> {
+        Self::fp4_in(
+            rows,
+            cols,
+            WeightBytes::copy_from(packed),
+            scales.to_vec(),
+            group,
+        )
+    }
+
+    /// [`Self::fp4`] over packed codes already in place.
+    pub fn fp4_in(
+        rows: usize,
+        cols: usize,
+        packed: WeightBytes,
+        scales: Vec<u8>,
         group: usize,
     ) -> Result<Self, MatrixError> {
         let groups = cols.div_ceil(group.max(1));
@@ -228,8 +269,8 @@ impl QMatrix {
             rows,
             cols,
             data: Data::Fp4 {
-                packed: WeightBytes::copy_from(packed),
-                scales: scales.to_vec(),
+                packed,
+                scales,
                 group,
             },
             fast_ok,

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod experts;
 pub mod profile;
 pub mod synth;
 pub mod v4;

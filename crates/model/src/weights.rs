@@ -4,8 +4,11 @@
 //! the kernels compute on them directly; only small vectors (norm gains, biases, sinks, `ape`)
 //! are widened to f32.
 
+use std::sync::Arc;
+
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
+use crate::experts::{ExpertPlan, ExpertSource, ExpertStore};
 use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
@@ -107,11 +110,22 @@ pub enum Routing {
     Scored { bias: Vec<f32> },
 }
 
+/// Where a layer's routed experts are: in memory, or read from disk through the model's
+/// expert cache.
+#[derive(Debug)]
+pub enum RoutedExperts {
+    Resident(Vec<ExpertWeights>),
+    Streamed {
+        store: Arc<ExpertStore>,
+        layer: usize,
+    },
+}
+
 #[derive(Debug)]
 pub struct MoeWeights {
     pub gate: Linear,
     pub routing: Routing,
-    pub experts: Vec<ExpertWeights>,
+    pub experts: RoutedExperts,
     pub shared: Option<ExpertWeights>,
 }
 
@@ -137,6 +151,8 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     /// The MTP draft block, when the checkpoint ships one.
     pub mtp: Option<MtpWeights>,
+    /// The cache streamed layers read their experts through (`None`: all resident).
+    pub expert_store: Option<Arc<ExpertStore>>,
 }
 
 fn vec1(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
@@ -215,6 +231,8 @@ struct LayerSpec<'a> {
     kind: AttnKind,
     mlp: MlpKind,
     ratio: usize,
+    /// The store and layer id to stream the routed experts from, else loaded here.
+    streamed: Option<(&'a Arc<ExpertStore>, usize)>,
 }
 
 fn attention(
@@ -316,9 +334,17 @@ fn moe_weights(
         },
     };
     let inter = c.moe_intermediate_size;
-    let experts = (0..e)
-        .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
-        .collect::<Result<Vec<_>, _>>()?;
+    let experts = match s.streamed {
+        Some((store, layer)) => RoutedExperts::Streamed {
+            store: Arc::clone(store),
+            layer,
+        },
+        None => RoutedExperts::Resident(
+            (0..e)
+                .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
     let shared = if c.n_shared_experts > 0 {
         Some(expert(
             ck,
@@ -363,6 +389,7 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         kind: AttnKind::Sliding,
         mlp: MlpKind::Scored,
         ratio: 0,
+        streamed: None,
     };
     // Some checkpoints carry copies of the embedding and head under the MTP's prefix; the
     // reference shares the main ones, so a copy is only kept when it differs.
@@ -402,7 +429,7 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
 impl ModelWeights {
     /// Loads every tensor the forward pass needs, checking each shape against `c`.
     pub fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
-        Self::load_with_progress(ck, c, |_, _| {})
+        Self::load_with_progress(ck, c, ExpertPlan::Resident, |_, _| {})
     }
 
     /// Like [`Self::load`], calling `progress(done, total)` after each of the `total` steps
@@ -411,6 +438,7 @@ impl ModelWeights {
     pub fn load_with_progress(
         ck: &Checkpoint,
         c: &ModelConfig,
+        plan: ExpertPlan,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CheckpointError> {
         if let Some((layer, tensor)) = ck.last_layer() {
@@ -424,6 +452,16 @@ impl ModelWeights {
         }
         let total = c.num_hidden_layers + 1;
         let (d, hc) = (c.hidden_size, c.hc_mult);
+        let expert_store = match plan {
+            ExpertPlan::Resident => None,
+            ExpertPlan::Streamed { cache_bytes } => Some(Arc::new(ExpertStore::new(
+                ck,
+                expert_sources(ck, c)?,
+                c.n_routed_experts,
+                cache_bytes,
+                2 * c.num_experts_per_tok,
+            )?)),
+        };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("layers.{l}");
@@ -432,6 +470,7 @@ impl ModelWeights {
                 kind: c.layer_types[l],
                 mlp: c.mlp_layer_types[l],
                 ratio: c.compress_ratio(l),
+                streamed: expert_store.as_ref().map(|s| (s, l)),
             };
             layers.push(layer(ck, c, &spec)?);
             progress(l + 1, total);
@@ -447,8 +486,40 @@ impl ModelWeights {
             hc_head_scale: vec1(ck, "hc_head_scale", 1)?,
             layers,
             mtp: mtp(ck, c)?,
+            expert_store,
         };
         progress(total, total);
         Ok(weights)
     }
+}
+
+/// Where every routed expert of the main layers lies (`layer · E + expert`), checked as a
+/// load would check it.
+fn expert_sources(ck: &Checkpoint, c: &ModelConfig) -> Result<Vec<ExpertSource>, CheckpointError> {
+    let (d, inter, e) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+    let mut out = Vec::with_capacity(c.num_hidden_layers * e);
+    for l in 0..c.num_hidden_layers {
+        for i in 0..e {
+            let p = format!("layers.{l}.ffn.experts.{i}");
+            let part = |w: &str, shape: [usize; 2]| {
+                let name = format!("{p}.{w}.weight");
+                ck.matrix_source(&name, &shape)?
+                    .ok_or_else(|| CheckpointError::InvalidValue {
+                        name: name.clone(),
+                        reason: "stored in a form that is converted at load (F16, FP4 scales \
+                                 that are not per-row E8M0, or HF's stacked FP8 experts), so \
+                                 it cannot be streamed; load it resident"
+                            .into(),
+                    })
+            };
+            out.push(ExpertSource {
+                parts: [
+                    part("w1", [inter, d])?,
+                    part("w2", [d, inter])?,
+                    part("w3", [inter, d])?,
+                ],
+            });
+        }
+    }
+    Ok(out)
 }

@@ -4,6 +4,7 @@
 mod kernels;
 mod model;
 mod multi_turn;
+mod streamed;
 
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
@@ -69,6 +70,14 @@ enum BenchWhat {
         /// Passes per measurement; the best is reported.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Also the disk's read bandwidth, reading this file (a checkpoint shard, say):
+        /// sequential 8 MiB reads, and random 1 MiB reads (an expert's size) eight in
+        /// flight, around the page cache where the file system allows.
+        #[arg(long)]
+        disk: Option<PathBuf>,
+        /// Bytes each disk measurement reads, in MiB.
+        #[arg(long, default_value_t = 1024)]
+        disk_mib: usize,
     },
     /// Each weight format's matrix product (decode and prefill shapes) against the roofs.
     Kernels(kernels::KernelArgs),
@@ -99,6 +108,20 @@ fn roofline(buffer_mib: usize, reps: usize) {
         }
     }
     println!("{}", "=".repeat(50));
+}
+
+fn disk_roofline(path: &std::path::Path, bytes: usize) -> Result<()> {
+    use deepinfer_model::experts::file_read_bandwidth;
+    let what = |e| anyhow::anyhow!("reading {}: {e}", path.display());
+    let seq = file_read_bandwidth(path, 8 << 20, 2, bytes, false).map_err(what)?;
+    let random = file_read_bandwidth(path, 1 << 20, 8, bytes, true).map_err(what)?;
+    println!("{:<40}{:>10.2}", "Disk sequential read, 8 MiB (GB/s):", seq);
+    println!(
+        "{:<40}{:>10.2}",
+        "Disk random read, 1 MiB x 8 (GB/s):", random
+    );
+    println!("{}", "=".repeat(50));
+    Ok(())
 }
 
 #[derive(Serialize, Default)]
@@ -184,8 +207,16 @@ struct EngineCounts {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.what {
-        Some(BenchWhat::Roofline { buffer_mib, reps }) => {
+        Some(BenchWhat::Roofline {
+            buffer_mib,
+            reps,
+            disk,
+            disk_mib,
+        }) => {
             roofline(buffer_mib, reps);
+            if let Some(path) = disk {
+                disk_roofline(&path, disk_mib << 20)?;
+            }
             return Ok(());
         }
         Some(BenchWhat::Kernels(k)) => {
@@ -198,7 +229,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let Some(dir) = &args.model else {
         anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");
     };
-    let mut model = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let mut model = args.engine.load_model(dir, |_, _| {})?;
     if args.workload == Workload::MultiTurn {
         let config = args.engine.bench_config(&model.config, "deepinfer")?;
         return multi_turn::run(&args, model, config);

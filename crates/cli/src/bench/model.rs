@@ -8,6 +8,8 @@
 //! packed FP4, BF16, …, experts only when selected), plus the cached keys attention and the
 //! indexer read.
 
+use super::streamed;
+use crate::load_args::LoadArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
@@ -15,13 +17,20 @@ use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::cpu::isa;
 use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
 use deepinfer_model::profile::{self, Op, Snapshot};
-use deepinfer_model::v4::Model;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct ModelArgs {
+    #[command(flatten)]
+    load: LoadArgs,
+    /// Memory for the cache pools, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    cache_budget_mib: usize,
+    /// Decode steps per row when the experts stream from disk (each step fresh tokens).
+    #[arg(long, default_value_t = 32)]
+    pub steps: usize,
     /// Checkpoint directory.
     #[arg(long)]
     model: PathBuf,
@@ -34,7 +43,7 @@ pub struct ModelArgs {
     tokens_per_seq: Vec<usize>,
     /// Tokens already in each sequence's cache when decode is timed.
     #[arg(long, default_value_t = 128)]
-    context: usize,
+    pub context: usize,
     /// Prefill prompt lengths (one sequence, one step each).
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prompt: Vec<usize>,
@@ -103,6 +112,8 @@ struct Report {
     threads: usize,
     roofs: Roofs,
     decode: Vec<DecodeRow>,
+    /// Decode runs when the experts stream from disk (then `decode` is empty).
+    streamed_decode: Vec<streamed::StreamedRow>,
     prefill: Vec<PrefillRow>,
 }
 
@@ -113,7 +124,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn roofs(threads: usize) -> Roofs {
     Roofs {
-        read_gbs: read_bandwidth(1 << 30, threads, 5),
+        read_gbs: read_bandwidth(256 << 20, threads, 5),
         fma_gflops: fma_peak(threads, 5),
     }
 }
@@ -129,21 +140,21 @@ fn quick_roofs(threads: usize) -> Roofs {
 }
 
 /// Deterministic token ids spread over the vocabulary.
-fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
+pub(super) fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..n)
         .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
         .collect()
 }
 
 /// The model and its cache, driven directly (no scheduler).
-struct Bench {
-    runner: ModelRunner,
-    cache: CacheManager,
+pub(super) struct Bench {
+    pub runner: ModelRunner,
+    pub cache: CacheManager,
 }
 
 impl Bench {
     /// Feeds `ids` to a fresh sequence in chunks of `chunk` tokens.
-    fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
+    pub fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
         self.cache.ensure_capacity(seq, ids.len())?;
         for (i, part) in ids.chunks(chunk.max(1)).enumerate() {
             let work = SeqWork {
@@ -348,9 +359,11 @@ pub fn run(args: ModelArgs) -> Result<()> {
 
 fn bench(args: ModelArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
+    // Before the weights: the bandwidth probe's buffer is not then counted on top of them.
+    let r0 = roofs(threads);
     let t = Instant::now();
-    let mut model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let pools = args.cache_budget_mib << 20;
+    let mut model = args.load.load(&args.model, pools, |_, _| {})?;
     eprintln!(
         "loaded {} in {:.1} s",
         args.model.display(),
@@ -360,7 +373,7 @@ fn bench(args: ModelArgs) -> Result<()> {
     let vocab = model.config.vocab_size;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let cache = CacheConfig {
-        budget: CacheBudget::Bytes(2 << 30),
+        budget: CacheBudget::Bytes(pools),
         max_seqs: max_batch.max(1),
         // Every timed step is rolled back.
         rollback_slack: args.tokens_per_seq.iter().copied().max().unwrap_or(1),
@@ -377,7 +390,6 @@ fn bench(args: ModelArgs) -> Result<()> {
         runner: ModelRunner::new(model),
     };
     let reps = args.reps.max(1);
-    let r0 = roofs(threads);
     println!(
         "deepinfer bench model: {} ({} kernels, {threads} threads)",
         args.model.display(),
@@ -390,22 +402,43 @@ fn bench(args: ModelArgs) -> Result<()> {
     );
 
     let mut decode = Vec::new();
-    println!();
-    println!(
-        "{:>6} {:>7} {:>8} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8} {:>14}",
-        "batch",
-        "tok/seq",
-        "context",
-        "ms/step",
-        "tok/s",
-        "MB/token",
-        "GB/s",
-        "% BW",
-        "GFLOP/s",
-        "% FMA",
-        "% binding roof"
-    );
-    for &b in &args.batch {
+    let mut streamed_rows = Vec::new();
+    let store = bench.runner.model().weights.expert_store.clone();
+    if let Some(store) = &store {
+        println!();
+        println!(
+            "routed experts stream from disk ({} slots, {} MiB): decode runs of {} fresh \
+             tokens per sequence, against memory + disk roofs measured before each row",
+            store.capacity(),
+            store.cache_bytes() >> 20,
+            args.steps
+        );
+        streamed::print_header();
+        for &b in &args.batch {
+            streamed_rows.push(streamed::decode_run(&mut bench, store, &args, b, threads)?);
+        }
+        if let Some(mib) = streamed::peak_rss_mib() {
+            println!("peak RSS so far: {mib} MiB");
+        }
+    }
+    if store.is_none() {
+        println!();
+        println!(
+            "{:>6} {:>7} {:>8} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8} {:>14}",
+            "batch",
+            "tok/seq",
+            "context",
+            "ms/step",
+            "tok/s",
+            "MB/token",
+            "GB/s",
+            "% BW",
+            "GFLOP/s",
+            "% FMA",
+            "% binding roof"
+        );
+    }
+    for &b in args.batch.iter().filter(|_| store.is_none()) {
         for &t in &args.tokens_per_seq {
             let row = decode_row(&mut bench, &args, b, t.max(1), threads)?;
             print_decode_row(&row);
@@ -495,6 +528,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             threads,
             roofs: r0,
             decode,
+            streamed_decode: streamed_rows,
             prefill: prefill_rows,
         };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

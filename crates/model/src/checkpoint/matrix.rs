@@ -5,16 +5,10 @@ use super::{
     blocks_for, check_scale_dtype, decode, describe, shape_err, Checkpoint, CheckpointError,
     Located, Shard, TensorInfo,
 };
+use deepinfer_kernels::buffer::WeightBytes;
 use deepinfer_kernels::formats::f32_to_e8m0;
 use deepinfer_kernels::matrix::{MatrixError, QMatrix};
 use safetensors::Dtype;
-
-fn invalid(name: &str, e: MatrixError) -> CheckpointError {
-    CheckpointError::InvalidValue {
-        name: name.to_string(),
-        reason: e.to_string(),
-    }
-}
 
 impl Checkpoint {
     /// Load a 2-D weight `[out, in]` by its OFFICIAL name in its stored format: F32/BF16 as
@@ -23,6 +17,15 @@ impl Checkpoint {
     /// out of their `[E, …]` tensors. Shapes and scale grids are checked as in
     /// [`Checkpoint::tensor_f32`].
     pub fn matrix(&self, official_name: &str, shape: &[usize]) -> Result<QMatrix, CheckpointError> {
+        if let Some(src) = self.matrix_source(official_name, shape)? {
+            let scales = match src.scales {
+                Some(r) => self.range_bytes(r)?,
+                None => &[],
+            };
+            return src.build(WeightBytes::copy_from(self.range_bytes(src.codes)?), scales);
+        }
+        // What remains converts at load: F16, FP4 scales that are not per-row E8M0, HF's
+        // stacked FP8 experts.
         match self.locate(official_name)? {
             Located::Whole {
                 stored,
@@ -56,48 +59,15 @@ impl Checkpoint {
             }
         };
         match info.dtype {
-            Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
+            Dtype::F16 => {
                 if info.shape != shape {
                     return Err(shape_err(name, shape, &info.shape, ""));
                 }
                 let (rows, cols) = two_d("; a weight matrix is 2-D [out, in]")?;
                 float_matrix(info.dtype, rows, cols, shard.bytes(info)?).map_err(|e| invalid(&name, e))
             }
-            Dtype::F8_E4M3 => {
-                if info.shape != shape || shape.len() != 2 {
-                    return Err(shape_err(name, shape, &info.shape, "; FP8 weights are 2-D [out, in]"));
-                }
-                let scale = self.scale_for(official, &name)?;
-                let (br, bc) = blocks_for(&name, shape, &scale.shape, &scale.name)?;
-                QMatrix::fp8(
-                    shape[0],
-                    shape[1],
-                    shard.bytes(info)?,
-                    scale.decoded(),
-                    scale.shape[1],
-                    br,
-                    bc,
-                )
-                .map_err(|e| invalid(&name, e))
-            }
             Dtype::I8 | Dtype::U8 => {
-                if shape.len() != 2 || !shape[1].is_multiple_of(2) {
-                    return Err(shape_err(
-                        name,
-                        shape,
-                        &info.shape,
-                        "; packed FP4 needs a 2-D logical shape [out, in] with even `in`",
-                    ));
-                }
-                let packed = [shape[0], shape[1] / 2];
-                if info.shape != packed {
-                    return Err(shape_err(
-                        name,
-                        &packed,
-                        &info.shape,
-                        format!("; packed FP4 [out, in/2] for logical shape {shape:?}"),
-                    ));
-                }
+                check_fp4_shape(&name, shape, &info.shape)?;
                 let scale = self.scale_for(official, &name)?;
                 let (br, bc) = blocks_for(&name, shape, &scale.shape, &scale.name)?;
                 let (rows, cols, groups) = (shape[0], shape[1], scale.shape[1]);
@@ -151,37 +121,13 @@ impl Checkpoint {
         shape: &[usize],
     ) -> Result<QMatrix, CheckpointError> {
         let name = describe(official, &format!("{stored}[{expert}]"));
-        let layout_hint = "; HF stacks experts as gate_up_proj [E, 2I, D] and down_proj [E, D, I]";
-        if shape.len() != 2 {
-            return Err(shape_err(
-                name,
-                shape,
-                &info.shape,
-                "; expert matrices are 2-D",
-            ));
-        }
+        let (rows_total, row0, first) =
+            stacked_cut(&name, info, expert, part, shape, official, stored)?;
         let (rows, cols) = (shape[0], shape[1]);
-        let (rows_total, row0) = match part {
-            ExpertPart::Gate => (rows.saturating_mul(2), 0),
-            ExpertPart::Up => (rows.saturating_mul(2), rows),
-            ExpertPart::Down => (rows, 0),
-        };
         let d = &info.shape;
-        let n_experts = d.first().copied().unwrap_or(0);
-        let want = [n_experts, rows_total, cols];
-        if d.len() != 3 || d[1..] != want[1..] {
-            return Err(shape_err(name, &want, d, layout_hint));
-        }
-        if expert >= n_experts {
-            return Err(CheckpointError::Missing {
-                tensor: official.to_string(),
-                looked_for: format!(
-                    "expert {expert} in `{stored}`, which stacks {n_experts} experts"
-                ),
-            });
-        }
+        let n_experts = d[0];
         let n = rows * cols;
-        let first = (expert * rows_total + row0) * cols;
+
         let bytes = shard.bytes(info)?;
         match info.dtype {
             Dtype::F32 | Dtype::BF16 | Dtype::F16 => {
@@ -239,6 +185,80 @@ impl Checkpoint {
             }
         }
         .map_err(|e| invalid(&name, e))
+    }
+}
+
+/// Where one expert's matrix starts in HF's stacked `[E, rows_total, cols]` tensor, checked:
+/// `(rows_total, first row of the part, first element)`.
+pub(super) fn stacked_cut(
+    name: &str,
+    info: &TensorInfo,
+    expert: usize,
+    part: ExpertPart,
+    shape: &[usize],
+    official: &str,
+    stored: &str,
+) -> Result<(usize, usize, usize), CheckpointError> {
+    let layout_hint = "; HF stacks experts as gate_up_proj [E, 2I, D] and down_proj [E, D, I]";
+    if shape.len() != 2 {
+        return Err(shape_err(
+            name.to_string(),
+            shape,
+            &info.shape,
+            "; expert matrices are 2-D",
+        ));
+    }
+    let (rows, cols) = (shape[0], shape[1]);
+    let (rows_total, row0) = match part {
+        ExpertPart::Gate => (rows.saturating_mul(2), 0),
+        ExpertPart::Up => (rows.saturating_mul(2), rows),
+        ExpertPart::Down => (rows, 0),
+    };
+    let d = &info.shape;
+    let n_experts = d.first().copied().unwrap_or(0);
+    let want = [n_experts, rows_total, cols];
+    if d.len() != 3 || d[1..] != want[1..] {
+        return Err(shape_err(name.to_string(), &want, d, layout_hint));
+    }
+    if expert >= n_experts {
+        return Err(CheckpointError::Missing {
+            tensor: official.to_string(),
+            looked_for: format!("expert {expert} in `{stored}`, which stacks {n_experts} experts"),
+        });
+    }
+    Ok((rows_total, row0, (expert * rows_total + row0) * cols))
+}
+
+/// A packed FP4 weight is stored `[out, in/2]` for its logical `[out, in]`, `in` even.
+pub(super) fn check_fp4_shape(
+    name: &str,
+    shape: &[usize],
+    stored: &[usize],
+) -> Result<(), CheckpointError> {
+    if shape.len() != 2 || !shape[1].is_multiple_of(2) {
+        return Err(shape_err(
+            name.to_string(),
+            shape,
+            stored,
+            "; packed FP4 needs a 2-D logical shape [out, in] with even `in`",
+        ));
+    }
+    let packed = [shape[0], shape[1] / 2];
+    if stored != packed {
+        return Err(shape_err(
+            name.to_string(),
+            &packed,
+            stored,
+            format!("; packed FP4 [out, in/2] for logical shape {shape:?}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn invalid(name: &str, e: MatrixError) -> CheckpointError {
+    CheckpointError::InvalidValue {
+        name: name.to_string(),
+        reason: e.to_string(),
     }
 }
 

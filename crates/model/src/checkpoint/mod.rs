@@ -10,6 +10,7 @@ mod error;
 mod matrix;
 mod names;
 mod shard;
+mod source;
 #[cfg(test)]
 mod tests;
 
@@ -22,6 +23,7 @@ use safetensors::Dtype;
 pub use error::CheckpointError;
 use names::{ExpertPart, HfName};
 use shard::{Shard, TensorInfo};
+pub use source::{FileRange, MatrixSource, SourceFormat};
 
 /// Which naming scheme the checkpoint's tensors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,6 +286,13 @@ impl Checkpoint {
         }
     }
 
+    /// Every stored tensor's name and byte length.
+    pub fn stored_sizes(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.index
+            .iter()
+            .map(|(name, (_, info))| (name.as_str(), info.end - info.start))
+    }
+
     fn stored(&self, name: &str) -> Option<(&str, &Shard, &TensorInfo)> {
         let (key, (i, info)) = self.index.get_key_value(name)?;
         Some((key.as_str(), &self.shards[*i], info))
@@ -469,6 +478,7 @@ impl Checkpoint {
             bytes: shard.bytes(info)?,
             shape: info.shape.clone(),
             name,
+            range: self.file_range(shard, info),
         })
     }
 }
@@ -479,6 +489,7 @@ struct Scale<'a> {
     bytes: &'a [u8],
     shape: Vec<usize>,
     name: String,
+    range: FileRange,
 }
 
 impl Scale<'_> {

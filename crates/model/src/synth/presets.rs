@@ -6,7 +6,7 @@ use super::SynthError;
 use crate::config::{AttnKind, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn};
 
 /// Every preset [`preset`] knows, in the order error messages list them.
-pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16"];
+pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16", "big"];
 
 /// A named model shape. The shape is a [`ModelConfig`], the same type a loaded checkpoint
 /// gets, so presets cannot describe anything the engine would read differently.
@@ -122,6 +122,10 @@ fn flash_like() -> ModelConfig {
 /// * `bench-bf16`: `bench` with BF16 dense projections (experts still FP4), the layout the
 ///   side-by-side comparison with llama.cpp loads into both engines; without the MTP block
 ///   the others carry (llama.cpp's converter has no names for V4's `mtp.*`).
+/// * `big`: `bench`'s width with V4-Flash's 256 experts over 16 layers, about 12.5 GB, of
+///   which 10 GB routed experts: V4-Flash's proportions (the experts ~85 % of the bytes) at a
+///   size this machine can hold on disk, for streaming experts from disk under a memory
+///   budget smaller than the model.
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let dense = if name == "bench-bf16" {
         DenseFormat::Bf16
@@ -154,11 +158,12 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 ..flash_like()
             }
         }
-        "bench" | "bench-bf16" => {
+        "bench" | "bench-bf16" | "big" => {
             // 2 SWA layers, then CSA/HCA alternating from CSA, as in V4-Flash.
+            let layers = if name == "big" { 16 } else { 12 };
             let ratios: Vec<usize> = [0, 0]
                 .into_iter()
-                .chain((2..12).map(|l| if l % 2 == 0 { 4 } else { 128 }))
+                .chain((2..layers).map(|l| if l % 2 == 0 { 4 } else { 128 }))
                 .collect();
             ModelConfig {
                 hidden_size: 2048,
@@ -170,7 +175,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 layer_types: kinds(&ratios),
                 mlp_layer_types: mlp_kinds(ratios.len(), 3),
                 index_n_heads: 16,
-                n_routed_experts: 64,
+                n_routed_experts: if name == "big" { 256 } else { 64 },
                 moe_intermediate_size: 768,
                 ..flash_like()
             }

@@ -8,6 +8,7 @@ use super::moe::moe;
 use super::workspace::Workspace;
 use crate::cache::CacheView;
 use crate::config::ModelConfig;
+use crate::experts::ExpertError;
 use crate::profile::{scope, Op};
 use crate::weights::LayerWeights;
 use deepinfer_kernels::norm::rms_norm_rows;
@@ -25,14 +26,15 @@ pub struct BlockCtx<'a> {
     pub angles: &'a Angles,
 }
 
-/// Runs one block on the streams `x: [N, hc, D]` of a flat batch, in place.
+/// Runs one block on the streams `x: [N, hc, D]` of a flat batch, in place; fails only
+/// where a streamed expert cannot be read.
 pub fn block_forward(
     w: &LayerWeights,
     ctx: &BlockCtx,
     x: &mut [f32],
     cache: &mut dyn CacheView,
     ws: &mut Workspace,
-) {
+) -> Result<(), ExpertError> {
     let c = ctx.c;
     let (d, n, eps) = (c.hidden_size, ctx.token_ids.len(), c.rms_norm_eps);
 
@@ -61,8 +63,9 @@ pub fn block_forward(
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.ffn_norm, eps);
     }
-    let m = moe(&w.ffn, c, &mix.collapsed, ctx.token_ids, ws);
+    let m = moe(&w.ffn, c, &mix.collapsed, ctx.token_ids, ws)?;
     hc_post(x, &m, &mix, n, d, ws);
     ws.give(m);
     mix.recycle(ws);
+    Ok(())
 }

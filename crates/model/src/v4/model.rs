@@ -8,8 +8,9 @@ use crate::batch::{ForwardBatch, Logits, SeqSpan};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
+use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
 use crate::profile::{scope, Op};
-use crate::weights::{Linear, ModelWeights};
+use crate::weights::{Linear, ModelWeights, Routing};
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
@@ -21,6 +22,8 @@ pub enum ModelError {
     Config(#[from] ConfigError),
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
+    #[error("streamed experts: {0}")]
+    Experts(#[from] ExpertError),
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("the batch has {tokens} tokens but {positions} positions")]
@@ -153,6 +156,7 @@ pub struct Model {
     pub(super) rope_main: Rope,
     pub(super) rope_compress: Rope,
     pub(super) scratch: Scratch,
+    memory_plan: String,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -175,6 +179,7 @@ impl Model {
             rope_main,
             rope_compress,
             scratch: Scratch::default(),
+            memory_plan: "every weight resident".into(),
         }
     }
 
@@ -189,10 +194,30 @@ impl Model {
         dir: &Path,
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
+        Self::load_with(dir, &MemoryPlan::default(), progress)
+    }
+
+    /// Like [`Self::load_with_progress`], holding the routed experts as `memory` decides
+    /// (resident, or streamed from disk through a cache); the choice and its reason are
+    /// logged and kept in [`Self::memory_plan`].
+    pub fn load_with(
+        dir: &Path,
+        memory: &MemoryPlan,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
-        let weights = ModelWeights::load_with_progress(&ck, &config, progress)?;
-        Ok(Self::new(config, weights))
+        let (plan, why) = memory.choose(StoredBytes::of(&ck), &config)?;
+        tracing::info!("memory plan: {why}");
+        let weights = ModelWeights::load_with_progress(&ck, &config, plan, progress)?;
+        let mut model = Self::new(config, weights);
+        model.memory_plan = why;
+        Ok(model)
+    }
+
+    /// Which memory plan the load chose, and why.
+    pub fn memory_plan(&self) -> &str {
+        &self.memory_plan
     }
 
     /// Makes this model instance run sequences of at most `max_len` positions (the engine's
@@ -365,11 +390,13 @@ impl Model {
             rope_main,
             rope_compress,
             scratch,
+            ..
         } = self;
         let ws = &mut scratch.ws;
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
         let angles_main = Angles::new(rope_main, rows.positions, ws);
         let angles_compress = Angles::new(rope_compress, rows.positions, ws);
+        prefetch_hash_routed(w, c.num_experts_per_tok, &batch.token_ids);
         let mut x = ws.take(n * hc * d);
         embed_streams(&w.embed, &batch.token_ids, hc, d, &mut x);
         for (l, lw) in w.layers.iter().enumerate() {
@@ -385,7 +412,7 @@ impl Model {
                 rope,
                 angles,
             };
-            block_forward(lw, &ctx, &mut x, cache, ws);
+            block_forward(lw, &ctx, &mut x, cache, ws)?;
             if let Some(tr) = extras.trace.as_deref_mut() {
                 tr.push(x.clone());
             }
@@ -410,6 +437,26 @@ impl Model {
         scratch.row_seq = rows.row_seq;
         Ok(())
     }
+}
+
+/// Starts reading the streamed experts that hash-routed layers will pick for `tokens`: their
+/// choice depends on the token ids alone, so it is known before the first layer runs.
+fn prefetch_hash_routed(w: &ModelWeights, k: usize, tokens: &[u32]) {
+    let Some(store) = &w.expert_store else {
+        return;
+    };
+    let wanted = w.layers.iter().enumerate().flat_map(|(l, lw)| {
+        let table = match &lw.ffn.routing {
+            Routing::Hash(table) => table.as_slice(),
+            Routing::Scored { .. } => &[],
+        };
+        tokens
+            .iter()
+            .filter_map(move |&t| table.get(t as usize * k..(t as usize + 1) * k))
+            .flatten()
+            .map(move |&e| (l, e as usize))
+    });
+    store.prefetch(wanted);
 }
 
 /// Every token's embedding, widened, copied into each of its `hc` streams.

@@ -9,13 +9,15 @@
 
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
+use crate::experts::ExpertError;
 use crate::profile::{self, scope, Op};
-use crate::weights::{ExpertWeights, MoeWeights, Routing};
+use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing};
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
 use rayon::prelude::*;
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Experts whose products share one parallel pass (bounds the stack-held job list).
 const EXPERTS_PER_PASS: usize = 64;
@@ -124,14 +126,100 @@ fn activate(g: &mut [f32], u: &[f32], weights: &[f32], width: usize, limit: f32,
         });
 }
 
+/// The experts of one pass: borrowed from the resident layer, or lent by the expert
+/// cache (pinned while this lives).
+enum PassExperts<'a> {
+    /// The layer's experts and the pass's ids.
+    Resident(&'a [ExpertWeights], &'a [usize]),
+    Streamed(Vec<Arc<ExpertWeights>>),
+}
+
+impl PassExperts<'_> {
+    fn get(&self, i: usize) -> &ExpertWeights {
+        match self {
+            PassExperts::Resident(all, group) => &all[group[i]],
+            PassExperts::Streamed(v) => &v[i],
+        }
+    }
+}
+
+/// The experts of `group`, waiting for reads where they are streamed; the next group's
+/// reads start before this one's products.
+fn pass_experts<'a>(
+    experts: &'a RoutedExperts,
+    group: &'a [usize],
+    next: Option<&[usize]>,
+) -> Result<PassExperts<'a>, ExpertError> {
+    match experts {
+        RoutedExperts::Resident(all) => Ok(PassExperts::Resident(all, group)),
+        RoutedExperts::Streamed { store, layer } => {
+            let got = store.get(*layer, group)?;
+            if let Some(next) = next {
+                store.prefetch(next.iter().map(|&e| (*layer, e)));
+            }
+            Ok(PassExperts::Streamed(got))
+        }
+    }
+}
+
+/// Experts per pass: all of a decode step's and up to [`EXPERTS_PER_PASS`] of a
+/// prefill's, at most half the expert cache (the other half reads the next pass).
+fn experts_per_pass(experts: &RoutedExperts) -> usize {
+    match experts {
+        RoutedExperts::Resident(_) => EXPERTS_PER_PASS,
+        RoutedExperts::Streamed { store, .. } => (store.capacity() / 2).clamp(1, EXPERTS_PER_PASS),
+    }
+}
+
+/// The picks sorted by expert (stable: token order within an expert), as
+/// `(offsets, order, xs)`: `order[r]` is the pick (token · k + slot) in row r of the
+/// gathered batch, expert e owns rows `offsets[e]..offsets[e + 1]`, `xs` holds each row's
+/// input.
+fn group_by_expert(
+    ids: &[usize],
+    x: &[f32],
+    k: usize,
+    d: usize,
+    n_exp: usize,
+    ws: &mut Workspace,
+) -> (Vec<usize>, Vec<usize>, Vec<f32>) {
+    let mut offsets = ws.take_idx(n_exp + 1);
+    let mut order = ws.take_idx(ids.len());
+    let mut xs = ws.take(ids.len() * d);
+    let _p = scope(Op::Moe);
+    for &e in ids.iter() {
+        offsets[e + 1] += 1;
+    }
+    for e in 0..n_exp {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut fill = ws.take_idx(n_exp);
+    fill.copy_from_slice(&offsets[..n_exp]);
+    for (pick, &e) in ids.iter().enumerate() {
+        order[fill[e]] = pick;
+        fill[e] += 1;
+    }
+    ws.give_idx(fill);
+    xs.par_chunks_mut(d)
+        .zip(order.par_iter())
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(row, &pick)| row.copy_from_slice(&x[pick / k * d..(pick / k + 1) * d]));
+    (offsets, order, xs)
+}
+
 /// The MoE output for `x: [T, D]` (normed FFN input) of tokens `token_ids`; `[T, D]`.
+///
+/// Experts go in passes: gate and up of every expert of the pass (and the shared expert)
+/// in one parallel pass, the activation, then the down products in another. Resident, the
+/// shared expert rides with the first pass; streamed, it computes first, while the reads
+/// of the first pass are under way.
 pub fn moe(
     w: &MoeWeights,
     c: &ModelConfig,
     x: &[f32],
     token_ids: &[u32],
     ws: &mut Workspace,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, ExpertError> {
     let d = c.hidden_size;
     let t = token_ids.len();
     let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
@@ -140,32 +228,7 @@ pub fn moe(
     let mut wts = ws.take(t * k);
     route(w, c, x, token_ids, &mut ids, &mut wts, ws);
 
-    // Picks sorted by expert (stable: token order within an expert): `order[r]` is the pick
-    // (token · k + slot) in row r of the gathered batch; expert e owns rows
-    // `offsets[e]..offsets[e + 1]`.
-    let mut offsets = ws.take_idx(n_exp + 1);
-    let mut order = ws.take_idx(t * k);
-    let mut xs = ws.take(t * k * d);
-    {
-        let _p = scope(Op::Moe);
-        for &e in ids.iter() {
-            offsets[e + 1] += 1;
-        }
-        for e in 0..n_exp {
-            offsets[e + 1] += offsets[e];
-        }
-        let mut fill = ws.take_idx(n_exp);
-        fill.copy_from_slice(&offsets[..n_exp]);
-        for (pick, &e) in ids.iter().enumerate() {
-            order[fill[e]] = pick;
-            fill[e] += 1;
-        }
-        ws.give_idx(fill);
-        xs.par_chunks_mut(d)
-            .zip(order.par_iter())
-            .with_min_len(ROWS_PER_TASK)
-            .for_each(|(row, &pick)| row.copy_from_slice(&x[pick / k * d..(pick / k + 1) * d]));
-    }
+    let (offsets, order, xs) = group_by_expert(&ids, x, k, d, n_exp, ws);
     let shared_inter = w.shared.as_ref().map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
     let (mut gs, mut us) = (ws.take(t * shared_inter), ws.take(t * shared_inter));
@@ -174,110 +237,227 @@ pub fn moe(
     let active: SmallVec<[usize; 256]> = (0..n_exp)
         .filter(|&e| offsets[e + 1] > offsets[e])
         .collect();
+    let mut row_wts = ws.take(t * k);
+    for (w, &p) in row_wts.iter_mut().zip(order.iter()) {
+        *w = wts[p];
+    }
+    let width = inter.max(shared_inter);
+    let mut tmp = ws.take((t * k).max(t).div_ceil(ROWS_PER_TASK).max(1) * width);
+    let mut ones = ws.take(t);
+    ones.fill(1.0);
+    let limit = c.swiglu_limit;
 
-    // Gate and up of every selected expert, a pass per group of experts (the shared expert
-    // rides with the first).
-    let rows_of = |e: usize| offsets[e]..offsets[e + 1];
-    for (gi, group) in active.chunks(EXPERTS_PER_PASS).enumerate() {
-        let mut jobs: SmallVec<[Matmul; 2 * EXPERTS_PER_PASS + 2]> = SmallVec::new();
-        let mut gr = &mut g[rows_of(group[0]).start * inter..];
-        let mut ur = &mut u[rows_of(group[0]).start * inter..];
-        for &e in group {
-            let m = rows_of(e).len();
-            let (gh, gt) = gr.split_at_mut(m * inter);
-            let (uh, ut) = ur.split_at_mut(m * inter);
-            (gr, ur) = (gt, ut);
-            let xe = &xs[rows_of(e).start * d..rows_of(e).end * d];
-            let ex: &ExpertWeights = &w.experts[e];
-            jobs.push(Matmul::new(&ex.w1.w, xe, m, gh));
-            jobs.push(Matmul::new(&ex.w3.w, xe, m, uh));
+    let per_pass = experts_per_pass(&w.experts);
+    // Streamed, the experts already cached go first: their products run while the rest
+    // are read.
+    let (mut first, mut rest): (SmallVec<[usize; 256]>, SmallVec<[usize; 256]>) = match &w.experts {
+        RoutedExperts::Resident(_) => (active.clone(), SmallVec::new()),
+        RoutedExperts::Streamed { store, layer } => {
+            let cached = store.request(*layer, &active);
+            let (a, b): (Vec<_>, Vec<_>) = active.iter().zip(cached).partition(|(_, c)| *c);
+            (
+                a.into_iter().map(|(&e, _)| e).collect(),
+                b.into_iter().map(|(&e, _)| e).collect(),
+            )
         }
-        if let (0, Some(s)) = (gi, &w.shared) {
-            jobs.push(Matmul::new(&s.w1.w, x, t, &mut gs));
-            jobs.push(Matmul::new(&s.w3.w, x, t, &mut us));
-        }
-        profile::matmuls(&mut jobs);
+    };
+    if first.is_empty() {
+        std::mem::swap(&mut first, &mut rest);
     }
-    if active.is_empty() {
-        if let Some(s) = &w.shared {
-            let mut jobs = [
-                Matmul::new(&s.w1.w, x, t, &mut gs),
-                Matmul::new(&s.w3.w, x, t, &mut us),
-            ];
-            profile::matmuls(&mut jobs);
-        }
+    let streamed = matches!(w.experts, RoutedExperts::Streamed { .. });
+    let shared = w.shared.as_ref();
+    let mut sh = SharedBufs {
+        gs: &mut gs,
+        us: &mut us,
+        ys: &mut ys,
+        ones: &ones,
+    };
+    if let (true, Some(s)) = (streamed || active.is_empty(), shared) {
+        sh.run(s, x, t, limit, &mut tmp);
     }
-    {
-        let _p = scope(Op::Moe);
-        let width = inter.max(shared_inter);
-        let mut tmp = ws.take((t * k).div_ceil(ROWS_PER_TASK).max(1) * width);
-        let mut row_wts = ws.take(t * k);
-        for (w, &p) in row_wts.iter_mut().zip(order.iter()) {
-            *w = wts[p];
-        }
-        let limit = c.swiglu_limit;
-        activate(&mut g, &u, &row_wts, inter, limit, &mut tmp);
-        if shared_inter > 0 {
-            row_wts[..t].iter_mut().for_each(|w| *w = 1.0);
-            activate(&mut gs, &us, &row_wts[..t], shared_inter, limit, &mut tmp);
-        }
-        ws.give(tmp);
-        ws.give(row_wts);
+    let groups: SmallVec<[&[usize]; 8]> = first
+        .chunks(per_pass)
+        .chain(rest.chunks(per_pass))
+        .collect();
+    let mut rows = PassRows {
+        offsets: &offsets,
+        xs: &xs,
+        g: &mut g,
+        u: &mut u,
+        y: &mut y,
+        row_wts: &row_wts,
+        d,
+        inter,
+    };
+    for (gi, group) in groups.iter().enumerate() {
+        let experts = pass_experts(&w.experts, group, groups.get(gi + 1).copied())?;
+        // The shared expert rides with the first pass when it has not run yet.
+        let ride = if gi == 0 && !streamed { shared } else { None };
+        rows.run(
+            group,
+            &experts,
+            ride.map(|s| (s, &mut sh, x, t)),
+            limit,
+            &mut tmp,
+        );
     }
-    for (gi, group) in active.chunks(EXPERTS_PER_PASS).enumerate() {
-        let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
-        let mut yr = &mut y[rows_of(group[0]).start * d..];
-        for &e in group {
-            let m = rows_of(e).len();
-            let (yh, yt) = yr.split_at_mut(m * d);
-            yr = yt;
-            let he = &g[rows_of(e).start * inter..rows_of(e).end * inter];
-            jobs.push(Matmul::new(&w.experts[e].w2.w, he, m, yh));
-        }
-        if let (0, Some(s)) = (gi, &w.shared) {
-            jobs.push(Matmul::new(&s.w2.w, &gs, t, &mut ys));
-        }
-        profile::matmuls(&mut jobs);
-    }
-    if active.is_empty() {
-        if let Some(s) = &w.shared {
-            profile::matmul(&s.w2.w, &gs, t, &mut ys);
-        }
-    }
-    // Sum: the routed experts in expert order, then the shared expert.
-    let mut out = ws.take(t * d);
-    {
-        let _p = scope(Op::Moe);
-        // Each token's rows, in row (expert) order: `rows_of_token[tok · k ..]`.
-        let mut rows_of_token = ws.take_idx(t * k);
-        let mut fill = ws.take_idx(t);
-        for (r, &pick) in order.iter().enumerate() {
-            let tok = pick / k;
-            rows_of_token[tok * k + fill[tok]] = r;
-            fill[tok] += 1;
-        }
-        let shared = w.shared.is_some();
-        out.par_chunks_mut(d)
-            .enumerate()
-            .with_min_len(ROWS_PER_TASK / k.max(1))
-            .for_each(|(tok, o)| {
-                for &r in &rows_of_token[tok * k..(tok + 1) * k] {
-                    axpy(o, 1.0, &y[r * d..(r + 1) * d]);
-                }
-                if shared {
-                    for (v, s) in o.iter_mut().zip(&ys[tok * d..(tok + 1) * d]) {
-                        *v += s;
-                    }
-                }
-            });
-        ws.give_idx(rows_of_token);
-        ws.give_idx(fill);
-    }
-    for v in [wts, xs, g, u, gs, us, y, ys] {
+    let out = sum_rows(&order, &y, &ys, shared.is_some(), t, k, d, ws);
+    for v in [wts, xs, g, u, gs, us, y, ys, row_wts, tmp, ones] {
         ws.give(v);
     }
     for v in [ids, offsets, order] {
         ws.give_idx(v);
     }
+    Ok(out)
+}
+
+/// The shared expert's buffers: gate, up, output (`[T, ·]`), and unit routing weights.
+struct SharedBufs<'a> {
+    gs: &'a mut [f32],
+    us: &'a mut [f32],
+    ys: &'a mut [f32],
+    ones: &'a [f32],
+}
+
+impl SharedBufs<'_> {
+    /// The shared expert on its own: gate and up, activation, down.
+    fn run(&mut self, s: &ExpertWeights, x: &[f32], t: usize, limit: f32, tmp: &mut [f32]) {
+        let mut jobs = [
+            Matmul::new(&s.w1.w, x, t, self.gs),
+            Matmul::new(&s.w3.w, x, t, self.us),
+        ];
+        profile::matmuls(&mut jobs);
+        self.activate(s, limit, tmp);
+        profile::matmul(&s.w2.w, self.gs, t, self.ys);
+    }
+
+    fn activate(&mut self, s: &ExpertWeights, limit: f32, tmp: &mut [f32]) {
+        let _p = scope(Op::Moe);
+        activate(self.gs, self.us, self.ones, s.w1.out_dim(), limit, tmp);
+    }
+}
+
+/// The routed rows' buffers, grouped by expert (`offsets`), for the passes.
+struct PassRows<'a> {
+    offsets: &'a [usize],
+    xs: &'a [f32],
+    g: &'a mut [f32],
+    u: &'a mut [f32],
+    y: &'a mut [f32],
+    row_wts: &'a [f32],
+    d: usize,
+    inter: usize,
+}
+
+/// `buf`'s rows of each expert of `group` (ascending), `width` floats per row.
+fn rows_of_group<'b>(
+    buf: &'b mut [f32],
+    group: &[usize],
+    offsets: &[usize],
+    width: usize,
+) -> SmallVec<[&'b mut [f32]; EXPERTS_PER_PASS]> {
+    let mut out = SmallVec::new();
+    let (mut rest, mut at) = (buf, 0);
+    for &e in group {
+        let (start, end) = (offsets[e], offsets[e + 1]);
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((start - at) * width);
+        let (mine, tail) = tail.split_at_mut((end - start) * width);
+        out.push(mine);
+        (rest, at) = (tail, end);
+    }
+    out
+}
+
+impl PassRows<'_> {
+    /// One pass over `group`'s experts: gate and up products in one parallel pass (with
+    /// the shared expert's when it rides along), the activations, the down products.
+    fn run(
+        &mut self,
+        group: &[usize],
+        experts: &PassExperts,
+        ride: Option<(&ExpertWeights, &mut SharedBufs, &[f32], usize)>,
+        limit: f32,
+        tmp: &mut [f32],
+    ) {
+        let (d, inter, offsets) = (self.d, self.inter, self.offsets);
+        let rows = |e: usize| offsets[e]..offsets[e + 1];
+        let mut ride = ride;
+        {
+            let mut jobs: SmallVec<[Matmul; 2 * EXPERTS_PER_PASS + 2]> = SmallVec::new();
+            let gs = rows_of_group(self.g, group, offsets, inter);
+            let us = rows_of_group(self.u, group, offsets, inter);
+            for (i, ((&e, gh), uh)) in group.iter().zip(gs).zip(us).enumerate() {
+                let xe = &self.xs[rows(e).start * d..rows(e).end * d];
+                let ex = experts.get(i);
+                jobs.push(Matmul::new(&ex.w1.w, xe, rows(e).len(), gh));
+                jobs.push(Matmul::new(&ex.w3.w, xe, rows(e).len(), uh));
+            }
+            if let Some((s, sh, x, t)) = ride.as_mut() {
+                jobs.push(Matmul::new(&s.w1.w, x, *t, sh.gs));
+                jobs.push(Matmul::new(&s.w3.w, x, *t, sh.us));
+            }
+            profile::matmuls(&mut jobs);
+        }
+        {
+            let _p = scope(Op::Moe);
+            for &e in group {
+                let (a, b) = (rows(e).start * inter, rows(e).end * inter);
+                let wts = &self.row_wts[rows(e)];
+                activate(&mut self.g[a..b], &self.u[a..b], wts, inter, limit, tmp);
+            }
+        }
+        if let Some((s, sh, _, _)) = ride.as_mut() {
+            sh.activate(s, limit, tmp);
+        }
+        let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
+        let ys = rows_of_group(self.y, group, offsets, d);
+        for (i, (&e, yh)) in group.iter().zip(ys).enumerate() {
+            let he = &self.g[rows(e).start * inter..rows(e).end * inter];
+            jobs.push(Matmul::new(&experts.get(i).w2.w, he, rows(e).len(), yh));
+        }
+        if let Some((s, sh, _, t)) = ride.as_mut() {
+            jobs.push(Matmul::new(&s.w2.w, sh.gs, *t, sh.ys));
+        }
+        profile::matmuls(&mut jobs);
+    }
+}
+
+/// Each token's output: its routed rows in row (expert) order, then the shared expert's.
+#[allow(clippy::too_many_arguments)]
+fn sum_rows(
+    order: &[usize],
+    y: &[f32],
+    ys: &[f32],
+    shared: bool,
+    t: usize,
+    k: usize,
+    d: usize,
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let _p = scope(Op::Moe);
+    let mut out = ws.take(t * d);
+    // Each token's rows, in row (expert) order: `rows_of_token[tok · k ..]`.
+    let mut rows_of_token = ws.take_idx(t * k);
+    let mut fill = ws.take_idx(t);
+    for (r, &pick) in order.iter().enumerate() {
+        let tok = pick / k;
+        rows_of_token[tok * k + fill[tok]] = r;
+        fill[tok] += 1;
+    }
+    out.par_chunks_mut(d)
+        .enumerate()
+        .with_min_len(ROWS_PER_TASK / k.max(1))
+        .for_each(|(tok, o)| {
+            for &r in &rows_of_token[tok * k..(tok + 1) * k] {
+                axpy(o, 1.0, &y[r * d..(r + 1) * d]);
+            }
+            if shared {
+                for (v, s) in o.iter_mut().zip(&ys[tok * d..(tok + 1) * d]) {
+                    *v += s;
+                }
+            }
+        });
+    ws.give_idx(rows_of_token);
+    ws.give_idx(fill);
     out
 }

@@ -92,7 +92,7 @@ impl Model {
             rope: rope_main,
             angles: &angles,
         };
-        block_forward(&mtp.block, &ctx, &mut x, cache, ws);
+        block_forward(&mtp.block, &ctx, &mut x, cache, ws)?;
         let head = Head {
             hc_fn: &mtp.hc_head_fn,
             hc_base: &mtp.hc_head_base,

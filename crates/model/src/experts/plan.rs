@@ -1,0 +1,282 @@
+//! The memory plan chosen at load: every weight resident when it fits the budget, else the
+//! routed experts streamed through a cache of what the dense part leaves.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::ModelConfig;
+
+/// What the operator asked for (`--memory-budget-mib`, `--expert-cache-mib`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Bytes the weights may take (dense part plus expert cache); `None`: no limit.
+    pub budget: Option<usize>,
+    /// Stream the experts through a cache of this many bytes, whatever fits.
+    pub expert_cache: Option<usize>,
+}
+
+/// How the routed experts of the main layers are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPlan {
+    Resident,
+    Streamed { cache_bytes: usize },
+}
+
+/// The stored bytes of the checkpoint split into the routed experts of the main layers and
+/// the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBytes {
+    pub dense: u64,
+    pub experts: u64,
+}
+
+impl StoredBytes {
+    pub fn of(ck: &Checkpoint) -> Self {
+        let (mut dense, mut experts) = (0, 0);
+        for (name, bytes) in ck.stored_sizes() {
+            if is_routed_expert(name) {
+                experts += bytes as u64;
+            } else {
+                dense += bytes as u64;
+            }
+        }
+        Self { dense, experts }
+    }
+}
+
+/// A main layer's routed expert tensor, in either naming layout (the MTP block's experts
+/// stay resident with the dense part).
+fn is_routed_expert(stored: &str) -> bool {
+    let official = stored.starts_with("layers.") && stored.contains(".ffn.experts.");
+    let hf = stored.starts_with("model.layers.") && stored.contains(".mlp.experts.");
+    official || hf
+}
+
+impl MemoryPlan {
+    /// The plan for a checkpoint of `bytes`, and the sentence that says why.
+    pub fn choose(
+        &self,
+        bytes: StoredBytes,
+        c: &ModelConfig,
+    ) -> Result<(ExpertPlan, String), CheckpointError> {
+        let mib = |b: u64| b >> 20;
+        if let Some(cache) = self.expert_cache {
+            return Ok((
+                ExpertPlan::Streamed { cache_bytes: cache },
+                format!(
+                    "routed experts ({} MiB) streamed from disk through a {} MiB cache, as \
+                     --expert-cache-mib asks",
+                    mib(bytes.experts),
+                    mib(cache as u64)
+                ),
+            ));
+        }
+        let Some(budget) = self.budget else {
+            return Ok((ExpertPlan::Resident, "every weight resident".into()));
+        };
+        let budget = budget as u64;
+        if bytes.dense + bytes.experts <= budget || bytes.experts == 0 {
+            return Ok((
+                ExpertPlan::Resident,
+                format!(
+                    "every weight resident: {} MiB fit the {} MiB budget",
+                    mib(bytes.dense + bytes.experts),
+                    mib(budget)
+                ),
+            ));
+        }
+        // The smallest useful cache: two layers' worth of one token's experts.
+        let per_expert = bytes.experts / (c.num_hidden_layers * c.n_routed_experts).max(1) as u64;
+        let least = 2 * c.num_experts_per_tok as u64 * per_expert;
+        let left = budget.saturating_sub(bytes.dense);
+        if left < least {
+            return Err(CheckpointError::InvalidValue {
+                name: "--memory-budget-mib".into(),
+                reason: format!(
+                    "the dense weights alone take {} MiB and the expert cache needs at least {} \
+                     MiB; the budget is {} MiB",
+                    mib(bytes.dense),
+                    mib(least),
+                    mib(budget)
+                ),
+            });
+        }
+        Ok((
+            ExpertPlan::Streamed {
+                cache_bytes: left as usize,
+            },
+            format!(
+                "routed experts ({} MiB) streamed from disk: with the dense part ({} MiB) they \
+                 exceed the {} MiB budget; the expert cache gets the {} MiB left ({:.0}% of \
+                 the experts)",
+                mib(bytes.experts),
+                mib(bytes.dense),
+                mib(budget),
+                mib(left),
+                100.0 * left as f64 / bytes.experts as f64
+            ),
+        ))
+    }
+}
+
+/// Memory this process can still take, in bytes: the machine's `MemAvailable`, or less
+/// where the process's memory cgroup (a container's limit) leaves less. `None` where
+/// neither can be read.
+pub fn available_memory() -> Option<usize> {
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| meminfo_field(&t, "MemAvailable:"));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| cgroup_room(&t, Path::new("/sys/fs/cgroup")));
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+}
+
+/// A `/proc/meminfo` line's value (kB) in bytes.
+fn meminfo_field(text: &str, key: &str) -> Option<usize> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// What the memory cgroup of `/proc/self/cgroup`'s `text` leaves below its limit, counting
+/// inactive page cache as free (the kernel reclaims it first): cgroup v2's `memory.max` /
+/// `memory.current`, or v1's `memory.limit_in_bytes` / `memory.usage_in_bytes`.
+fn cgroup_room(text: &str, root: &Path) -> Option<usize> {
+    text.lines().find_map(|line| line_room(line, root))
+}
+
+/// [`cgroup_room`] for one `/proc/self/cgroup` line (`None`: not a memory cgroup, or one
+/// without a limit).
+fn line_room(line: &str, root: &Path) -> Option<usize> {
+    let read = |p: PathBuf| -> Option<String> { std::fs::read_to_string(p).ok() };
+    let num = |s: String| -> Option<u64> { s.trim().parse().ok() };
+    let stat = |p: PathBuf, key: &str| -> u64 {
+        read(p)
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    let mut parts = line.splitn(3, ':');
+    let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+    let rel = path.trim_start_matches('/');
+    let (limit, used, inactive) = if controllers.is_empty() {
+        // cgroup v2, mounted at the root or (hybrid hierarchies) at `unified`.
+        let dir = [root.join(rel), root.join("unified").join(rel)]
+            .into_iter()
+            .find(|d| d.join("memory.max").exists())?;
+        (
+            num(read(dir.join("memory.max"))?)?,
+            num(read(dir.join("memory.current"))?)?,
+            stat(dir.join("memory.stat"), "inactive_file "),
+        )
+    } else if controllers.split(',').any(|c| c == "memory") {
+        let dir = root.join("memory").join(rel);
+        (
+            num(read(dir.join("memory.limit_in_bytes"))?)?,
+            num(read(dir.join("memory.usage_in_bytes"))?)?,
+            stat(dir.join("memory.stat"), "total_inactive_file "),
+        )
+    } else {
+        return None;
+    };
+    // "No limit" in v1 is a page-rounded i64::MAX ("max" in v2 does not parse).
+    if limit >= 1 << 60 {
+        return None;
+    }
+    usize::try_from(limit.saturating_sub(used.saturating_sub(inactive))).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        let mut c = crate::synth::preset("tiny").unwrap().config;
+        c.num_hidden_layers = 2;
+        c.n_routed_experts = 8;
+        c.num_experts_per_tok = 2;
+        c
+    }
+
+    #[test]
+    fn the_plan_streams_only_what_does_not_fit() {
+        let c = config();
+        // 16 experts of 1 MiB, dense 10 MiB.
+        let bytes = StoredBytes {
+            dense: 10 << 20,
+            experts: 16 << 20,
+        };
+        let plan = |budget: Option<usize>, cache: Option<usize>| {
+            MemoryPlan {
+                budget,
+                expert_cache: cache,
+            }
+            .choose(bytes, &c)
+        };
+        assert_eq!(plan(None, None).unwrap().0, ExpertPlan::Resident);
+        assert_eq!(plan(Some(26 << 20), None).unwrap().0, ExpertPlan::Resident);
+        assert_eq!(
+            plan(Some(20 << 20), None).unwrap().0,
+            ExpertPlan::Streamed {
+                cache_bytes: 10 << 20
+            }
+        );
+        assert_eq!(
+            plan(Some(100 << 20), Some(1 << 20)).unwrap().0,
+            ExpertPlan::Streamed {
+                cache_bytes: 1 << 20
+            }
+        );
+        // 4 experts' worth is the least; 3 MiB left is not enough.
+        let err = plan(Some(13 << 20), None).unwrap_err().to_string();
+        assert!(err.contains("dense weights alone take 10 MiB"), "{err}");
+        assert!(plan(Some(14 << 20), None).is_ok());
+    }
+
+    #[test]
+    fn routed_experts_are_told_from_the_rest_in_both_layouts() {
+        assert!(is_routed_expert("layers.3.ffn.experts.17.w1.weight"));
+        assert!(is_routed_expert("layers.3.ffn.experts.17.w1.scale"));
+        assert!(is_routed_expert("model.layers.0.mlp.experts.gate_up_proj"));
+        assert!(!is_routed_expert("layers.3.ffn.shared_experts.w1.weight"));
+        assert!(!is_routed_expert("mtp.0.ffn.experts.1.w1.weight"));
+        assert!(!is_routed_expert(
+            "model.layers.0.mlp.shared_experts.gate_proj.weight"
+        ));
+    }
+
+    #[test]
+    fn a_cgroup_limit_lowers_the_memory_available() {
+        let root = tempfile::tempdir().unwrap();
+        let v1 = root.path().join("memory/box");
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::write(v1.join("memory.limit_in_bytes"), "8589934592\n").unwrap();
+        std::fs::write(v1.join("memory.usage_in_bytes"), "3221225472\n").unwrap();
+        std::fs::write(
+            v1.join("memory.stat"),
+            "cache 1\ntotal_inactive_file 1073741824\n",
+        )
+        .unwrap();
+        let text = "5:devices:/\n4:memory:/box\n0::/\n";
+        // 8 GiB − (3 GiB used − 1 GiB reclaimable).
+        assert_eq!(cgroup_room(text, root.path()), Some(6 << 30));
+        std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cgroup_room(text, root.path()), None);
+
+        let v2 = root.path().join("ctr");
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(v2.join("memory.max"), "4294967296\n").unwrap();
+        std::fs::write(v2.join("memory.current"), "1073741824\n").unwrap();
+        std::fs::write(v2.join("memory.stat"), "anon 5\ninactive_file 0\n").unwrap();
+        assert_eq!(cgroup_room("0::/ctr\n", root.path()), Some(3 << 30));
+        std::fs::write(v2.join("memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_room("0::/ctr\n", root.path()), None);
+        assert!(meminfo_field("MemAvailable:   2048 kB\n", "MemAvailable:") == Some(2 << 20));
+    }
+}
