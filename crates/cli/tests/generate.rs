@@ -110,6 +110,40 @@ fn speculative_decoding_reproduces_golden_greedy_tokens() {
     check_layout("tiny-b", "hf", &["--num-speculative-tokens", "2"]);
 }
 
+/// Routed experts streamed from disk through the smallest cache: the same golden tokens, and
+/// stderr says which memory plan was chosen and why; a budget too small for the dense part
+/// is refused at start.
+#[test]
+fn streamed_experts_reproduce_golden_greedy_tokens() {
+    check_layout("tiny-a", "official", &["--expert-cache-mib", "0"]);
+    check_layout(
+        "tiny-c",
+        "hf",
+        &["--expert-cache-mib", "0", "--prefill-chunk", "5"],
+    );
+    let model = golden("tiny-b").join("official");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+        args.extend(["--prompt-ids", "1,2,3", "--max-tokens", "2"]);
+        args.extend(extra);
+        deepinfer(&args)
+    };
+    let out = run(&["--expert-cache-mib", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("memory plan: routed experts") && err.contains("streamed"),
+        "{err}"
+    );
+    let out = run(&["--memory-budget-mib", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--memory-budget-mib") && err.contains("dense weights alone"),
+        "{err}"
+    );
+}
+
 #[test]
 fn speculative_flags_are_checked() {
     let dir = tempfile::tempdir().unwrap();
