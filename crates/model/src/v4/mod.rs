@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod block;
 pub mod compressor;
+mod expert_pass;
 pub mod hyper;
 pub mod indexer;
 pub mod model;

@@ -7,25 +7,21 @@
 //! expert (and the shared one) share one parallel pass, as do the down products. The
 //! routing weight scales the hidden activation before `w2`, as DeepSeek's reference does.
 
+use super::expert_pass::{experts_per_pass, pass_experts, pass_order, PassRows, SharedBufs};
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
-use crate::profile::{self, scope, Op};
-use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing};
-use deepinfer_kernels::linear::Matmul;
+use crate::profile::{scope, Op};
+use crate::weights::{MoeWeights, RoutedExperts, Routing};
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
 use rayon::prelude::*;
 use smallvec::SmallVec;
-use std::sync::Arc;
-
-/// Experts whose products share one parallel pass (bounds the stack-held job list).
-const EXPERTS_PER_PASS: usize = 64;
 
 /// Rows per parallel task of the gathers, activations and sums around the products: a
 /// prefill's thousands of picks split over the cores, a decode step's few stay on the
 /// calling thread.
-const ROWS_PER_TASK: usize = 64;
+pub(super) const ROWS_PER_TASK: usize = 64;
 
 fn softplus(x: f32) -> f32 {
     // torch's softplus switches to the identity above 20 (beta = 1).
@@ -103,7 +99,14 @@ pub fn route(
 
 /// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight;
 /// `tmp` holds `width` floats per task of [`ROWS_PER_TASK`] rows.
-fn activate(g: &mut [f32], u: &[f32], weights: &[f32], width: usize, limit: f32, tmp: &mut [f32]) {
+pub(super) fn activate(
+    g: &mut [f32],
+    u: &[f32],
+    weights: &[f32],
+    width: usize,
+    limit: f32,
+    tmp: &mut [f32],
+) {
     g.par_chunks_mut(ROWS_PER_TASK * width)
         .zip(u.par_chunks(ROWS_PER_TASK * width))
         .zip(weights.par_chunks(ROWS_PER_TASK))
@@ -124,51 +127,6 @@ fn activate(g: &mut [f32], u: &[f32], weights: &[f32], width: usize, limit: f32,
                 }
             }
         });
-}
-
-/// The experts of one pass: borrowed from the resident layer, or lent by the expert
-/// cache (pinned while this lives).
-enum PassExperts<'a> {
-    /// The layer's experts and the pass's ids.
-    Resident(&'a [ExpertWeights], &'a [usize]),
-    Streamed(Vec<Arc<ExpertWeights>>),
-}
-
-impl PassExperts<'_> {
-    fn get(&self, i: usize) -> &ExpertWeights {
-        match self {
-            PassExperts::Resident(all, group) => &all[group[i]],
-            PassExperts::Streamed(v) => &v[i],
-        }
-    }
-}
-
-/// The experts of `group`, waiting for reads where they are streamed; the next group's
-/// reads start before this one's products.
-fn pass_experts<'a>(
-    experts: &'a RoutedExperts,
-    group: &'a [usize],
-    next: Option<&[usize]>,
-) -> Result<PassExperts<'a>, ExpertError> {
-    match experts {
-        RoutedExperts::Resident(all) => Ok(PassExperts::Resident(all, group)),
-        RoutedExperts::Streamed { store, layer } => {
-            let got = store.get(*layer, group)?;
-            if let Some(next) = next {
-                store.prefetch(next.iter().map(|&e| (*layer, e)));
-            }
-            Ok(PassExperts::Streamed(got))
-        }
-    }
-}
-
-/// Experts per pass: all of a decode step's and up to [`EXPERTS_PER_PASS`] of a
-/// prefill's, at most half the expert cache (the other half reads the next pass).
-fn experts_per_pass(experts: &RoutedExperts) -> usize {
-    match experts {
-        RoutedExperts::Resident(_) => EXPERTS_PER_PASS,
-        RoutedExperts::Streamed { store, .. } => (store.capacity() / 2).clamp(1, EXPERTS_PER_PASS),
-    }
 }
 
 /// The picks sorted by expert (stable: token order within an expert), as
@@ -248,22 +206,7 @@ pub fn moe(
     let limit = c.swiglu_limit;
 
     let per_pass = experts_per_pass(&w.experts);
-    // Streamed, the experts already cached go first: their products run while the rest
-    // are read.
-    let (mut first, mut rest): (SmallVec<[usize; 256]>, SmallVec<[usize; 256]>) = match &w.experts {
-        RoutedExperts::Resident(_) => (active.clone(), SmallVec::new()),
-        RoutedExperts::Streamed { store, layer } => {
-            let cached = store.request(*layer, &active);
-            let (a, b): (Vec<_>, Vec<_>) = active.iter().zip(cached).partition(|(_, c)| *c);
-            (
-                a.into_iter().map(|(&e, _)| e).collect(),
-                b.into_iter().map(|(&e, _)| e).collect(),
-            )
-        }
-    };
-    if first.is_empty() {
-        std::mem::swap(&mut first, &mut rest);
-    }
+    let (first, rest) = pass_order(&w.experts, &active);
     let streamed = matches!(w.experts, RoutedExperts::Streamed { .. });
     let shared = w.shared.as_ref();
     let mut sh = SharedBufs {
@@ -309,117 +252,6 @@ pub fn moe(
         ws.give_idx(v);
     }
     Ok(out)
-}
-
-/// The shared expert's buffers: gate, up, output (`[T, ·]`), and unit routing weights.
-struct SharedBufs<'a> {
-    gs: &'a mut [f32],
-    us: &'a mut [f32],
-    ys: &'a mut [f32],
-    ones: &'a [f32],
-}
-
-impl SharedBufs<'_> {
-    /// The shared expert on its own: gate and up, activation, down.
-    fn run(&mut self, s: &ExpertWeights, x: &[f32], t: usize, limit: f32, tmp: &mut [f32]) {
-        let mut jobs = [
-            Matmul::new(&s.w1.w, x, t, self.gs),
-            Matmul::new(&s.w3.w, x, t, self.us),
-        ];
-        profile::matmuls(&mut jobs);
-        self.activate(s, limit, tmp);
-        profile::matmul(&s.w2.w, self.gs, t, self.ys);
-    }
-
-    fn activate(&mut self, s: &ExpertWeights, limit: f32, tmp: &mut [f32]) {
-        let _p = scope(Op::Moe);
-        activate(self.gs, self.us, self.ones, s.w1.out_dim(), limit, tmp);
-    }
-}
-
-/// The routed rows' buffers, grouped by expert (`offsets`), for the passes.
-struct PassRows<'a> {
-    offsets: &'a [usize],
-    xs: &'a [f32],
-    g: &'a mut [f32],
-    u: &'a mut [f32],
-    y: &'a mut [f32],
-    row_wts: &'a [f32],
-    d: usize,
-    inter: usize,
-}
-
-/// `buf`'s rows of each expert of `group` (ascending), `width` floats per row.
-fn rows_of_group<'b>(
-    buf: &'b mut [f32],
-    group: &[usize],
-    offsets: &[usize],
-    width: usize,
-) -> SmallVec<[&'b mut [f32]; EXPERTS_PER_PASS]> {
-    let mut out = SmallVec::new();
-    let (mut rest, mut at) = (buf, 0);
-    for &e in group {
-        let (start, end) = (offsets[e], offsets[e + 1]);
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut((start - at) * width);
-        let (mine, tail) = tail.split_at_mut((end - start) * width);
-        out.push(mine);
-        (rest, at) = (tail, end);
-    }
-    out
-}
-
-impl PassRows<'_> {
-    /// One pass over `group`'s experts: gate and up products in one parallel pass (with
-    /// the shared expert's when it rides along), the activations, the down products.
-    fn run(
-        &mut self,
-        group: &[usize],
-        experts: &PassExperts,
-        ride: Option<(&ExpertWeights, &mut SharedBufs, &[f32], usize)>,
-        limit: f32,
-        tmp: &mut [f32],
-    ) {
-        let (d, inter, offsets) = (self.d, self.inter, self.offsets);
-        let rows = |e: usize| offsets[e]..offsets[e + 1];
-        let mut ride = ride;
-        {
-            let mut jobs: SmallVec<[Matmul; 2 * EXPERTS_PER_PASS + 2]> = SmallVec::new();
-            let gs = rows_of_group(self.g, group, offsets, inter);
-            let us = rows_of_group(self.u, group, offsets, inter);
-            for (i, ((&e, gh), uh)) in group.iter().zip(gs).zip(us).enumerate() {
-                let xe = &self.xs[rows(e).start * d..rows(e).end * d];
-                let ex = experts.get(i);
-                jobs.push(Matmul::new(&ex.w1.w, xe, rows(e).len(), gh));
-                jobs.push(Matmul::new(&ex.w3.w, xe, rows(e).len(), uh));
-            }
-            if let Some((s, sh, x, t)) = ride.as_mut() {
-                jobs.push(Matmul::new(&s.w1.w, x, *t, sh.gs));
-                jobs.push(Matmul::new(&s.w3.w, x, *t, sh.us));
-            }
-            profile::matmuls(&mut jobs);
-        }
-        {
-            let _p = scope(Op::Moe);
-            for &e in group {
-                let (a, b) = (rows(e).start * inter, rows(e).end * inter);
-                let wts = &self.row_wts[rows(e)];
-                activate(&mut self.g[a..b], &self.u[a..b], wts, inter, limit, tmp);
-            }
-        }
-        if let Some((s, sh, _, _)) = ride.as_mut() {
-            sh.activate(s, limit, tmp);
-        }
-        let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
-        let ys = rows_of_group(self.y, group, offsets, d);
-        for (i, (&e, yh)) in group.iter().zip(ys).enumerate() {
-            let he = &self.g[rows(e).start * inter..rows(e).end * inter];
-            jobs.push(Matmul::new(&experts.get(i).w2.w, he, rows(e).len(), yh));
-        }
-        if let Some((s, sh, _, t)) = ride.as_mut() {
-            jobs.push(Matmul::new(&s.w2.w, sh.gs, *t, sh.ys));
-        }
-        profile::matmuls(&mut jobs);
-    }
 }
 
 /// Each token's output: its routed rows in row (expert) order, then the shared expert's.
