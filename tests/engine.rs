@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::CacheManager;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
@@ -73,21 +72,6 @@ fn all_prompts_concurrently(config: &str) {
 fn concurrent_requests_get_their_solo_tokens() {
     for config in ["tiny-a", "tiny-b", "tiny-c"] {
         all_prompts_concurrently(config);
-    }
-}
-
-/// The smallest budget whose pools hold one sequence of `tokens` tokens.
-fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
-    let model = load(config, "official");
-    let mut budget = 1 << 16;
-    loop {
-        let cfg = cache_config(budget, max_seqs, 0);
-        if let Ok(m) = CacheManager::new(&model.config, cfg) {
-            if m.max_tokens_per_seq() >= tokens {
-                return budget;
-            }
-        }
-        budget += budget / 8;
     }
 }
 

@@ -97,13 +97,7 @@ fn the_engine_streaming_experts_gets_the_golden_tokens_under_preemption() {
     let g = Golden::load("tiny-a");
     let model = load_streamed(&fixture("tiny-a").join("official"), 1);
     // As tests/engine.rs's preemption test: pools for one long sequence, four in flight.
-    let probe = load("tiny-a", "official");
-    let mut budget = 1 << 16;
-    while deepinfer_engine::cache::CacheManager::new(&probe.config, cache_config(budget, 4, 0))
-        .map_or(true, |m| m.max_tokens_per_seq() < 732)
-    {
-        budget += budget / 8;
-    }
+    let budget = budget_for_one("tiny-a", 4, 732);
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 4,

@@ -110,6 +110,21 @@ pub fn cache_config(budget: usize, max_seqs: usize, slack: usize) -> CacheConfig
     }
 }
 
+/// The smallest budget whose pools hold one sequence of `tokens` tokens.
+pub fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
+    let model = load(config, "official");
+    let mut budget = 1 << 16;
+    loop {
+        let cfg = cache_config(budget, max_seqs, 0);
+        if let Ok(m) = CacheManager::new(&model.config, cfg) {
+            if m.max_tokens_per_seq() >= tokens {
+                return budget;
+            }
+        }
+        budget += budget / 8;
+    }
+}
+
 /// The model runner and a cache, driven directly (no scheduler): the harness keeps each
 /// sequence's length, as the engine's `Sequence` does.
 pub struct TestRunner {

@@ -26,7 +26,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError, MatrixSource};
 use crate::weights::ExpertWeights;
 pub use plan::{available_memory, ExpertPlan, MemoryPlan, StoredBytes};
 pub use reader::file_read_bandwidth;
-use reader::{Bounce, Reader};
+use reader::{read_rate, Bounce, Reader};
 use slots::{Claim, Slots};
 
 /// Threads reading experts: enough requests in flight to keep an NVMe device's queue busy.
@@ -229,39 +229,16 @@ impl ExpertStore {
     pub fn expert_read_bandwidth(&self, reads: usize) -> Result<f64, ExpertError> {
         let sources = &self.shared.sources;
         let slab_bytes = sources.iter().map(Reader::slab_bytes).max().unwrap_or(0);
-        let next = AtomicU64::new(0);
-        let bytes = AtomicU64::new(0);
-        let start = Instant::now();
-        std::thread::scope(|s| -> Result<(), ExpertError> {
-            let workers: Vec<_> = (0..IO_THREADS)
-                .map(|_| {
-                    s.spawn(|| -> Result<(), ExpertError> {
-                        let mut slab = Slab::new(slab_bytes)
-                            .ok_or(ExpertError::OutOfMemory { bytes: slab_bytes })?;
-                        let mut bounce = Bounce::default();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                            if i >= reads {
-                                return Ok(());
-                            }
-                            let key = i.wrapping_mul(0x9E37_79B9) % sources.len().max(1);
-                            let (w, n) =
-                                self.shared
-                                    .reader
-                                    .read(&sources[key], &mut slab, &mut bounce)?;
-                            drop(w);
-                            bytes.fetch_add(n, Ordering::Relaxed);
-                        }
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join().map_err(|_| ExpertError::Busy)??;
-            }
-            Ok(())
-        })?;
-        let secs = start.elapsed().as_secs_f64().max(1e-9);
-        Ok(bytes.load(Ordering::Relaxed) as f64 / secs / 1e9)
+        let init = || {
+            let slab =
+                Slab::new(slab_bytes).ok_or(ExpertError::OutOfMemory { bytes: slab_bytes })?;
+            Ok((slab, Bounce::default()))
+        };
+        read_rate(IO_THREADS, reads as u64, init, |(slab, bounce), i| {
+            let key = (i as usize).wrapping_mul(0x9E37_79B9) % sources.len().max(1);
+            let (_, n) = self.shared.reader.read(&sources[key], slab, bounce)?;
+            Ok(n)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Slots> {

@@ -6,7 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use deepinfer_kernels::buffer::Slab;
@@ -281,30 +281,46 @@ pub fn file_read_bandwidth(
     let count = (total as u64 / block)
         .max(1)
         .min(if random { u64::MAX } else { blocks });
-    let next = std::sync::atomic::AtomicU64::new(0);
-    let bytes = std::sync::atomic::AtomicU64::new(0);
+    let init = || {
+        Slab::new(block as usize).ok_or(ExpertError::OutOfMemory {
+            bytes: block as usize,
+        })
+    };
+    read_rate(threads, count, init, |slab, i| {
+        // A fixed odd multiplier walks every block once per `blocks` reads.
+        let b = if random {
+            i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % blocks
+        } else {
+            i
+        };
+        let buf = slab.bytes_mut().ok_or(ExpertError::Busy)?;
+        Ok(f.read_at(&mut buf[..block as usize], b * block)? as u64)
+    })
+}
+
+/// The read rate in GB/s of `count` reads shared out among `threads` threads: each thread
+/// makes its buffers with `init`, then `read(buffers, i)` does read `i` and says how many
+/// bytes it read.
+pub(super) fn read_rate<S>(
+    threads: usize,
+    count: u64,
+    init: impl Fn() -> Result<S, ExpertError> + Sync,
+    read: impl Fn(&mut S, u64) -> Result<u64, ExpertError> + Sync,
+) -> Result<f64, ExpertError> {
+    let next = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
     let start = std::time::Instant::now();
     std::thread::scope(|s| -> Result<(), ExpertError> {
         let workers: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 s.spawn(|| -> Result<(), ExpertError> {
-                    let mut slab = Slab::new(block as usize).ok_or(ExpertError::OutOfMemory {
-                        bytes: block as usize,
-                    })?;
-                    let buf = slab.bytes_mut().ok_or(ExpertError::Busy)?;
+                    let mut state = init()?;
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= count {
                             return Ok(());
                         }
-                        // A fixed odd multiplier walks every block once per `blocks` reads.
-                        let b = if random {
-                            i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % blocks
-                        } else {
-                            i
-                        };
-                        let n = f.read_at(&mut buf[..block as usize], b * block)?;
-                        bytes.fetch_add(n as u64, Ordering::Relaxed);
+                        bytes.fetch_add(read(&mut state, i)?, Ordering::Relaxed);
                     }
                 })
             })
