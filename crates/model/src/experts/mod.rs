@@ -184,9 +184,12 @@ impl ExpertStore {
                 std::thread::Builder::new()
                     .name(format!("expert-io-{i}"))
                     .spawn(move || io_thread(&shared, &rx))
-                    .expect("spawning an I/O thread")
+                    .map_err(|e| CheckpointError::InvalidValue {
+                        name: "expert cache".into(),
+                        reason: format!("cannot start an I/O thread: {e}"),
+                    })
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         tracing::info!(
             slots = n_slots,
             slab_mib = slab_bytes >> 20,

@@ -85,7 +85,8 @@ impl MemoryPlan {
                 ),
             ));
         }
-        // The smallest useful cache: two layers' worth of one token's experts.
+        // The smallest cache the store runs with: 2 × num_experts_per_tok experts (one
+        // token's pass of a layer, and the next one's reads).
         let per_expert = bytes.experts / (c.num_hidden_layers * c.n_routed_experts).max(1) as u64;
         let least = 2 * c.num_experts_per_tok as u64 * per_expert;
         let left = budget.saturating_sub(bytes.dense);
