@@ -406,29 +406,17 @@ impl Kernels for Avx2 {
         // SAFETY: as above.
         unsafe {
             if xw == 8 {
-                match nw {
-                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next, adds),
-                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next, adds),
-                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next, adds),
-                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next, adds),
-                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next, adds),
-                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next, adds),
-                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next, adds),
-                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next, adds),
-                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next, adds),
-                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next, adds),
-                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next, adds),
-                    _ => gemm_micro::<12, 1>(panel, xt, kc, out, next, adds),
-                }
+                by_width!(
+                    nw,
+                    [1 2 3 4 5 6 7 8 9 10 11] 12,
+                    gemm_micro::<_, 1>(panel, xt, kc, out, next, adds)
+                )
             } else {
-                match nw {
-                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next, adds),
-                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next, adds),
-                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next, adds),
-                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next, adds),
-                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next, adds),
-                    _ => gemm_micro::<6, 2>(panel, xt, kc, out, next, adds),
-                }
+                by_width!(
+                    nw,
+                    [1 2 3 4 5] 6,
+                    gemm_micro::<_, 2>(panel, xt, kc, out, next, adds)
+                )
             }
         }
     }

@@ -400,74 +400,23 @@ impl Kernels for Avx512 {
         // SAFETY: as above.
         unsafe {
             if xw == 8 {
-                match nw {
-                    1 => gemm_micro_narrow::<1>(panel, xt, kc, out, next, adds),
-                    2 => gemm_micro_narrow::<2>(panel, xt, kc, out, next, adds),
-                    3 => gemm_micro_narrow::<3>(panel, xt, kc, out, next, adds),
-                    4 => gemm_micro_narrow::<4>(panel, xt, kc, out, next, adds),
-                    5 => gemm_micro_narrow::<5>(panel, xt, kc, out, next, adds),
-                    6 => gemm_micro_narrow::<6>(panel, xt, kc, out, next, adds),
-                    7 => gemm_micro_narrow::<7>(panel, xt, kc, out, next, adds),
-                    8 => gemm_micro_narrow::<8>(panel, xt, kc, out, next, adds),
-                    9 => gemm_micro_narrow::<9>(panel, xt, kc, out, next, adds),
-                    10 => gemm_micro_narrow::<10>(panel, xt, kc, out, next, adds),
-                    11 => gemm_micro_narrow::<11>(panel, xt, kc, out, next, adds),
-                    12 => gemm_micro_narrow::<12>(panel, xt, kc, out, next, adds),
-                    13 => gemm_micro_narrow::<13>(panel, xt, kc, out, next, adds),
-                    14 => gemm_micro_narrow::<14>(panel, xt, kc, out, next, adds),
-                    15 => gemm_micro_narrow::<15>(panel, xt, kc, out, next, adds),
-                    16 => gemm_micro_narrow::<16>(panel, xt, kc, out, next, adds),
-                    17 => gemm_micro_narrow::<17>(panel, xt, kc, out, next, adds),
-                    18 => gemm_micro_narrow::<18>(panel, xt, kc, out, next, adds),
-                    19 => gemm_micro_narrow::<19>(panel, xt, kc, out, next, adds),
-                    20 => gemm_micro_narrow::<20>(panel, xt, kc, out, next, adds),
-                    21 => gemm_micro_narrow::<21>(panel, xt, kc, out, next, adds),
-                    22 => gemm_micro_narrow::<22>(panel, xt, kc, out, next, adds),
-                    23 => gemm_micro_narrow::<23>(panel, xt, kc, out, next, adds),
-                    _ => gemm_micro_narrow::<24>(panel, xt, kc, out, next, adds),
-                }
+                by_width!(
+                    nw,
+                    [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23] 24,
+                    gemm_micro_narrow::<_>(panel, xt, kc, out, next, adds)
+                )
             } else if xw == 16 {
-                match nw {
-                    1 => gemm_micro::<1, 1>(panel, xt, kc, out, next, adds),
-                    2 => gemm_micro::<2, 1>(panel, xt, kc, out, next, adds),
-                    3 => gemm_micro::<3, 1>(panel, xt, kc, out, next, adds),
-                    4 => gemm_micro::<4, 1>(panel, xt, kc, out, next, adds),
-                    5 => gemm_micro::<5, 1>(panel, xt, kc, out, next, adds),
-                    6 => gemm_micro::<6, 1>(panel, xt, kc, out, next, adds),
-                    7 => gemm_micro::<7, 1>(panel, xt, kc, out, next, adds),
-                    8 => gemm_micro::<8, 1>(panel, xt, kc, out, next, adds),
-                    9 => gemm_micro::<9, 1>(panel, xt, kc, out, next, adds),
-                    10 => gemm_micro::<10, 1>(panel, xt, kc, out, next, adds),
-                    11 => gemm_micro::<11, 1>(panel, xt, kc, out, next, adds),
-                    12 => gemm_micro::<12, 1>(panel, xt, kc, out, next, adds),
-                    13 => gemm_micro::<13, 1>(panel, xt, kc, out, next, adds),
-                    14 => gemm_micro::<14, 1>(panel, xt, kc, out, next, adds),
-                    15 => gemm_micro::<15, 1>(panel, xt, kc, out, next, adds),
-                    16 => gemm_micro::<16, 1>(panel, xt, kc, out, next, adds),
-                    17 => gemm_micro::<17, 1>(panel, xt, kc, out, next, adds),
-                    18 => gemm_micro::<18, 1>(panel, xt, kc, out, next, adds),
-                    19 => gemm_micro::<19, 1>(panel, xt, kc, out, next, adds),
-                    20 => gemm_micro::<20, 1>(panel, xt, kc, out, next, adds),
-                    21 => gemm_micro::<21, 1>(panel, xt, kc, out, next, adds),
-                    22 => gemm_micro::<22, 1>(panel, xt, kc, out, next, adds),
-                    23 => gemm_micro::<23, 1>(panel, xt, kc, out, next, adds),
-                    _ => gemm_micro::<24, 1>(panel, xt, kc, out, next, adds),
-                }
+                by_width!(
+                    nw,
+                    [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23] 24,
+                    gemm_micro::<_, 1>(panel, xt, kc, out, next, adds)
+                )
             } else {
-                match nw {
-                    1 => gemm_micro::<1, 2>(panel, xt, kc, out, next, adds),
-                    2 => gemm_micro::<2, 2>(panel, xt, kc, out, next, adds),
-                    3 => gemm_micro::<3, 2>(panel, xt, kc, out, next, adds),
-                    4 => gemm_micro::<4, 2>(panel, xt, kc, out, next, adds),
-                    5 => gemm_micro::<5, 2>(panel, xt, kc, out, next, adds),
-                    6 => gemm_micro::<6, 2>(panel, xt, kc, out, next, adds),
-                    7 => gemm_micro::<7, 2>(panel, xt, kc, out, next, adds),
-                    8 => gemm_micro::<8, 2>(panel, xt, kc, out, next, adds),
-                    9 => gemm_micro::<9, 2>(panel, xt, kc, out, next, adds),
-                    10 => gemm_micro::<10, 2>(panel, xt, kc, out, next, adds),
-                    11 => gemm_micro::<11, 2>(panel, xt, kc, out, next, adds),
-                    _ => gemm_micro::<12, 2>(panel, xt, kc, out, next, adds),
-                }
+                by_width!(
+                    nw,
+                    [1 2 3 4 5 6 7 8 9 10 11] 12,
+                    gemm_micro::<_, 2>(panel, xt, kc, out, next, adds)
+                )
             }
         }
     }

@@ -11,6 +11,24 @@
 //! * from there on, the GEMM of [`gemm`] (prefill, and the dense products of a batched
 //!   decode step).
 
+/// `$f::<N>(args)` (or `$f::<N, C>(args)`) for the run-time width `$nw`: one arm per
+/// listed width, the last width for anything larger. How each family picks the GEMM
+/// micro-kernel of a panel's width, written once.
+macro_rules! by_width {
+    ($nw:expr, [$($n:literal)*] $last:literal, $f:ident::<_> $args:tt) => {
+        match $nw {
+            $($n => $f::<$n> $args,)*
+            _ => $f::<$last> $args,
+        }
+    };
+    ($nw:expr, [$($n:literal)*] $last:literal, $f:ident::<_, $c:literal> $args:tt) => {
+        match $nw {
+            $($n => $f::<$n, $c> $args,)*
+            _ => $f::<$last, $c> $args,
+        }
+    };
+}
+
 mod avx2;
 mod avx512;
 mod gemm;
