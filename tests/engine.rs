@@ -86,24 +86,7 @@ fn preemption_still_finishes_every_request_with_the_same_tokens() {
         ..sched(4, 48, Some(16))
     };
     let (h, join) = start("tiny-a", s, budget, 4);
-    let picks = [3, 2, 3, 2];
-    let rxs: Vec<_> = picks
-        .iter()
-        .map(|&i| {
-            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
-                .unwrap()
-                .1
-        })
-        .collect();
-    for (&i, rx) in picks.iter().zip(rxs) {
-        let (toks, reason) = collect(rx);
-        assert_eq!(
-            toks,
-            ids(&g.prompts()[i]["greedy"]),
-            "p{i}: tokens changed by preemption"
-        );
-        assert_eq!(reason, Some(FinishReason::Length));
-    }
+    expect_golden_greedy_picks(&h, &g, &PREEMPTION_PICKS, "under preemption");
     h.drain().unwrap();
     let preemptions = h.metrics.num_preemptions.get();
     assert!(preemptions > 0, "the budget was meant to force preemption");

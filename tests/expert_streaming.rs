@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use deepinfer_engine::engine::{self, EngineConfig};
-use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::v4::{Model, ModelError};
@@ -111,20 +110,7 @@ fn the_engine_streaming_experts_gets_the_golden_tokens_under_preemption() {
         speculative: None,
     };
     let (h, join) = engine::start(model, config).unwrap();
-    let picks = [3, 2, 3, 2];
-    let rxs: Vec<_> = picks
-        .iter()
-        .map(|&i| {
-            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
-                .unwrap()
-                .1
-        })
-        .collect();
-    for (&i, rx) in picks.iter().zip(rxs) {
-        let (toks, reason) = collect(rx);
-        assert_eq!(toks, ids(&g.prompts()[i]["greedy"]), "p{i}");
-        assert_eq!(reason, Some(FinishReason::Length));
-    }
+    expect_golden_greedy_picks(&h, &g, &PREEMPTION_PICKS, "streamed, preempted");
     assert!(h.metrics.num_preemptions.get() > 0);
     h.drain().unwrap();
     h.shutdown();

@@ -188,18 +188,7 @@ fn speculation_survives_preemption() {
         budget,
         replay(4, 0.8, &g),
     );
-    let picks = [3, 2, 3, 2];
-    let rxs: Vec<_> = picks
-        .iter()
-        .map(|&i| {
-            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
-                .unwrap()
-                .1
-        })
-        .collect();
-    for (&i, rx) in picks.iter().zip(rxs) {
-        assert_eq!(collect(rx).0, ids(&g.prompts()[i]["greedy"]), "p{i}");
-    }
+    expect_golden_greedy_picks(&h, &g, &PREEMPTION_PICKS, "speculating, preempted");
     h.drain().unwrap();
     assert!(
         h.metrics.num_preemptions.get() > 0,

@@ -258,6 +258,28 @@ pub fn tie_safe(g: &Golden) -> Vec<&Value> {
         .collect()
 }
 
+/// tiny-a's two longest prompts, twice each: submitted at once into pools for one
+/// 732-token sequence ([`budget_for_one`]), they make the scheduler preempt.
+pub const PREEMPTION_PICKS: [usize; 4] = [3, 2, 3, 2];
+
+/// Submits prompts `picks` of `g` at once; each must get HF's 32 greedy tokens and finish
+/// by length.
+pub fn expect_golden_greedy_picks(h: &EngineHandle, g: &Golden, picks: &[usize], label: &str) {
+    let rxs: Vec<_> = picks
+        .iter()
+        .map(|&i| {
+            h.add_request(ids(&g.prompts()[i]["ids"]), greedy(32))
+                .unwrap()
+                .1
+        })
+        .collect();
+    for (&i, rx) in picks.iter().zip(rxs) {
+        let (toks, reason) = collect(rx);
+        assert_eq!(toks, ids(&g.prompts()[i]["greedy"]), "{label} p{i}");
+        assert_eq!(reason, Some(FinishReason::Length), "{label} p{i}");
+    }
+}
+
 /// Submits every tie-safe prompt of `g` at once; each must get HF's 32 greedy tokens.
 pub fn expect_golden_greedy(h: &EngineHandle, g: &Golden, label: &str) {
     let prompts = tie_safe(g);
