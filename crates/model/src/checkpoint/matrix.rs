@@ -17,7 +17,8 @@ impl Checkpoint {
     /// out of their `[E, …]` tensors. Shapes and scale grids are checked as in
     /// [`Checkpoint::tensor_f32`].
     pub fn matrix(&self, official_name: &str, shape: &[usize]) -> Result<QMatrix, CheckpointError> {
-        if let Some(src) = self.matrix_source(official_name, shape)? {
+        let located = self.locate(official_name)?;
+        if let Some(src) = self.source_at(official_name, &located, shape)? {
             let scales = match src.scales {
                 Some(r) => self.range_bytes(r)?,
                 None => &[],
@@ -26,7 +27,7 @@ impl Checkpoint {
         }
         // What remains converts at load: F16, FP4 scales that are not per-row E8M0, HF's
         // stacked FP8 experts.
-        match self.locate(official_name)? {
+        match located {
             Located::Whole {
                 stored,
                 shard,

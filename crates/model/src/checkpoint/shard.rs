@@ -32,12 +32,17 @@ impl Shard {
     /// The tensor's bytes; `info` comes from this shard's validated header, so the range is in
     /// bounds, but a bad pairing still yields an error rather than a panic.
     pub fn bytes(&self, info: &TensorInfo) -> Result<&[u8], CheckpointError> {
+        self.range(info.start, info.end)
+    }
+
+    /// Bytes `start..end` of the file.
+    pub fn range(&self, start: usize, end: usize) -> Result<&[u8], CheckpointError> {
         self.mmap
-            .get(info.start..info.end)
+            .get(start..end)
             .ok_or_else(|| CheckpointError::Truncated {
                 file: self.path.clone(),
                 what: "tensor data".into(),
-                needed: info.end as u64,
+                needed: end as u64,
                 actual: self.mmap.len() as u64,
             })
     }

@@ -108,14 +108,7 @@ impl Checkpoint {
 
     /// The bytes of `range`, from the mapping.
     pub(super) fn range_bytes(&self, range: FileRange) -> Result<&[u8], CheckpointError> {
-        let shard = &self.shards[range.file];
-        let info = TensorInfo {
-            dtype: Dtype::U8,
-            shape: vec![range.len],
-            start: range.offset as usize,
-            end: range.end() as usize,
-        };
-        shard.bytes(&info)
+        self.shards[range.file].range(range.offset as usize, range.end() as usize)
     }
 
     /// Where the 2-D weight `official_name` of logical `shape` lies, checked as
@@ -128,7 +121,17 @@ impl Checkpoint {
         official_name: &str,
         shape: &[usize],
     ) -> Result<Option<MatrixSource>, CheckpointError> {
-        match self.locate(official_name)? {
+        self.source_at(official_name, &self.locate(official_name)?, shape)
+    }
+
+    /// [`Self::matrix_source`] of a name already located.
+    pub(super) fn source_at(
+        &self,
+        official_name: &str,
+        located: &Located,
+        shape: &[usize],
+    ) -> Result<Option<MatrixSource>, CheckpointError> {
+        match located {
             Located::Whole {
                 stored,
                 shard,
@@ -147,7 +150,7 @@ impl Checkpoint {
                 // Checked (and cut) as a load does; the range is the cut's.
                 let name = describe(official_name, &format!("{stored}[{expert}]"));
                 let (_, _, first) =
-                    stacked_cut(&name, info, expert, part, shape, official_name, stored)?;
+                    stacked_cut(&name, info, *expert, *part, shape, official_name, stored)?;
                 let width = info.dtype.bitsize() / 8;
                 let mut codes = self.file_range(shard, info);
                 codes.offset += (first * width) as u64;

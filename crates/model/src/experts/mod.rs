@@ -231,7 +231,7 @@ impl ExpertStore {
     /// buffers of their own (the cache is not touched).
     pub fn expert_read_bandwidth(&self, reads: usize) -> Result<f64, ExpertError> {
         let sources = &self.shared.sources;
-        let slab_bytes = sources.iter().map(Reader::slab_bytes).max().unwrap_or(0);
+        let slab_bytes = self.lock().slab_bytes();
         let init = || {
             let slab =
                 Slab::new(slab_bytes).ok_or(ExpertError::OutOfMemory { bytes: slab_bytes })?;
