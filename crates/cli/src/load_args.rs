@@ -2,10 +2,13 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::ranks;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
-use deepinfer_model::v4::Model;
+use deepinfer_model::parallel::Collectives;
+use deepinfer_model::v4::{ExpertRank, Model};
+use std::sync::Arc;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct LoadArgs {
@@ -18,6 +21,14 @@ pub struct LoadArgs {
     /// not they would fit (at least two tokens' worth of experts are kept).
     #[arg(long)]
     pub expert_cache_mib: Option<usize>,
+    /// Started by `mpirun -n N`: split the routed experts over the N processes (each loads
+    /// only its share; rank 0 also holds the dense part and runs the engine).
+    #[arg(long)]
+    pub enable_expert_parallel: bool,
+    /// Processes the dense layers are split over: 1 (tensor parallelism of the dense
+    /// layers is not built yet; use --enable-expert-parallel).
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 /// Left for what the process needs besides weights and cache pools (scratch, tokenizer,
@@ -29,11 +40,15 @@ fn margin(available: usize) -> usize {
 impl LoadArgs {
     /// The plan's inputs; `cache_pools` bytes are set aside for the cache pools.
     pub fn memory_plan(&self, cache_pools: usize) -> MemoryPlan {
+        // Processes started on one machine share its memory.
+        let local = deepinfer_engine::dist::local_size();
         let budget = match self.memory_budget_mib {
             Some(mib) => Some(mib << 20),
-            None => {
-                available_memory().map(|a| a.saturating_sub(cache_pools).saturating_sub(margin(a)))
-            }
+            None => available_memory().map(|a| {
+                (a / local)
+                    .saturating_sub(cache_pools)
+                    .saturating_sub(margin(a / local))
+            }),
         };
         MemoryPlan {
             budget,
@@ -42,6 +57,10 @@ impl LoadArgs {
     }
 
     /// Loads `dir` under the plan and says on stderr which plan it chose and why.
+    ///
+    /// In a job of several processes, rank 0 loads its part and returns; every other rank
+    /// serves its share of the experts here until rank 0's model is dropped, then ends
+    /// the process.
     pub fn load(
         &self,
         dir: &Path,
@@ -49,11 +68,66 @@ impl LoadArgs {
         progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
         let plan = self.memory_plan(cache_pools);
-        let model = Model::load_with(dir, &plan, progress)
+        let world = ranks::world();
+        let size = world.as_ref().map_or(1, |w| w.size());
+        self.check_parallel(size)?;
+        let Some(world) = world else {
+            let model = Model::load_with(dir, &plan, progress)
+                .with_context(|| format!("loading {}", dir.display()))?;
+            if model.weights.expert_store.is_some() {
+                eprintln!("memory plan: {}", model.memory_plan());
+            }
+            return Ok(model);
+        };
+        if world.rank() != 0 {
+            serve_expert_rank(dir, &plan, world);
+        }
+        let model = Model::load_split(dir, &plan, world, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
-        if model.weights.expert_store.is_some() {
-            eprintln!("memory plan: {}", model.memory_plan());
+        eprintln!("memory plan: {}", model.memory_plan());
+        if model.config.n_routed_experts < size {
+            bail!(
+                "{size} processes for {} routed experts: each process needs at least one",
+                model.config.n_routed_experts
+            );
         }
         Ok(model)
     }
+
+    /// The parallel flags against the number of processes the job has.
+    fn check_parallel(&self, size: usize) -> Result<()> {
+        if self.tensor_parallel_size > 1 {
+            bail!(
+                "--tensor-parallel-size {}: tensor parallelism of the dense layers is not \
+                 built yet; start {} processes with mpirun and --enable-expert-parallel",
+                self.tensor_parallel_size,
+                self.tensor_parallel_size
+            );
+        }
+        if size > 1 && !self.enable_expert_parallel {
+            bail!(
+                "started as one of {size} processes: pass --enable-expert-parallel to split the \
+                 routed experts over them (tensor parallelism of the dense layers is not built \
+                 yet)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A rank other than 0: loads its share of the experts, serves rank 0 until told to stop,
+/// and ends the process; an error ends the whole job.
+fn serve_expert_rank(dir: &Path, plan: &MemoryPlan, world: Arc<dyn Collectives>) -> ! {
+    let mut rank = match ExpertRank::load(dir, plan, Arc::clone(&world)) {
+        Ok(rank) => rank,
+        Err(e) => world.abort(&format!("cannot load {}: {e}", dir.display())),
+    };
+    eprintln!("memory plan: {}", rank.memory_plan());
+    if let Err(e) = rank.run() {
+        world.abort(&format!("error: {e}"));
+    }
+    drop(rank);
+    drop(world);
+    deepinfer_engine::dist::finalize();
+    std::process::exit(0)
 }

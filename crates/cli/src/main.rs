@@ -4,6 +4,7 @@ mod bench;
 mod engine_args;
 mod generate;
 mod load_args;
+mod ranks;
 mod serve;
 mod synth;
 
@@ -40,15 +41,27 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let world = match ranks::join() {
+        Ok(world) => world,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),
     };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
+    match (result, world) {
+        (Ok(()), _) => {
+            deepinfer_engine::dist::finalize();
+            std::process::ExitCode::SUCCESS
+        }
+        // The other ranks may be waiting for this one: end them all.
+        (Err(e), Some(world)) => world.abort(&format!("error: {e:#}")),
+        (Err(e), None) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }

@@ -28,6 +28,17 @@ fn csv(v: &Value) -> String {
 }
 
 fn check_layout(config: &str, layout: &str, extra: &[&str]) {
+    check_launched(
+        Command::new(env!("CARGO_BIN_EXE_deepinfer")),
+        config,
+        layout,
+        extra,
+    );
+}
+
+/// `deepinfer generate` as `launch` starts it (directly, or under `mpirun`) reproduces the
+/// golden tokens of `config`'s first two prompts.
+fn check_launched(mut launch: Command, config: &str, layout: &str, extra: &[&str]) {
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(golden(config).join("golden.json")).unwrap())
             .unwrap();
@@ -46,7 +57,7 @@ fn check_layout(config: &str, layout: &str, extra: &[&str]) {
     }
     args.extend(["--top-logprobs", "3", "--ignore-eos", "--json"]);
     args.extend(extra);
-    let out = deepinfer(&args);
+    let out = launch.args(&args).output().expect("binary runs");
     assert!(
         out.status.success(),
         "stderr: {}",
@@ -140,6 +151,80 @@ fn streamed_experts_reproduce_golden_greedy_tokens() {
     assert!(!out.status.success());
     assert!(
         err.contains("--memory-budget-mib") && err.contains("dense weights alone"),
+        "{err}"
+    );
+}
+
+fn mpirun(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "-n",
+        &n.to_string(),
+    ]);
+    cmd.arg(env!("CARGO_BIN_EXE_deepinfer"));
+    cmd
+}
+
+#[test]
+fn expert_parallel_reproduces_golden_greedy_tokens() {
+    let ep = "--enable-expert-parallel";
+    check_launched(mpirun(2), "tiny-a", "official", &[ep]);
+    check_launched(mpirun(3), "tiny-b", "hf", &[ep, "--prefill-chunk", "5"]);
+    check_launched(
+        mpirun(2),
+        "tiny-c",
+        "official",
+        &[ep, "--num-speculative-tokens", "2"],
+    );
+    check_launched(
+        mpirun(3),
+        "tiny-a",
+        "official",
+        &[ep, "--expert-cache-mib", "0"],
+    );
+}
+
+#[test]
+fn expert_parallel_failures_end_every_rank() {
+    let model = golden("tiny-a").join("official");
+    let base = [
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+    ];
+    // Several processes without saying how to split is refused on every rank.
+    let out = mpirun(2).args(base).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("rank 0 of 2") && err.contains("--enable-expert-parallel"),
+        "{err}"
+    );
+    // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself
+    // and the tensor, while rank 0 (which loaded fine) waits for it.
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(&model).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let index = dir.path().join("model.safetensors.index.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    let map = json["weight_map"].as_object_mut().unwrap();
+    assert!(map.remove("layers.1.ffn.experts.7.w2.weight").is_some());
+    std::fs::write(&index, json.to_string()).unwrap();
+    let out = mpirun(2)
+        .args(["generate", "--model", dir.path().to_str().unwrap()])
+        .args(["--prompt-ids", "1,2", "--enable-expert-parallel"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("rank 1 of 2: cannot load") && err.contains("layers.1.ffn.experts.7.w2"),
         "{err}"
     );
 }

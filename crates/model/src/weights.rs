@@ -4,11 +4,13 @@
 //! the kernels compute on them directly; only small vectors (norm gains, biases, sinks, `ape`)
 //! are widened to f32.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
 use crate::experts::{ExpertPlan, ExpertSource, ExpertStore};
+use crate::parallel::{expert_range, Collectives, ExpertSplit};
 use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
@@ -114,11 +116,26 @@ pub enum Routing {
 /// expert cache.
 #[derive(Debug)]
 pub enum RoutedExperts {
-    Resident(Vec<ExpertWeights>),
+    /// The experts `first..first + experts.len()` (all of them in a single process).
+    Resident {
+        first: usize,
+        experts: Vec<ExpertWeights>,
+    },
+    /// The experts the store holds, read through its cache.
     Streamed {
         store: Arc<ExpertStore>,
         layer: usize,
     },
+}
+
+impl RoutedExperts {
+    /// The ids of the experts held here.
+    pub fn held(&self) -> Range<usize> {
+        match self {
+            RoutedExperts::Resident { first, experts } => *first..first + experts.len(),
+            RoutedExperts::Streamed { store, .. } => store.experts(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -127,6 +144,8 @@ pub struct MoeWeights {
     pub routing: Routing,
     pub experts: RoutedExperts,
     pub shared: Option<ExpertWeights>,
+    /// Set when the layer's routed experts are split over ranks (this is rank 0).
+    pub split: Option<ExpertSplit>,
 }
 
 #[derive(Debug)]
@@ -231,8 +250,6 @@ struct LayerSpec<'a> {
     kind: AttnKind,
     mlp: MlpKind,
     ratio: usize,
-    /// The store and layer id to stream the routed experts from, else loaded here.
-    streamed: Option<(&'a Arc<ExpertStore>, usize)>,
 }
 
 fn attention(
@@ -305,10 +322,14 @@ fn attention(
     })
 }
 
+/// `experts`: the routed experts as the caller holds them (a main layer's share, resident
+/// or streamed); `None` loads them all resident here (the MTP block).
 fn moe_weights(
     ck: &Checkpoint,
     c: &ModelConfig,
     s: &LayerSpec,
+    experts: Option<RoutedExperts>,
+    split: Option<ExpertSplit>,
 ) -> Result<MoeWeights, CheckpointError> {
     let (p, d, e) = (s.prefix, c.hidden_size, c.n_routed_experts);
     let routing = match s.mlp {
@@ -334,16 +355,9 @@ fn moe_weights(
         },
     };
     let inter = c.moe_intermediate_size;
-    let experts = match s.streamed {
-        Some((store, layer)) => RoutedExperts::Streamed {
-            store: Arc::clone(store),
-            layer,
-        },
-        None => RoutedExperts::Resident(
-            (0..e)
-                .map(|i| expert(ck, &format!("{p}.ffn.experts.{i}"), d, inter))
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
+    let experts = match experts {
+        Some(experts) => experts,
+        None => resident_experts(ck, c, p, 0..e)?,
     };
     let shared = if c.n_shared_experts > 0 {
         Some(expert(
@@ -360,11 +374,94 @@ fn moe_weights(
         routing,
         experts,
         shared,
+        split,
     })
 }
 
-/// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`).
-fn layer(ck: &Checkpoint, c: &ModelConfig, s: &LayerSpec) -> Result<LayerWeights, CheckpointError> {
+/// The experts `held` of the layer at `prefix`, loaded.
+fn resident_experts(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    prefix: &str,
+    held: Range<usize>,
+) -> Result<RoutedExperts, CheckpointError> {
+    let (d, inter) = (c.hidden_size, c.moe_intermediate_size);
+    Ok(RoutedExperts::Resident {
+        first: held.start,
+        experts: held
+            .map(|i| expert(ck, &format!("{prefix}.ffn.experts.{i}"), d, inter))
+            .collect::<Result<Vec<_>, _>>()?,
+    })
+}
+
+/// A main layer's routed experts `held`: through `store` when they are streamed.
+fn layer_experts(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    layer: usize,
+    store: Option<&Arc<ExpertStore>>,
+    held: &Range<usize>,
+) -> Result<RoutedExperts, CheckpointError> {
+    match store {
+        Some(store) => Ok(RoutedExperts::Streamed {
+            store: Arc::clone(store),
+            layer,
+        }),
+        None => resident_experts(ck, c, &format!("layers.{layer}"), held.clone()),
+    }
+}
+
+/// The store the routed experts `held` stream through, when the plan streams them.
+fn expert_store(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    plan: ExpertPlan,
+    held: &Range<usize>,
+) -> Result<Option<Arc<ExpertStore>>, CheckpointError> {
+    match plan {
+        ExpertPlan::Resident => Ok(None),
+        ExpertPlan::Streamed { cache_bytes } => Ok(Some(Arc::new(ExpertStore::new(
+            ck,
+            expert_sources(ck, c, held)?,
+            held.clone(),
+            cache_bytes,
+            2 * c.num_experts_per_tok,
+        )?))),
+    }
+}
+
+/// The routed experts a rank other than 0 of a split model holds: its share of every main
+/// layer's, and nothing else.
+pub struct ExpertShare {
+    /// One per main layer.
+    pub layers: Vec<RoutedExperts>,
+    pub store: Option<Arc<ExpertStore>>,
+}
+
+impl ExpertShare {
+    pub fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        plan: ExpertPlan,
+        held: Range<usize>,
+    ) -> Result<Self, CheckpointError> {
+        let store = expert_store(ck, c, plan, &held)?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| layer_experts(ck, c, l, store.as_ref(), &held))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { layers, store })
+    }
+}
+
+/// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`); `experts` and
+/// `split` as [`moe_weights`] takes them.
+fn layer(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    s: &LayerSpec,
+    experts: Option<RoutedExperts>,
+    split: Option<ExpertSplit>,
+) -> Result<LayerWeights, CheckpointError> {
     let (p, d) = (s.prefix, c.hidden_size);
     Ok(LayerWeights {
         attn_norm: vec1(ck, &format!("{p}.attn_norm.weight"), d)?,
@@ -372,7 +469,7 @@ fn layer(ck: &Checkpoint, c: &ModelConfig, s: &LayerSpec) -> Result<LayerWeights
         hc_attn: hyper(ck, &format!("{p}.hc_attn"), c)?,
         hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
         attn: attention(ck, c, s)?,
-        ffn: moe_weights(ck, c, s)?,
+        ffn: moe_weights(ck, c, s, experts, split)?,
     })
 }
 
@@ -389,7 +486,6 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         kind: AttnKind::Sliding,
         mlp: MlpKind::Scored,
         ratio: 0,
-        streamed: None,
     };
     // Some checkpoints carry copies of the embedding and head under the MTP's prefix; the
     // reference shares the main ones, so a copy is only kept when it differs.
@@ -420,7 +516,7 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         },
         hc_head_base: vec1(ck, &format!("{P}.hc_head_base"), hc)?,
         hc_head_scale: vec1(ck, &format!("{P}.hc_head_scale"), 1)?,
-        block: layer(ck, c, &spec)?,
+        block: layer(ck, c, &spec, None, None)?,
         embed,
         head,
     }))
@@ -429,16 +525,20 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
 impl ModelWeights {
     /// Loads every tensor the forward pass needs, checking each shape against `c`.
     pub fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
-        Self::load_with_progress(ck, c, ExpertPlan::Resident, |_, _| {})
+        Self::load_with_progress(ck, c, ExpertPlan::Resident, None, |_, _| {})
     }
 
     /// Like [`Self::load`], calling `progress(done, total)` after each of the `total` steps
     /// (one per layer, then the embedding, head and MTP block): a real checkpoint takes
     /// minutes to load, and a progress bar tells an operator it is moving.
+    ///
+    /// `split`: the routed experts are split over these ranks and this is rank 0, which
+    /// loads its share of them (and everything else).
     pub fn load_with_progress(
         ck: &Checkpoint,
         c: &ModelConfig,
         plan: ExpertPlan,
+        split: Option<&Arc<dyn Collectives>>,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CheckpointError> {
         if let Some((layer, tensor)) = ck.last_layer() {
@@ -452,16 +552,10 @@ impl ModelWeights {
         }
         let total = c.num_hidden_layers + 1;
         let (d, hc) = (c.hidden_size, c.hc_mult);
-        let expert_store = match plan {
-            ExpertPlan::Resident => None,
-            ExpertPlan::Streamed { cache_bytes } => Some(Arc::new(ExpertStore::new(
-                ck,
-                expert_sources(ck, c)?,
-                c.n_routed_experts,
-                cache_bytes,
-                2 * c.num_experts_per_tok,
-            )?)),
-        };
+        let held = split.map_or(0..c.n_routed_experts, |comm| {
+            expert_range(c.n_routed_experts, comm.rank(), comm.size())
+        });
+        let expert_store = expert_store(ck, c, plan, &held)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("layers.{l}");
@@ -470,9 +564,13 @@ impl ModelWeights {
                 kind: c.layer_types[l],
                 mlp: c.mlp_layer_types[l],
                 ratio: c.compress_ratio(l),
-                streamed: expert_store.as_ref().map(|s| (s, l)),
             };
-            layers.push(layer(ck, c, &spec)?);
+            let experts = layer_experts(ck, c, l, expert_store.as_ref(), &held)?;
+            let split = split.map(|comm| ExpertSplit {
+                comm: Arc::clone(comm),
+                layer: l,
+            });
+            layers.push(layer(ck, c, &spec, Some(experts), split)?);
             progress(l + 1, total);
         }
         let weights = Self {
@@ -493,13 +591,17 @@ impl ModelWeights {
     }
 }
 
-/// Where every routed expert of the main layers lies (`layer · E + expert`), checked as a
-/// load would check it.
-fn expert_sources(ck: &Checkpoint, c: &ModelConfig) -> Result<Vec<ExpertSource>, CheckpointError> {
-    let (d, inter, e) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
-    let mut out = Vec::with_capacity(c.num_hidden_layers * e);
+/// Where the routed experts `held` of every main layer lie (`layer · held.len() + expert
+/// − held.start`), checked as a load would check them.
+fn expert_sources(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    held: &Range<usize>,
+) -> Result<Vec<ExpertSource>, CheckpointError> {
+    let (d, inter) = (c.hidden_size, c.moe_intermediate_size);
+    let mut out = Vec::with_capacity(c.num_hidden_layers * held.len());
     for l in 0..c.num_hidden_layers {
-        for i in 0..e {
+        for i in held.clone() {
             let p = format!("layers.{l}.ffn.experts.{i}");
             let part = |w: &str, shape: [usize; 2]| {
                 let name = format!("{p}.{w}.weight");

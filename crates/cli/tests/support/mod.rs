@@ -32,10 +32,28 @@ pub fn cache_dir() -> PathBuf {
 impl Server {
     /// Starts the binary with `args` after `serve --port 0` and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        Self::start_by(Command::new(binary()), args)
+    }
+
+    /// [`Self::start`] under `mpirun -n N` (every rank's stderr comes through it).
+    pub fn start_ranks(n: usize, args: &[&str]) -> Server {
+        let mut mpirun = Command::new("mpirun");
+        mpirun.args([
+            "--oversubscribe",
+            "--allow-run-as-root",
+            "-n",
+            &n.to_string(),
+        ]);
+        mpirun.arg(binary());
+        Self::start_by(mpirun, args)
+    }
+
+    /// [`Self::start`] with `launch` as the command line's start.
+    fn start_by(mut launch: Command, args: &[&str]) -> Server {
         // One start at a time: the first writes the default model, the rest reuse it.
         static STARTING: Mutex<()> = Mutex::new(());
         let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut child = Command::new(binary())
+        let mut child = launch
             .args(["serve", "--port", "0"])
             .args(args)
             .env("DEEPINFER_CACHE_DIR", cache_dir())

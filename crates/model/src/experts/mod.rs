@@ -13,6 +13,7 @@ mod plan;
 mod reader;
 mod slots;
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -128,7 +129,8 @@ struct Shared {
 /// The streamed experts of every layer, and the cache they are served from.
 pub struct ExpertStore {
     shared: Arc<Shared>,
-    n_experts: usize,
+    /// The experts of each layer this store holds (a rank of a split model holds a share).
+    experts: Range<usize>,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -145,12 +147,12 @@ impl std::fmt::Debug for ExpertStore {
 }
 
 impl ExpertStore {
-    /// A store for `sources` (`layer · n_experts + expert`) read from `ck`'s shards, with a
-    /// cache of `cache_bytes` (at least `min_slots` experts).
+    /// A store for `sources` (`layer · experts.len() + expert − experts.start`) read from
+    /// `ck`'s shards, with a cache of `cache_bytes` (at least `min_slots` experts).
     pub fn new(
         ck: &Checkpoint,
         sources: Vec<ExpertSource>,
-        n_experts: usize,
+        experts: Range<usize>,
         cache_bytes: usize,
         min_slots: usize,
     ) -> Result<Self, CheckpointError> {
@@ -168,7 +170,7 @@ impl ExpertStore {
                 name: "expert cache".into(),
                 reason: format!("cannot map {n_slots} slabs of {slab_bytes} bytes"),
             })?;
-        let layers = sources.len() / n_experts.max(1);
+        let layers = sources.len() / experts.len().max(1);
         let shared = Arc::new(Shared {
             sources,
             reader,
@@ -198,10 +200,15 @@ impl ExpertStore {
         );
         Ok(Self {
             shared,
-            n_experts,
+            experts,
             jobs: Some(tx),
             threads,
         })
+    }
+
+    /// The experts of each layer this store holds.
+    pub fn experts(&self) -> Range<usize> {
+        self.experts.clone()
     }
 
     /// Experts the cache holds at once.
@@ -249,7 +256,7 @@ impl ExpertStore {
     }
 
     fn key(&self, layer: usize, expert: usize) -> usize {
-        layer * self.n_experts + expert
+        layer * self.experts.len() + expert - self.experts.start
     }
 
     /// The router's choice for `layer`: counts each expert as a hit (cached, or on its way
@@ -270,10 +277,12 @@ impl ExpertStore {
         cached
     }
 
-    /// Starts reading the `(layer, expert)`s ahead of their use (not counted as requests).
+    /// Starts reading the `(layer, expert)`s ahead of their use (not counted as requests);
+    /// experts this store does not hold are passed over.
     pub fn prefetch(&self, wanted: impl IntoIterator<Item = (usize, usize)>) {
         let mut slots = self.lock();
-        self.start_reads(&mut slots, wanted);
+        let held = wanted.into_iter().filter(|(_, e)| self.experts.contains(e));
+        self.start_reads(&mut slots, held);
     }
 
     /// Reads of the `(layer, expert)`s neither cached nor on their way, in order, into at

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::parallel::expert_range;
 
 /// What the operator asked for (`--memory-budget-mib`, `--expert-cache-mib`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,6 +42,18 @@ impl StoredBytes {
             }
         }
         Self { dense, experts }
+    }
+}
+
+impl StoredBytes {
+    /// What rank `rank` of `size` loads of a model whose `n_experts` routed experts are
+    /// split over the ranks: its share of the experts, and the dense part on rank 0 only.
+    pub fn share(self, n_experts: usize, rank: usize, size: usize) -> Self {
+        let held = expert_range(n_experts, rank, size).len() as u64;
+        Self {
+            dense: if rank == 0 { self.dense } else { 0 },
+            experts: self.experts * held / n_experts.max(1) as u64,
+        }
     }
 }
 

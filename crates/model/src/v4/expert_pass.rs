@@ -16,15 +16,15 @@ const EXPERTS_PER_PASS: usize = 64;
 /// The experts of one pass: borrowed from the resident layer, or lent by the expert
 /// cache (pinned while this lives).
 pub(super) enum PassExperts<'a> {
-    /// The layer's experts and the pass's ids.
-    Resident(&'a [ExpertWeights], &'a [usize]),
+    /// The layer's experts held here (the first one's id), and the pass's ids.
+    Resident(&'a [ExpertWeights], usize, &'a [usize]),
     Streamed(Vec<Arc<ExpertWeights>>),
 }
 
 impl PassExperts<'_> {
     fn get(&self, i: usize) -> &ExpertWeights {
         match self {
-            PassExperts::Resident(all, group) => &all[group[i]],
+            PassExperts::Resident(held, first, group) => &held[group[i] - first],
             PassExperts::Streamed(v) => &v[i],
         }
     }
@@ -38,7 +38,9 @@ pub(super) fn pass_experts<'a>(
     next: Option<&[usize]>,
 ) -> Result<PassExperts<'a>, ExpertError> {
     match experts {
-        RoutedExperts::Resident(all) => Ok(PassExperts::Resident(all, group)),
+        RoutedExperts::Resident { first, experts } => {
+            Ok(PassExperts::Resident(experts, *first, group))
+        }
         RoutedExperts::Streamed { store, layer } => {
             let got = store.get(*layer, group)?;
             if let Some(next) = next {
@@ -53,7 +55,7 @@ pub(super) fn pass_experts<'a>(
 /// prefill's, at most half the expert cache (the other half reads the next pass).
 pub(super) fn experts_per_pass(experts: &RoutedExperts) -> usize {
     match experts {
-        RoutedExperts::Resident(_) => EXPERTS_PER_PASS,
+        RoutedExperts::Resident { .. } => EXPERTS_PER_PASS,
         RoutedExperts::Streamed { store, .. } => (store.capacity() / 2).clamp(1, EXPERTS_PER_PASS),
     }
 }
@@ -66,7 +68,7 @@ pub(super) fn pass_order(
     active: &[usize],
 ) -> (SmallVec<[usize; 256]>, SmallVec<[usize; 256]>) {
     match experts {
-        RoutedExperts::Resident(_) => (active.into(), SmallVec::new()),
+        RoutedExperts::Resident { .. } => (active.into(), SmallVec::new()),
         RoutedExperts::Streamed { store, layer } => {
             let cached = store.request(*layer, active);
             let pick = |want: bool| {

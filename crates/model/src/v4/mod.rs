@@ -4,6 +4,7 @@ pub mod attention;
 pub mod block;
 pub mod compressor;
 mod expert_pass;
+mod expert_rank;
 pub mod hyper;
 pub mod indexer;
 pub mod model;
@@ -11,4 +12,5 @@ pub mod moe;
 pub mod mtp;
 pub mod workspace;
 
+pub use expert_rank::{ExpertRank, RankError};
 pub use model::{Model, ModelError};

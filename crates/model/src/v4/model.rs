@@ -9,12 +9,14 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
+use crate::parallel::{expert_range, Collectives, SplitGuard};
 use crate::profile::{scope, Op};
 use crate::weights::{Linear, ModelWeights, Routing};
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -157,6 +159,8 @@ pub struct Model {
     pub(super) rope_compress: Rope,
     pub(super) scratch: Scratch,
     memory_plan: String,
+    /// Split over ranks (this is rank 0): tells the others to stop when the model goes.
+    _split: Option<SplitGuard>,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -180,6 +184,7 @@ impl Model {
             rope_compress,
             scratch: Scratch::default(),
             memory_plan: "every weight resident".into(),
+            _split: None,
         }
     }
 
@@ -205,13 +210,54 @@ impl Model {
         memory: &MemoryPlan,
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
+        Self::load_placed(dir, memory, None, progress)
+    }
+
+    /// Like [`Self::load_with`] as rank 0 of a model whose routed experts are split over
+    /// `comm`'s ranks (each other rank runs an [`ExpertRank`](super::ExpertRank)): this
+    /// process loads everything but the other ranks' experts, and the memory plan counts
+    /// only what it loads.
+    pub fn load_split(
+        dir: &Path,
+        memory: &MemoryPlan,
+        comm: Arc<dyn Collectives>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        Self::load_placed(dir, memory, Some(comm), progress)
+    }
+
+    fn load_placed(
+        dir: &Path,
+        memory: &MemoryPlan,
+        split: Option<Arc<dyn Collectives>>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
-        let (plan, why) = memory.choose(StoredBytes::of(&ck), &config)?;
+        let mut bytes = StoredBytes::of(&ck);
+        if let Some(comm) = &split {
+            bytes = bytes.share(config.n_routed_experts, comm.rank(), comm.size());
+        }
+        let (plan, mut why) = memory.choose(bytes, &config)?;
+        if let Some(comm) = &split {
+            let held = expert_range(config.n_routed_experts, comm.rank(), comm.size());
+            why = format!(
+                "rank 0 of {} holds the dense part ({} MiB) and experts {}..{} of {} ({} MiB): \
+                 {why}",
+                comm.size(),
+                bytes.dense >> 20,
+                held.start,
+                held.end,
+                config.n_routed_experts,
+                bytes.experts >> 20
+            );
+        }
         tracing::info!("memory plan: {why}");
-        let weights = ModelWeights::load_with_progress(&ck, &config, plan, progress)?;
+        let weights =
+            ModelWeights::load_with_progress(&ck, &config, plan, split.as_ref(), progress)?;
         let mut model = Self::new(config, weights);
         model.memory_plan = why;
+        model._split = split.map(|comm| SplitGuard { comm });
         Ok(model)
     }
 

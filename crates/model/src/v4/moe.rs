@@ -11,8 +11,9 @@ use super::expert_pass::{experts_per_pass, pass_experts, pass_order, PassRows, S
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
+use crate::parallel::MoeMessage;
 use crate::profile::{scope, Op};
-use crate::weights::{MoeWeights, RoutedExperts, Routing};
+use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing};
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
 use rayon::prelude::*;
@@ -167,10 +168,8 @@ fn group_by_expert(
 
 /// The MoE output for `x: [T, D]` (normed FFN input) of tokens `token_ids`; `[T, D]`.
 ///
-/// Experts go in passes: gate and up of every expert of the pass (and the shared expert)
-/// in one parallel pass, the activation, then the down products in another. Resident, the
-/// shared expert rides with the first pass; streamed, it computes first, while the reads
-/// of the first pass are under way.
+/// Split over ranks, this rank (0) sends the input and routing to the others, computes the
+/// picks on its own experts and the shared expert, and receives the sum of everyone's.
 pub fn moe(
     w: &MoeWeights,
     c: &ModelConfig,
@@ -178,21 +177,66 @@ pub fn moe(
     token_ids: &[u32],
     ws: &mut Workspace,
 ) -> Result<Vec<f32>, ExpertError> {
-    let d = c.hidden_size;
     let t = token_ids.len();
-    let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
-    let inter = c.moe_intermediate_size;
+    let (d, k) = (c.hidden_size, c.num_experts_per_tok);
     let mut ids = ws.take_idx(t * k);
     let mut wts = ws.take(t * k);
     route(w, c, x, token_ids, &mut ids, &mut wts, ws);
+    let Some(split) = &w.split else {
+        let out = routed_sum(&w.experts, w.shared.as_ref(), c, x, &ids, &wts, ws);
+        ws.give(wts);
+        ws.give_idx(ids);
+        return out;
+    };
+    let mut msg = MoeMessage::pack(x, &ids, &wts, d, k, ws.take(0));
+    split.send(&mut msg);
+    ws.give(msg.buf);
+    let out = routed_sum(&w.experts, w.shared.as_ref(), c, x, &ids, &wts, ws);
+    ws.give(wts);
+    ws.give_idx(ids);
+    match out {
+        Ok(mut sum) => {
+            split.comm.reduce_sum(&mut sum);
+            Ok(sum)
+        }
+        Err(e) => {
+            // The others are in the reduction already: it runs even when this part failed.
+            let mut zeros = ws.take(t * d);
+            split.comm.reduce_sum(&mut zeros);
+            ws.give(zeros);
+            Err(e)
+        }
+    }
+}
 
-    let (offsets, order, xs) = group_by_expert(&ids, x, k, d, n_exp, ws);
-    let shared_inter = w.shared.as_ref().map_or(0, |s| s.w1.out_dim());
+/// The output of the picks `ids`/`wts` (`k` per token of `x: [T, D]`) that fall on the
+/// experts held here, plus the shared expert's when given; `[T, D]`.
+///
+/// Experts go in passes: gate and up of every expert of the pass (and the shared expert)
+/// in one parallel pass, the activation, then the down products in another. Resident, the
+/// shared expert rides with the first pass; streamed, it computes first, while the reads
+/// of the first pass are under way.
+pub(super) fn routed_sum(
+    experts: &RoutedExperts,
+    shared: Option<&ExpertWeights>,
+    c: &ModelConfig,
+    x: &[f32],
+    ids: &[usize],
+    wts: &[f32],
+    ws: &mut Workspace,
+) -> Result<Vec<f32>, ExpertError> {
+    let d = c.hidden_size;
+    let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
+    let t = ids.len() / k.max(1);
+    let inter = c.moe_intermediate_size;
+    let (offsets, order, xs) = group_by_expert(ids, x, k, d, n_exp, ws);
+    let shared_inter = shared.map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
     let (mut gs, mut us) = (ws.take(t * shared_inter), ws.take(t * shared_inter));
     let mut y = ws.take(t * k * d);
     let mut ys = ws.take(t * d);
-    let active: SmallVec<[usize; 256]> = (0..n_exp)
+    let active: SmallVec<[usize; 256]> = experts
+        .held()
         .filter(|&e| offsets[e + 1] > offsets[e])
         .collect();
     let mut row_wts = ws.take(t * k);
@@ -205,10 +249,9 @@ pub fn moe(
     ones.fill(1.0);
     let limit = c.swiglu_limit;
 
-    let per_pass = experts_per_pass(&w.experts);
-    let (first, rest) = pass_order(&w.experts, &active);
-    let streamed = matches!(w.experts, RoutedExperts::Streamed { .. });
-    let shared = w.shared.as_ref();
+    let per_pass = experts_per_pass(experts);
+    let (first, rest) = pass_order(experts, &active);
+    let streamed = matches!(experts, RoutedExperts::Streamed { .. });
     let mut sh = SharedBufs {
         gs: &mut gs,
         us: &mut us,
@@ -233,22 +276,22 @@ pub fn moe(
         inter,
     };
     for (gi, group) in groups.iter().enumerate() {
-        let experts = pass_experts(&w.experts, group, groups.get(gi + 1).copied())?;
+        let pass = pass_experts(experts, group, groups.get(gi + 1).copied())?;
         // The shared expert rides with the first pass when it has not run yet.
         let ride = if gi == 0 && !streamed { shared } else { None };
         rows.run(
             group,
-            &experts,
+            &pass,
             ride.map(|s| (s, &mut sh, x, t)),
             limit,
             &mut tmp,
         );
     }
     let out = sum_rows(&order, &y, &ys, shared.is_some(), t, k, d, ws);
-    for v in [wts, xs, g, u, gs, us, y, ys, row_wts, tmp, ones] {
+    for v in [xs, g, u, gs, us, y, ys, row_wts, tmp, ones] {
         ws.give(v);
     }
-    for v in [ids, offsets, order] {
+    for v in [offsets, order] {
         ws.give_idx(v);
     }
     Ok(out)

@@ -1,0 +1,21 @@
+//! The job this process runs in when `mpirun` started it (see `deepinfer_engine::dist`):
+//! joined once at start, read where the model loads.
+
+use deepinfer_model::parallel::Collectives;
+use std::sync::{Arc, OnceLock};
+
+static WORLD: OnceLock<Arc<dyn Collectives>> = OnceLock::new();
+
+/// Joins the job when launched among several processes; `None` for a single process.
+pub fn join() -> anyhow::Result<Option<Arc<dyn Collectives>>> {
+    let world = deepinfer_engine::dist::init()?;
+    if let Some(w) = &world {
+        let _ = WORLD.set(Arc::clone(w));
+    }
+    Ok(world)
+}
+
+/// The job's collectives, when this process is one of several.
+pub fn world() -> Option<Arc<dyn Collectives>> {
+    WORLD.get().cloned()
+}

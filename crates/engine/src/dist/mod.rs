@@ -1,0 +1,72 @@
+//! Several processes (ranks) running one model, started by `mpirun`: rank 0 runs the
+//! server, the engine and the sampler; the others serve their share of the model
+//! ([`deepinfer_model::parallel`]). The transport is MPI, through the `mpi` crate, when the
+//! binary is built with the `mpi` feature.
+//!
+//! A process not started by a launcher never touches MPI: it runs as a single process.
+
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+
+use deepinfer_model::parallel::Collectives;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error(
+        "started as one of {0} processes, but this binary was built without MPI: rebuild with \
+         the `mpi` feature (it needs libopenmpi-dev or libmpich-dev, and libclang)"
+    )]
+    NoMpi(usize),
+    #[error("MPI: {0}")]
+    Mpi(String),
+}
+
+/// The number of processes a launcher (`mpirun`, `mpiexec`, `srun`) started this one among,
+/// read from the variables Open MPI, MPICH and PMIx set; `None` when not launched.
+pub fn launched_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// Processes started on this machine (the same variables' local counterparts); 1 when the
+/// launcher does not say.
+pub fn local_size() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "PMIX_LOCAL_SIZE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(1)
+    .max(1)
+}
+
+/// Joins the job this process was launched into: `None` for a single process (not
+/// launched, or launched alone), else the job's collectives. Call [`finalize`] before the
+/// process ends.
+pub fn init() -> Result<Option<Arc<dyn Collectives>>, DistError> {
+    match launched_size() {
+        None | Some(0) | Some(1) => Ok(None),
+        Some(n) => join(n),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn join(_: usize) -> Result<Option<Arc<dyn Collectives>>, DistError> {
+    Ok(Some(Arc::new(mpi_comm::MpiComm::init()?)))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn join(n: usize) -> Result<Option<Arc<dyn Collectives>>, DistError> {
+    Err(DistError::NoMpi(n))
+}
+
+/// Leaves the job (MPI's finalize) when [`init`] joined one; a no-op otherwise. No
+/// collective may run after it.
+pub fn finalize() {
+    #[cfg(feature = "mpi")]
+    mpi_comm::finalize();
+}

@@ -1,0 +1,269 @@
+//! Expert parallelism over real MPI: this test binary starts itself under `mpirun -n 2` and
+//! `-n 3` (oversubscribed), each rank running [`ranks_scenario`]. Rank 0 compares the split
+//! model with a single-process one (every position's logits of the golden prompts, fed
+//! whole, in chunks and batched; logits within 1e-5), then drives the engine over the split
+//! model under forced preemption (HF's greedy tokens) and with aborts and disconnects
+//! (pools end empty). The other ranks serve their share of the experts for each model
+//! rank 0 loads, in the same order.
+
+mod common;
+
+use common::*;
+use deepinfer_engine::cache::SeqId;
+use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
+use deepinfer_engine::request::FinishReason;
+use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_model::experts::MemoryPlan;
+use deepinfer_model::parallel::Collectives;
+use deepinfer_model::v4::{ExpertRank, Model};
+use std::process::Command;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Set in the ranks' environment: the scenario runs only under the parent test.
+const CHILD: &str = "DEEPINFER_EXPERT_PARALLEL_CHILD";
+/// What rank 0 prints when every check passed.
+const PASSED: &str = "expert-parallel scenario passed";
+
+/// The models the scenario splits, in the order both sides load them: `(config, layout,
+/// streamed)`.
+const MODELS: [(&str, &str, bool); 4] = [
+    ("tiny-a", "official", false),
+    ("tiny-b", "hf", false),
+    ("tiny-c", "official", false),
+    ("tiny-a", "official", true),
+];
+
+fn mpirun(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "-n",
+        &n.to_string(),
+    ]);
+    cmd
+}
+
+fn run_ranks(n: usize) {
+    let exe = std::env::current_exe().unwrap();
+    let out = mpirun(n)
+        .arg(exe)
+        .args([
+            "ranks_scenario",
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .expect("mpirun runs (install Open MPI: apt-get install openmpi-bin libopenmpi-dev)");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains(PASSED),
+        "mpirun -n {n} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn two_ranks_equal_one_process() {
+    run_ranks(2);
+}
+
+#[test]
+fn three_ranks_equal_one_process() {
+    run_ranks(3);
+}
+
+#[test]
+#[ignore = "runs on every rank of the mpirun the tests above start"]
+fn ranks_scenario() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let world = deepinfer_engine::dist::init()
+        .expect("joins the job")
+        .expect("started by mpirun with more than one rank");
+    if world.rank() == 0 {
+        for (config, layout, streamed) in MODELS {
+            let label = format!("{config}/{layout} streamed {streamed}");
+            let split = Model::load_split(
+                &model_dir(config, layout),
+                &plan(streamed),
+                Arc::clone(&world),
+                |_, _| {},
+            )
+            .unwrap();
+            compare_with_single_process(config, layout, split, &label);
+        }
+        engine_scenarios(&world);
+        println!("{PASSED} on {} ranks", world.size());
+    } else {
+        for (config, layout, streamed) in MODELS {
+            serve_share(&world, config, layout, streamed);
+        }
+        // The engine scenarios' two models.
+        serve_share(&world, "tiny-a", "official", false);
+        serve_share(&world, "tiny-a", "official", false);
+    }
+    drop(world);
+    deepinfer_engine::dist::finalize();
+}
+
+fn model_dir(config: &str, layout: &str) -> std::path::PathBuf {
+    fixture(config).join(layout)
+}
+
+fn plan(streamed: bool) -> MemoryPlan {
+    MemoryPlan {
+        budget: None,
+        // The smallest cache: nearly every step reads.
+        expert_cache: streamed.then_some(0),
+    }
+}
+
+/// A rank other than 0: its share of one model, until rank 0 drops that model.
+fn serve_share(world: &Arc<dyn Collectives>, config: &str, layout: &str, streamed: bool) {
+    let mut rank = ExpertRank::load(
+        &model_dir(config, layout),
+        &plan(streamed),
+        Arc::clone(world),
+    )
+    .unwrap_or_else(|e| world.abort(&format!("{config}/{layout}: {e}")));
+    if let Err(e) = rank.run() {
+        world.abort(&format!("{config}/{layout}: {e}"));
+    }
+}
+
+fn close(a: &[f32], b: &[f32], label: &str) {
+    assert_eq!(a.len(), b.len(), "{label}");
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{label}: logit {i}: {x} vs {y}"
+        );
+    }
+}
+
+/// Every position's logits of the golden prompts: fed whole, in chunks of 5, and two
+/// prompts in one step, split against one process.
+fn compare_with_single_process(config: &str, layout: &str, split: Model, label: &str) {
+    let g = Golden::load(config);
+    let mut one = runner(load(config, layout), 4, 0);
+    let mut many = runner(split, 4, 0);
+    let prompts: Vec<Vec<u32>> = g.prompts().iter().map(|p| ids(&p["ids"])).collect();
+    for (pi, tokens) in prompts.iter().enumerate() {
+        let want = chunked_logits(&mut one, tokens, tokens.len());
+        for chunk in [tokens.len(), 5] {
+            let got = chunked_logits(&mut many, tokens, chunk);
+            for (pos, (w, g)) in want.iter().zip(&got).enumerate() {
+                close(w, g, &format!("{label} p{pi} chunk {chunk} pos {pos}"));
+            }
+        }
+    }
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let batched = two_in_one_step(&mut many, a, b);
+    let solo = [
+        two_in_one_step(&mut one, a, a),
+        two_in_one_step(&mut one, b, b),
+    ];
+    close(&batched[0], &solo[0][0], &format!("{label} batched p0"));
+    close(&batched[1], &solo[1][1], &format!("{label} batched p1"));
+}
+
+/// The last logits of `a` and `b` fed as two sequences of one step.
+fn two_in_one_step(r: &mut TestRunner, a: &[u32], b: &[u32]) -> [Vec<f32>; 2] {
+    let (sa, sb): (SeqId, SeqId) = (r.add_sequence().unwrap(), r.add_sequence().unwrap());
+    let l = r
+        .step(&[
+            Feed {
+                seq: sa,
+                tokens: a,
+                all_logits: false,
+            },
+            Feed {
+                seq: sb,
+                tokens: b,
+                all_logits: false,
+            },
+        ])
+        .unwrap()
+        .clone();
+    r.free(sa).unwrap();
+    r.free(sb).unwrap();
+    [l.row(0).to_vec(), l.row(1).to_vec()]
+}
+
+type Join = JoinHandle<Result<EngineCore, EngineError>>;
+
+fn start(
+    world: &Arc<dyn Collectives>,
+    sched: SchedulerConfig,
+    budget: usize,
+    max_seqs: usize,
+) -> (EngineHandle, Join) {
+    let model = Model::load_split(
+        &model_dir("tiny-a", "official"),
+        &plan(false),
+        Arc::clone(world),
+        |_, _| {},
+    )
+    .unwrap();
+    let config = EngineConfig {
+        scheduler: sched,
+        cache: cache_config(budget, max_seqs, 0),
+        model_name: "test".into(),
+        forced_output: None,
+        speculative: None,
+    };
+    engine::start(model, config).unwrap()
+}
+
+fn assert_pools_empty(join: Join) {
+    let core = join.join().unwrap().unwrap();
+    for u in core.cache().usage() {
+        assert_eq!((u.used_blocks, u.used_bytes), (0, 0), "pool {}", u.name);
+    }
+}
+
+/// The engine over the split model: forced preemption gives HF's greedy tokens; an abort
+/// and a disconnect free their cache.
+fn engine_scenarios(world: &Arc<dyn Collectives>) {
+    let g = Golden::load("tiny-a");
+    let sched = SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 48,
+        prefill_chunk: Some(16),
+        max_model_len: 732,
+    };
+    let (h, join) = start(world, sched, budget_for_one("tiny-a", 4, 732), 4);
+    expect_golden_greedy_picks(&h, &g, &PREEMPTION_PICKS, "split, under preemption");
+    h.drain().unwrap();
+    assert!(
+        h.metrics.num_preemptions.get() > 0,
+        "the budget was meant to force preemption"
+    );
+    h.shutdown();
+    assert_pools_empty(join);
+
+    let sched = SchedulerConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        prefill_chunk: Some(16),
+        max_model_len: 4096,
+    };
+    let (h, join) = start(world, sched, 64 << 20, 8);
+    let (id, rx) = h.add_request((0..200).collect(), greedy(1000)).unwrap();
+    let (_, dropped) = h.add_request((0..100).collect(), greedy(1000)).unwrap();
+    drop(dropped);
+    assert_eq!(rx.recv().unwrap().new_token_ids.len(), 1);
+    h.abort(id);
+    assert_eq!(collect(rx).1, Some(FinishReason::Abort));
+    h.drain().unwrap();
+    h.shutdown();
+    assert_pools_empty(join);
+}
