@@ -6,8 +6,8 @@ use crate::ranks;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
-use deepinfer_model::parallel::Collectives;
-use deepinfer_model::v4::{ExpertRank, Model};
+use deepinfer_model::parallel::Placement;
+use deepinfer_model::v4::{Model, Worker};
 use std::sync::Arc;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -25,10 +25,12 @@ pub struct LoadArgs {
     /// only its share; rank 0 also holds the dense part and runs the engine).
     #[arg(long)]
     pub enable_expert_parallel: bool,
-    /// Processes the dense layers are split over: 1 (tensor parallelism of the dense
-    /// layers is not built yet; use --enable-expert-parallel).
-    #[arg(long, default_value_t = 1)]
-    pub tensor_parallel_size: usize,
+    /// Started by `mpirun -n N`, N (the default there): also split the dense projections
+    /// over the processes — the attention heads, the shared expert's width and the
+    /// vocabulary — so each holds and reads about an N-th of them; 1: the dense part stays
+    /// on rank 0. Needs --enable-expert-parallel (experts are split whole).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
 }
 
 /// Left for what the process needs besides weights and cache pools (scratch, tokenizer,
@@ -59,8 +61,7 @@ impl LoadArgs {
     /// Loads `dir` under the plan and says on stderr which plan it chose and why.
     ///
     /// In a job of several processes, rank 0 loads its part and returns; every other rank
-    /// serves its share of the experts here until rank 0's model is dropped, then ends
-    /// the process.
+    /// serves its part here until rank 0's model is dropped, then ends the process.
     pub fn load(
         &self,
         dir: &Path,
@@ -68,10 +69,7 @@ impl LoadArgs {
         progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
         let plan = self.memory_plan(cache_pools);
-        let world = ranks::world();
-        let size = world.as_ref().map_or(1, |w| w.size());
-        self.check_parallel(size)?;
-        let Some(world) = world else {
+        let Some(placement) = self.placement()? else {
             let model = Model::load_with(dir, &plan, progress)
                 .with_context(|| format!("loading {}", dir.display()))?;
             if model.weights.expert_store.is_some() {
@@ -79,10 +77,11 @@ impl LoadArgs {
             }
             return Ok(model);
         };
-        if world.rank() != 0 {
-            serve_expert_rank(dir, &plan, world);
+        if placement.comm.rank() != 0 {
+            run_worker(dir, &plan, placement);
         }
-        let model = Model::load_split(dir, &plan, world, progress)
+        let size = placement.comm.size();
+        let model = Model::load_split(dir, &plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         eprintln!("memory plan: {}", model.memory_plan());
         if model.config.n_routed_experts < size {
@@ -94,40 +93,51 @@ impl LoadArgs {
         Ok(model)
     }
 
-    /// The parallel flags against the number of processes the job has.
-    fn check_parallel(&self, size: usize) -> Result<()> {
-        if self.tensor_parallel_size > 1 {
+    /// How the job's processes split the model, from the flags; `None` for one process.
+    fn placement(&self) -> Result<Option<Placement>> {
+        let Some(comm) = ranks::world() else {
+            if let Some(tp) = self.tensor_parallel_size.filter(|&tp| tp > 1) {
+                bail!(
+                    "--tensor-parallel-size {tp} needs {tp} processes: start them with \
+                     `mpirun -n {tp} deepinfer …`"
+                );
+            }
+            return Ok(None);
+        };
+        let size = comm.size();
+        if !self.enable_expert_parallel {
             bail!(
-                "--tensor-parallel-size {}: tensor parallelism of the dense layers is not \
-                 built yet; start {} processes with mpirun and --enable-expert-parallel",
-                self.tensor_parallel_size,
-                self.tensor_parallel_size
+                "started as one of {size} processes: pass --enable-expert-parallel (the routed \
+                 experts are split whole over the processes; sharding each expert's width \
+                 instead is not built)"
             );
         }
-        if size > 1 && !self.enable_expert_parallel {
-            bail!(
-                "started as one of {size} processes: pass --enable-expert-parallel to split the \
-                 routed experts over them (tensor parallelism of the dense layers is not built \
-                 yet)"
-            );
-        }
-        Ok(())
+        let tensor = match self.tensor_parallel_size.unwrap_or(size) {
+            1 => false,
+            tp if tp == size => true,
+            tp => bail!(
+                "--tensor-parallel-size {tp} with {size} processes: give {size} (split the \
+                 dense projections too) or 1 (they stay on rank 0)"
+            ),
+        };
+        Ok(Some(Placement { comm, tensor }))
     }
 }
 
-/// A rank other than 0: loads its share of the experts, serves rank 0 until told to stop,
-/// and ends the process; an error ends the whole job.
-fn serve_expert_rank(dir: &Path, plan: &MemoryPlan, world: Arc<dyn Collectives>) -> ! {
-    let mut rank = match ExpertRank::load(dir, plan, Arc::clone(&world)) {
-        Ok(rank) => rank,
-        Err(e) => world.abort(&format!("cannot load {}: {e}", dir.display())),
+/// A rank other than 0: loads its part, serves rank 0 until told to stop, and ends the
+/// process; an error ends the whole job.
+fn run_worker(dir: &Path, plan: &MemoryPlan, placement: Placement) -> ! {
+    let comm = Arc::clone(&placement.comm);
+    let mut worker = match Worker::load(dir, plan, placement) {
+        Ok(worker) => worker,
+        Err(e) => comm.abort(&format!("cannot load {}: {e}", dir.display())),
     };
-    eprintln!("memory plan: {}", rank.memory_plan());
-    if let Err(e) = rank.run() {
-        world.abort(&format!("error: {e}"));
+    eprintln!("memory plan: {}", worker.memory_plan());
+    if let Err(e) = worker.run() {
+        comm.abort(&format!("error: {e}"));
     }
-    drop(rank);
-    drop(world);
+    drop(worker);
+    drop(comm);
     deepinfer_engine::dist::finalize();
     std::process::exit(0)
 }

@@ -168,8 +168,10 @@ fn mpirun(n: usize) -> Command {
 }
 
 #[test]
-fn expert_parallel_reproduces_golden_greedy_tokens() {
+fn split_runs_reproduce_golden_greedy_tokens() {
+    // Tensor parallel (the default under mpirun), then the experts alone.
     let ep = "--enable-expert-parallel";
+    let alone = ["--tensor-parallel-size", "1"];
     check_launched(mpirun(2), "tiny-a", "official", &[ep]);
     check_launched(mpirun(3), "tiny-b", "hf", &[ep, "--prefill-chunk", "5"]);
     check_launched(
@@ -184,10 +186,12 @@ fn expert_parallel_reproduces_golden_greedy_tokens() {
         "official",
         &[ep, "--expert-cache-mib", "0"],
     );
+    check_launched(mpirun(2), "tiny-b", "hf", &[ep, alone[0], alone[1]]);
+    check_launched(mpirun(3), "tiny-c", "official", &[ep, alone[0], alone[1]]);
 }
 
 #[test]
-fn expert_parallel_failures_end_every_rank() {
+fn split_run_failures_end_every_rank() {
     let model = golden("tiny-a").join("official");
     let base = [
         "generate",
@@ -202,6 +206,23 @@ fn expert_parallel_failures_end_every_rank() {
     assert!(!out.status.success());
     assert!(
         err.contains("rank 0 of 2") && err.contains("--enable-expert-parallel"),
+        "{err}"
+    );
+    // A tensor-parallel size that does not match the processes, or one process asking for two.
+    let out = mpirun(2)
+        .args(base)
+        .args(["--enable-expert-parallel", "--tensor-parallel-size", "3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--tensor-parallel-size 3 with 2"),
+        "{err}"
+    );
+    let out = deepinfer(&[&base[..], &["--tensor-parallel-size", "2"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("mpirun -n 2"),
         "{err}"
     );
     // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself

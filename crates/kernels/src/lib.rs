@@ -10,5 +10,6 @@ pub mod matrix;
 pub mod norm;
 pub mod roofline;
 pub mod rope;
+pub mod sub_matrix;
 pub mod topk;
 pub mod vector;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
 use crate::experts::{ExpertPlan, ExpertSource, ExpertStore};
-use crate::parallel::{expert_range, Collectives, ExpertSplit};
+use crate::parallel::{share, AttnPart, Collectives, HeadPart, LayerLink, Placement, SharedPart};
 use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
@@ -86,14 +86,53 @@ pub struct AttentionWeights {
     pub kind: AttnKind,
     pub wq_a: Linear,
     pub q_norm: Vec<f32>,
-    pub wq_b: Linear,
     pub wkv: Linear,
     pub kv_norm: Vec<f32>,
     pub sink: Vec<f32>,
-    pub wo_a: Linear,
-    pub wo_b: Linear,
+    pub heads: HeadProjections,
     pub compressor: Option<CompressorWeights>,
     pub indexer: Option<IndexerWeights>,
+}
+
+/// The projections sized by the attention heads: the queries (`wq_b`), the grouped output
+/// projection (`wo_a`) and the dense one (`wo_b`) — whole, or this rank's part of them.
+#[derive(Debug)]
+pub enum HeadProjections {
+    Whole {
+        wq_b: Linear,
+        wo_a: Linear,
+        wo_b: Linear,
+    },
+    Split {
+        part: AttnPart,
+        link: LayerLink,
+    },
+}
+
+/// The shared expert, whole or this rank's part of its width.
+#[derive(Debug)]
+pub enum SharedExpert {
+    Whole(ExpertWeights),
+    Part(SharedPart),
+}
+
+impl SharedExpert {
+    pub fn whole(&self) -> Option<&ExpertWeights> {
+        match self {
+            SharedExpert::Whole(e) => Some(e),
+            SharedExpert::Part(_) => None,
+        }
+    }
+}
+
+/// The vocabulary head, whole or this rank's rows of it.
+#[derive(Debug)]
+pub enum HeadWeights {
+    Whole(Linear),
+    Split {
+        part: HeadPart,
+        comm: Arc<dyn Collectives>,
+    },
 }
 
 /// A SwiGLU expert: `w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, ±L))`.
@@ -143,9 +182,9 @@ pub struct MoeWeights {
     pub gate: Linear,
     pub routing: Routing,
     pub experts: RoutedExperts,
-    pub shared: Option<ExpertWeights>,
-    /// Set when the layer's routed experts are split over ranks (this is rank 0).
-    pub split: Option<ExpertSplit>,
+    pub shared: Option<SharedExpert>,
+    /// Set when the layer's experts are split over ranks (this is rank 0).
+    pub split: Option<LayerLink>,
 }
 
 #[derive(Debug)]
@@ -162,7 +201,7 @@ pub struct LayerWeights {
 pub struct ModelWeights {
     /// `[vocab, D]`, rows looked up (and widened) per token.
     pub embed: QMatrix,
-    pub head: Linear,
+    pub head: HeadWeights,
     pub norm: Vec<f32>,
     pub hc_head_fn: Linear,
     pub hc_head_base: Vec<f32>,
@@ -241,7 +280,7 @@ pub struct MtpWeights {
     /// (`mtp.0.emb.tok_emb.weight`); `None`: the main embedding is shared.
     pub embed: Option<QMatrix>,
     /// Likewise for the head (`mtp.0.head.weight`).
-    pub head: Option<Linear>,
+    pub head: Option<HeadWeights>,
 }
 
 /// Where a layer's weights come from and what kind of layer it is.
@@ -250,6 +289,10 @@ struct LayerSpec<'a> {
     kind: AttnKind,
     mlp: MlpKind,
     ratio: usize,
+    /// The ranks this layer is split over (a main layer of a split model, on rank 0).
+    placement: Option<&'a Placement>,
+    /// The layer's index (what the other ranks keep their parts under).
+    index: usize,
 }
 
 fn attention(
@@ -306,17 +349,25 @@ fn attention(
         kind: s.kind,
         wq_a: Linear::load(ck, &format!("{p}.attn.wq_a"), c.q_lora_rank, d)?,
         q_norm: vec1(ck, &format!("{p}.attn.q_norm.weight"), c.q_lora_rank)?,
-        wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
         wkv: Linear::load(ck, &format!("{p}.attn.wkv"), hd, d)?,
         kv_norm: vec1(ck, &kv_norm_name, hd)?,
         sink: vec1(ck, &format!("{p}.attn.attn_sink"), h)?,
-        wo_a: Linear::load(
-            ck,
-            &format!("{p}.attn.wo_a"),
-            c.o_groups * c.o_lora_rank,
-            h * hd / c.o_groups,
-        )?,
-        wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
+        heads: match s.placement.filter(|pl| pl.tensor) {
+            Some(pl) => HeadProjections::Split {
+                part: AttnPart::load(ck, c, p, pl.comm.rank(), pl.comm.size())?,
+                link: pl.link(s.index),
+            },
+            None => HeadProjections::Whole {
+                wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
+                wo_a: Linear::load(
+                    ck,
+                    &format!("{p}.attn.wo_a"),
+                    c.o_groups * c.o_lora_rank,
+                    h * hd / c.o_groups,
+                )?,
+                wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
+            },
+        },
         compressor: compressor_w,
         indexer,
     })
@@ -329,7 +380,6 @@ fn moe_weights(
     c: &ModelConfig,
     s: &LayerSpec,
     experts: Option<RoutedExperts>,
-    split: Option<ExpertSplit>,
 ) -> Result<MoeWeights, CheckpointError> {
     let (p, d, e) = (s.prefix, c.hidden_size, c.n_routed_experts);
     let routing = match s.mlp {
@@ -359,22 +409,28 @@ fn moe_weights(
         Some(experts) => experts,
         None => resident_experts(ck, c, p, 0..e)?,
     };
-    let shared = if c.n_shared_experts > 0 {
-        Some(expert(
+    let shared = match (c.n_shared_experts, s.placement.filter(|pl| pl.tensor)) {
+        (0, _) => None,
+        (_, Some(pl)) => Some(SharedExpert::Part(SharedPart::load(
+            ck,
+            c,
+            p,
+            pl.comm.rank(),
+            pl.comm.size(),
+        )?)),
+        (n, None) => Some(SharedExpert::Whole(expert(
             ck,
             &format!("{p}.ffn.shared_experts"),
             d,
-            inter * c.n_shared_experts,
-        )?)
-    } else {
-        None
+            inter * n,
+        )?)),
     };
     Ok(MoeWeights {
         gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?,
         routing,
         experts,
         shared,
-        split,
+        split: s.placement.map(|pl| pl.link(s.index)),
     })
 }
 
@@ -430,37 +486,65 @@ fn expert_store(
     }
 }
 
-/// The routed experts a rank other than 0 of a split model holds: its share of every main
-/// layer's, and nothing else.
-pub struct ExpertShare {
+/// What a rank other than 0 of a split model holds: its share of every main layer's routed
+/// experts and, tensor parallel, its parts of the dense projections; nothing else.
+pub struct RankWeights {
     /// One per main layer.
-    pub layers: Vec<RoutedExperts>,
+    pub layers: Vec<RankLayer>,
+    pub head: Option<HeadPart>,
     pub store: Option<Arc<ExpertStore>>,
 }
 
-impl ExpertShare {
+/// A rank's part of one main layer.
+pub struct RankLayer {
+    pub experts: RoutedExperts,
+    pub attn: Option<AttnPart>,
+    pub shared: Option<SharedPart>,
+}
+
+impl RankWeights {
+    /// Rank `rank` of `size`'s part; the dense projections only when `tensor`.
     pub fn load(
         ck: &Checkpoint,
         c: &ModelConfig,
         plan: ExpertPlan,
-        held: Range<usize>,
+        (rank, size): (usize, usize),
+        tensor: bool,
     ) -> Result<Self, CheckpointError> {
+        let held = share(c.n_routed_experts, rank, size);
         let store = expert_store(ck, c, plan, &held)?;
-        let layers = (0..c.num_hidden_layers)
-            .map(|l| layer_experts(ck, c, l, store.as_ref(), &held))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { layers, store })
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("layers.{l}");
+            let shared = tensor && c.n_shared_experts > 0;
+            layers.push(RankLayer {
+                experts: layer_experts(ck, c, l, store.as_ref(), &held)?,
+                attn: tensor
+                    .then(|| AttnPart::load(ck, c, &p, rank, size))
+                    .transpose()?,
+                shared: shared
+                    .then(|| SharedPart::load(ck, c, &p, rank, size))
+                    .transpose()?,
+            });
+        }
+        let head = tensor
+            .then(|| HeadPart::load(ck, c, rank, size))
+            .transpose()?;
+        Ok(Self {
+            layers,
+            head,
+            store,
+        })
     }
 }
 
-/// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`); `experts` and
-/// `split` as [`moe_weights`] takes them.
+/// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`); `experts` as
+/// [`moe_weights`] takes them.
 fn layer(
     ck: &Checkpoint,
     c: &ModelConfig,
     s: &LayerSpec,
     experts: Option<RoutedExperts>,
-    split: Option<ExpertSplit>,
 ) -> Result<LayerWeights, CheckpointError> {
     let (p, d) = (s.prefix, c.hidden_size);
     Ok(LayerWeights {
@@ -469,7 +553,7 @@ fn layer(
         hc_attn: hyper(ck, &format!("{p}.hc_attn"), c)?,
         hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
         attn: attention(ck, c, s)?,
-        ffn: moe_weights(ck, c, s, experts, split)?,
+        ffn: moe_weights(ck, c, s, experts)?,
     })
 }
 
@@ -486,6 +570,8 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         kind: AttnKind::Sliding,
         mlp: MlpKind::Scored,
         ratio: 0,
+        placement: None,
+        index: c.num_hidden_layers,
     };
     // Some checkpoints carry copies of the embedding and head under the MTP's prefix; the
     // reference shares the main ones, so a copy is only kept when it differs.
@@ -502,7 +588,12 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         false => None,
     };
     let head = match differs("mtp.0.head.weight", "head.weight")? {
-        true => Some(Linear::load(ck, "mtp.0.head", c.vocab_size, d)?),
+        true => Some(HeadWeights::Whole(Linear::load(
+            ck,
+            "mtp.0.head",
+            c.vocab_size,
+            d,
+        )?)),
         false => None,
     };
     Ok(Some(MtpWeights {
@@ -516,7 +607,7 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         },
         hc_head_base: vec1(ck, &format!("{P}.hc_head_base"), hc)?,
         hc_head_scale: vec1(ck, &format!("{P}.hc_head_scale"), 1)?,
-        block: layer(ck, c, &spec, None, None)?,
+        block: layer(ck, c, &spec, None)?,
         embed,
         head,
     }))
@@ -532,13 +623,13 @@ impl ModelWeights {
     /// (one per layer, then the embedding, head and MTP block): a real checkpoint takes
     /// minutes to load, and a progress bar tells an operator it is moving.
     ///
-    /// `split`: the routed experts are split over these ranks and this is rank 0, which
-    /// loads its share of them (and everything else).
+    /// `placement`: the model is split over ranks and this is rank 0, which loads its share
+    /// of what is split (and everything else).
     pub fn load_with_progress(
         ck: &Checkpoint,
         c: &ModelConfig,
         plan: ExpertPlan,
-        split: Option<&Arc<dyn Collectives>>,
+        placement: Option<&Placement>,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CheckpointError> {
         if let Some((layer, tensor)) = ck.last_layer() {
@@ -552,9 +643,7 @@ impl ModelWeights {
         }
         let total = c.num_hidden_layers + 1;
         let (d, hc) = (c.hidden_size, c.hc_mult);
-        let held = split.map_or(0..c.n_routed_experts, |comm| {
-            expert_range(c.n_routed_experts, comm.rank(), comm.size())
-        });
+        let held = placement.map_or(0..c.n_routed_experts, |pl| pl.share(c.n_routed_experts));
         let expert_store = expert_store(ck, c, plan, &held)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
@@ -564,18 +653,22 @@ impl ModelWeights {
                 kind: c.layer_types[l],
                 mlp: c.mlp_layer_types[l],
                 ratio: c.compress_ratio(l),
+                placement,
+                index: l,
             };
             let experts = layer_experts(ck, c, l, expert_store.as_ref(), &held)?;
-            let split = split.map(|comm| ExpertSplit {
-                comm: Arc::clone(comm),
-                layer: l,
-            });
-            layers.push(layer(ck, c, &spec, Some(experts), split)?);
+            layers.push(layer(ck, c, &spec, Some(experts))?);
             progress(l + 1, total);
         }
         let weights = Self {
             embed: ck.matrix("embed.weight", &[c.vocab_size, d])?,
-            head: Linear::load(ck, "head", c.vocab_size, d)?,
+            head: match placement.filter(|pl| pl.tensor) {
+                Some(pl) => HeadWeights::Split {
+                    part: HeadPart::load(ck, c, pl.comm.rank(), pl.comm.size())?,
+                    comm: Arc::clone(&pl.comm),
+                },
+                None => HeadWeights::Whole(Linear::load(ck, "head", c.vocab_size, d)?),
+            },
             norm: vec1(ck, "norm.weight", d)?,
             hc_head_fn: Linear {
                 w: ck.matrix("hc_head_fn", &[hc, hc * d])?,

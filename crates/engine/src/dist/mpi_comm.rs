@@ -8,11 +8,12 @@
 use super::DistError;
 use deepinfer_model::parallel::Collectives;
 use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::request::{LocalScope, Request};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{Equivalence, Root};
-use mpi::Threading;
+use mpi::{Count, Threading};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -124,8 +125,32 @@ impl Collectives for MpiComm {
         }
     }
 
+    fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
+        let world = world();
+        let root = world.process_at_rank(0);
+        if self.rank != 0 {
+            mpi::request::scope(|scope| wait(root.immediate_gather_varcount_into(scope, part)));
+            return;
+        }
+        let counts: Vec<Count> = counts.iter().map(|&c| c as Count).collect();
+        let displs: Vec<Count> = counts
+            .iter()
+            .scan(0, |at, &c| {
+                let d = *at;
+                *at += c;
+                Some(d)
+            })
+            .collect();
+        let mut recv = PartitionMut::new(out, &counts[..], &displs[..]);
+        mpi::request::scope(|scope| {
+            wait(root.immediate_gather_varcount_into_root(scope, part, &mut recv))
+        });
+    }
+
     fn abort(&self, why: &str) -> ! {
-        eprintln!("rank {} of {}: {why}", self.rank, self.size);
+        // One write, so the ranks' lines do not interleave.
+        let line = format!("rank {} of {}: {why}\n", self.rank, self.size);
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         world().abort(1)
     }
 }

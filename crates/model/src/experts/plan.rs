@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
-use crate::parallel::expert_range;
+use crate::parallel::share;
 
 /// What the operator asked for (`--memory-budget-mib`, `--expert-cache-mib`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,13 +46,20 @@ impl StoredBytes {
 }
 
 impl StoredBytes {
-    /// What rank `rank` of `size` loads of a model whose `n_experts` routed experts are
-    /// split over the ranks: its share of the experts, and the dense part on rank 0 only.
-    pub fn share(self, n_experts: usize, rank: usize, size: usize) -> Self {
-        let held = expert_range(n_experts, rank, size).len() as u64;
+    /// What rank `rank` of `size` loads of a model split over the ranks: its share of the
+    /// routed experts; the dense part on rank 0 only, or (`tensor`) about a `size`-th of it
+    /// everywhere (an estimate: the parts not split stay on rank 0).
+    pub fn share(self, c: &ModelConfig, rank: usize, size: usize, tensor: bool) -> Self {
+        let n = c.n_routed_experts;
+        let held = share(n, rank, size).len() as u64;
+        let dense = match (rank, tensor) {
+            (0, false) => self.dense,
+            (_, false) => 0,
+            (_, true) => self.dense / size.max(1) as u64,
+        };
         Self {
-            dense: if rank == 0 { self.dense } else { 0 },
-            experts: self.experts * held / n_experts.max(1) as u64,
+            dense,
+            experts: self.experts * held / n.max(1) as u64,
         }
     }
 }

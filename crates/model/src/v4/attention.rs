@@ -6,18 +6,22 @@
 use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::IndexerQueries;
 use super::model::{Angles, BatchRows};
+use super::tensor_parallel::{announce, gather_q, q_part, split_out};
 use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
+use crate::parallel;
 use crate::profile::{self, scope, Op};
-use crate::weights::AttentionWeights;
+use crate::weights::{AttentionWeights, HeadProjections};
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::cell::RefCell;
+use std::ops::Range;
 
 thread_local! {
     /// Per-thread scratch of the parallel loops (scores, picked entries): reserved up front
@@ -96,13 +100,25 @@ pub fn attention(
     // Then every projection of the q-LoRA activations.
     let mut q = ws.take(n * h * hd);
     let mut iq = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.wq_b.out_dim()));
-    {
-        let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
-        jobs.push(Matmul::new(&w.wq_b.w, &qr, n, &mut q));
-        if let Some(iw) = &w.indexer {
-            jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+    match &w.heads {
+        HeadProjections::Whole { wq_b, .. } => {
+            let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
+            jobs.push(Matmul::new(&wq_b.w, &qr, n, &mut q));
+            if let Some(iw) = &w.indexer {
+                jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+            }
+            profile::matmuls(&mut jobs);
         }
-        profile::matmuls(&mut jobs);
+        HeadProjections::Split { part, link } => {
+            announce(link, parallel::Op::AttnQ, n, &mut qr);
+            let also = w
+                .indexer
+                .as_ref()
+                .map(|iw| Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+            let mine = q_part(part, &qr, n, also, ws);
+            gather_q(link, c, &mine, n, &mut q, ws);
+            ws.give(mine);
+        }
     }
     {
         let _p = scope(Op::NormRope);
@@ -289,7 +305,16 @@ pub fn attention(
             &kv[span.start * hd..(span.start + span.len) * hd],
         );
     }
-    let res = grouped_output(&out, n, c.o_groups, w, ws);
+    let res = match &w.heads {
+        HeadProjections::Whole { wo_a, wo_b, .. } => {
+            let z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, &out, n, ws);
+            let mut res = ws.take(n * wo_b.out_dim());
+            wo_b.forward_into(&z, n, &mut res);
+            ws.give(z);
+            res
+        }
+        HeadProjections::Split { part, link } => split_out(link, part, c, &mut out, n, ws),
+    };
     for v in [qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {
         ws.give(v);
     }
@@ -305,37 +330,40 @@ fn min_len(work: usize) -> usize {
     (1usize << 16).div_ceil(work.max(1))
 }
 
-/// Block-diagonal `wo_a` (group `g` of heads → `R` values, all groups in one pass) then
-/// dense `wo_b`.
-fn grouped_output(
+/// The block-diagonal `wo_a` over the output groups `groups` (group `g`'s heads of
+/// `o: [t, H·hd]` → `o_lora` values, every group in one pass): `[t, groups · o_lora]`.
+/// `wo_a` holds those groups' rows from row `row0` on (all of them, or a rank's part).
+pub(super) fn grouped_output(
+    c: &ModelConfig,
+    wo_a: &QMatrix,
+    row0: usize,
+    groups: Range<usize>,
     o: &[f32],
     t: usize,
-    groups: usize,
-    w: &AttentionWeights,
     ws: &mut Workspace,
 ) -> Vec<f32> {
-    let (wo_a, wo_b) = (&w.wo_a, &w.wo_b);
-    let gin = wo_a.in_dim();
-    let r = wo_a.out_dim() / groups;
-    // [G, t, gin]: each group's inputs contiguous.
-    let mut xg = ws.take(groups * t * gin);
-    for (i, row) in o.chunks_exact(groups * gin).enumerate() {
-        for g in 0..groups {
-            xg[(g * t + i) * gin..(g * t + i + 1) * gin]
+    let gin = c.num_attention_heads * c.head_dim / c.o_groups.max(1);
+    let r = c.o_lora_rank;
+    let ng = groups.len();
+    // [ng, t, gin]: each group's inputs contiguous.
+    let mut xg = ws.take(ng * t * gin);
+    for (i, row) in o.chunks_exact(c.o_groups * gin).enumerate() {
+        for (k, g) in groups.clone().enumerate() {
+            xg[(k * t + i) * gin..(k * t + i + 1) * gin]
                 .copy_from_slice(&row[g * gin..(g + 1) * gin]);
         }
     }
-    let mut zg = ws.take(groups * t * r);
+    let mut zg = ws.take(ng * t * r);
     {
         let mut jobs: SmallVec<[Matmul; 16]> = SmallVec::new();
-        for ((g, x), y) in xg
+        for ((k, x), y) in xg
             .chunks_exact(t * gin)
             .enumerate()
             .zip(zg.chunks_exact_mut(t * r))
         {
             jobs.push(Matmul {
-                w: &wo_a.w,
-                rows: g * r..(g + 1) * r,
+                w: wo_a,
+                rows: row0 + k * r..row0 + (k + 1) * r,
                 x,
                 m: t,
                 y,
@@ -343,17 +371,14 @@ fn grouped_output(
         }
         profile::matmuls(&mut jobs);
     }
-    let mut z = ws.take(t * groups * r);
-    for g in 0..groups {
+    let mut z = ws.take(t * ng * r);
+    for k in 0..ng {
         for i in 0..t {
-            z[i * groups * r + g * r..i * groups * r + (g + 1) * r]
-                .copy_from_slice(&zg[(g * t + i) * r..(g * t + i + 1) * r]);
+            z[i * ng * r + k * r..i * ng * r + (k + 1) * r]
+                .copy_from_slice(&zg[(k * t + i) * r..(k * t + i + 1) * r]);
         }
     }
-    let mut out = ws.take(t * wo_b.out_dim());
-    wo_b.forward_into(&z, t, &mut out);
     ws.give(xg);
     ws.give(zg);
-    ws.give(z);
-    out
+    z
 }

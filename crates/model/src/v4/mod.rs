@@ -4,13 +4,14 @@ pub mod attention;
 pub mod block;
 pub mod compressor;
 mod expert_pass;
-mod expert_rank;
 pub mod hyper;
 pub mod indexer;
 pub mod model;
 pub mod moe;
 pub mod mtp;
+mod tensor_parallel;
+mod worker;
 pub mod workspace;
 
-pub use expert_rank::{ExpertRank, RankError};
 pub use model::{Model, ModelError};
+pub use worker::{Worker, WorkerError};

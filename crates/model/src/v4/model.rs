@@ -3,20 +3,20 @@
 
 use super::block::{block_forward, BlockCtx};
 use super::hyper::hc_head;
+use super::tensor_parallel::split_head;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits, SeqSpan};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
-use crate::parallel::{expert_range, Collectives, SplitGuard};
+use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
-use crate::weights::{Linear, ModelWeights, Routing};
+use crate::weights::{HeadWeights, Linear, ModelWeights, Routing};
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
-use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -213,51 +213,40 @@ impl Model {
         Self::load_placed(dir, memory, None, progress)
     }
 
-    /// Like [`Self::load_with`] as rank 0 of a model whose routed experts are split over
-    /// `comm`'s ranks (each other rank runs an [`ExpertRank`](super::ExpertRank)): this
-    /// process loads everything but the other ranks' experts, and the memory plan counts
-    /// only what it loads.
+    /// Like [`Self::load_with`] as rank 0 of a model split over ranks as `placement` says
+    /// (each other rank runs a [`Worker`](super::Worker)): this process loads everything
+    /// but the other ranks' shares, and the memory plan counts what it loads.
     pub fn load_split(
         dir: &Path,
         memory: &MemoryPlan,
-        comm: Arc<dyn Collectives>,
+        placement: Placement,
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
-        Self::load_placed(dir, memory, Some(comm), progress)
+        Self::load_placed(dir, memory, Some(placement), progress)
     }
 
     fn load_placed(
         dir: &Path,
         memory: &MemoryPlan,
-        split: Option<Arc<dyn Collectives>>,
+        placement: Option<Placement>,
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
         let mut bytes = StoredBytes::of(&ck);
-        if let Some(comm) = &split {
-            bytes = bytes.share(config.n_routed_experts, comm.rank(), comm.size());
+        if let Some(pl) = &placement {
+            bytes = bytes.share(&config, pl.comm.rank(), pl.comm.size(), pl.tensor);
         }
         let (plan, mut why) = memory.choose(bytes, &config)?;
-        if let Some(comm) = &split {
-            let held = expert_range(config.n_routed_experts, comm.rank(), comm.size());
-            why = format!(
-                "rank 0 of {} holds the dense part ({} MiB) and experts {}..{} of {} ({} MiB): \
-                 {why}",
-                comm.size(),
-                bytes.dense >> 20,
-                held.start,
-                held.end,
-                config.n_routed_experts,
-                bytes.experts >> 20
-            );
+        if let Some(pl) = &placement {
+            why = format!("{}: {why}", describe_share(&config, pl, bytes));
         }
         tracing::info!("memory plan: {why}");
         let weights =
-            ModelWeights::load_with_progress(&ck, &config, plan, split.as_ref(), progress)?;
+            ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
         let mut model = Self::new(config, weights);
         model.memory_plan = why;
-        model._split = split.map(|comm| SplitGuard { comm });
+        model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
         Ok(model)
     }
 
@@ -485,6 +474,28 @@ impl Model {
     }
 }
 
+/// What rank `pl.comm.rank()` holds of a split model, in words (the memory plan's start).
+pub(super) fn describe_share(c: &ModelConfig, pl: &Placement, bytes: StoredBytes) -> String {
+    let (rank, size) = (pl.comm.rank(), pl.comm.size());
+    let held = pl.share(c.n_routed_experts);
+    let dense = match (rank, pl.tensor) {
+        (0, false) => "the dense part",
+        (0, true) => {
+            "the dense part not split and its share of the heads, shared expert and vocabulary"
+        }
+        (_, true) => "its share of the heads, shared expert and vocabulary",
+        (_, false) => "no dense weights",
+    };
+    format!(
+        "rank {rank} of {size} holds {dense} ({} MiB) and experts {}..{} of {} ({} MiB)",
+        bytes.dense >> 20,
+        held.start,
+        held.end,
+        c.n_routed_experts,
+        bytes.experts >> 20
+    )
+}
+
 /// Starts reading the streamed experts that hash-routed layers will pick for `tokens`: their
 /// choice depends on the token ids alone, so it is known before the first layer runs.
 fn prefetch_hash_routed(w: &ModelWeights, k: usize, tokens: &[u32]) {
@@ -530,7 +541,7 @@ pub(super) struct Head<'a> {
     pub hc_base: &'a [f32],
     pub hc_scale: f32,
     pub norm: &'a [f32],
-    pub head: &'a Linear,
+    pub head: &'a HeadWeights,
 }
 
 impl Head<'_> {
@@ -557,7 +568,12 @@ impl Head<'_> {
         logits.vocab = c.vocab_size;
         logits.data.clear();
         logits.data.resize(m * c.vocab_size, 0.0);
-        self.head.forward_into(&h, m, &mut logits.data);
+        match self.head {
+            HeadWeights::Whole(head) => head.forward_into(&h, m, &mut logits.data),
+            HeadWeights::Split { part, comm } => {
+                split_head(&**comm, part, c, &mut h, m, &mut logits.data, ws)
+            }
+        }
         ws.give(picked);
         ws.give(h);
     }

@@ -8,12 +8,13 @@
 //! routing weight scales the hidden activation before `w2`, as DeepSeek's reference does.
 
 use super::expert_pass::{experts_per_pass, pass_experts, pass_order, PassRows, SharedBufs};
+use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
-use crate::parallel::MoeMessage;
+use crate::parallel::{self, send_header, MoeMessage, SharedPart};
 use crate::profile::{scope, Op};
-use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing};
+use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
 use rayon::prelude::*;
@@ -182,31 +183,60 @@ pub fn moe(
     let mut ids = ws.take_idx(t * k);
     let mut wts = ws.take(t * k);
     route(w, c, x, token_ids, &mut ids, &mut wts, ws);
-    let Some(split) = &w.split else {
-        let out = routed_sum(&w.experts, w.shared.as_ref(), c, x, &ids, &wts, ws);
+    let (whole, part) = match &w.shared {
+        Some(SharedExpert::Whole(e)) => (Some(e), None),
+        Some(SharedExpert::Part(p)) => (None, Some(p)),
+        None => (None, None),
+    };
+    let Some(link) = &w.split else {
+        let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
         ws.give(wts);
         ws.give_idx(ids);
         return out;
     };
     let mut msg = MoeMessage::pack(x, &ids, &wts, d, k, ws.take(0));
-    split.send(&mut msg);
+    send_header(&*link.comm, parallel::Op::Moe, link.layer, t);
+    link.comm.broadcast_f32(&mut msg.buf);
     ws.give(msg.buf);
-    let out = routed_sum(&w.experts, w.shared.as_ref(), c, x, &ids, &wts, ws);
+    let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
     ws.give(wts);
     ws.give_idx(ids);
     match out {
         Ok(mut sum) => {
-            split.comm.reduce_sum(&mut sum);
+            link.comm.reduce_sum(&mut sum);
             Ok(sum)
         }
         Err(e) => {
             // The others are in the reduction already: it runs even when this part failed.
             let mut zeros = ws.take(t * d);
-            split.comm.reduce_sum(&mut zeros);
+            link.comm.reduce_sum(&mut zeros);
             ws.give(zeros);
             Err(e)
         }
     }
+}
+
+/// What this rank computes of a MoE: the picks on the experts it holds, and the shared
+/// expert (whole, or its part of the width); `[T, D]`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn local_part(
+    experts: &RoutedExperts,
+    shared: Option<&ExpertWeights>,
+    shared_part: Option<&SharedPart>,
+    c: &ModelConfig,
+    x: &[f32],
+    ids: &[usize],
+    wts: &[f32],
+    ws: &mut Workspace,
+) -> Result<Vec<f32>, ExpertError> {
+    let mut out = routed_sum(experts, shared, c, x, ids, wts, ws)?;
+    if let Some(p) = shared_part {
+        let t = ids.len() / c.num_experts_per_tok.max(1);
+        let s = tensor_parallel::shared_part(p, x, t, c.swiglu_limit, ws);
+        out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
+        ws.give(s);
+    }
+    Ok(out)
 }
 
 /// The output of the picks `ids`/`wts` (`k` per token of `x: [T, D]`) that fall on the
@@ -216,7 +246,7 @@ pub fn moe(
 /// in one parallel pass, the activation, then the down products in another. Resident, the
 /// shared expert rides with the first pass; streamed, it computes first, while the reads
 /// of the first pass are under way.
-pub(super) fn routed_sum(
+fn routed_sum(
     experts: &RoutedExperts,
     shared: Option<&ExpertWeights>,
     c: &ModelConfig,

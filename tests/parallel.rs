@@ -1,10 +1,10 @@
-//! Expert parallelism over real MPI: this test binary starts itself under `mpirun -n 2` and
-//! `-n 3` (oversubscribed), each rank running [`ranks_scenario`]. Rank 0 compares the split
-//! model with a single-process one (every position's logits of the golden prompts, fed
-//! whole, in chunks and batched; logits within 1e-5), then drives the engine over the split
-//! model under forced preemption (HF's greedy tokens) and with aborts and disconnects
-//! (pools end empty). The other ranks serve their share of the experts for each model
-//! rank 0 loads, in the same order.
+//! A model split over ranks by real MPI: this test binary starts itself under `mpirun -n 2`
+//! and `-n 3` (oversubscribed), each rank running [`ranks_scenario`]. Rank 0 compares the
+//! split model — experts only, and experts plus the dense projections (tensor parallel) —
+//! with a single-process one (every position's logits of the golden prompts, fed whole, in
+//! chunks and batched; logits within 1e-5), then drives the engine over the split model
+//! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
+//! empty). The other ranks serve their part of each model rank 0 loads, in the same order.
 
 mod common;
 
@@ -14,24 +14,27 @@ use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, Engi
 use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_model::experts::MemoryPlan;
-use deepinfer_model::parallel::Collectives;
-use deepinfer_model::v4::{ExpertRank, Model};
+use deepinfer_model::parallel::Placement;
+use deepinfer_model::v4::{Model, Worker};
 use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Set in the ranks' environment: the scenario runs only under the parent test.
-const CHILD: &str = "DEEPINFER_EXPERT_PARALLEL_CHILD";
+const CHILD: &str = "DEEPINFER_PARALLEL_CHILD";
 /// What rank 0 prints when every check passed.
-const PASSED: &str = "expert-parallel scenario passed";
+const PASSED: &str = "parallel scenario passed";
 
 /// The models the scenario splits, in the order both sides load them: `(config, layout,
-/// streamed)`.
-const MODELS: [(&str, &str, bool); 4] = [
-    ("tiny-a", "official", false),
-    ("tiny-b", "hf", false),
-    ("tiny-c", "official", false),
-    ("tiny-a", "official", true),
+/// experts streamed, tensor parallel)`.
+const MODELS: [(&str, &str, bool, bool); 7] = [
+    ("tiny-a", "official", false, false),
+    ("tiny-b", "hf", false, false),
+    ("tiny-c", "official", false, false),
+    ("tiny-a", "official", true, false),
+    ("tiny-a", "official", false, true),
+    ("tiny-b", "hf", false, true),
+    ("tiny-c", "official", true, true),
 ];
 
 fn mpirun(n: usize) -> Command {
@@ -88,27 +91,26 @@ fn ranks_scenario() {
     let world = deepinfer_engine::dist::init()
         .expect("joins the job")
         .expect("started by mpirun with more than one rank");
+    let placement = |tensor| Placement {
+        comm: Arc::clone(&world),
+        tensor,
+    };
     if world.rank() == 0 {
-        for (config, layout, streamed) in MODELS {
-            let label = format!("{config}/{layout} streamed {streamed}");
-            let split = Model::load_split(
-                &model_dir(config, layout),
-                &plan(streamed),
-                Arc::clone(&world),
-                |_, _| {},
-            )
-            .unwrap();
-            compare_with_single_process(config, layout, split, &label);
+        for (config, layout, streamed, tensor) in MODELS {
+            let label = format!("{config}/{layout} streamed {streamed} tensor {tensor}");
+            let dir = model_dir(config, layout);
+            let split = Model::load_split(&dir, &plan(streamed), placement(tensor), |_, _| {});
+            compare_with_single_process(config, layout, split.unwrap(), &label);
         }
-        engine_scenarios(&world);
+        engine_scenarios(&placement(true));
         println!("{PASSED} on {} ranks", world.size());
     } else {
-        for (config, layout, streamed) in MODELS {
-            serve_share(&world, config, layout, streamed);
+        for (config, layout, streamed, tensor) in MODELS {
+            serve_part(placement(tensor), config, layout, streamed);
         }
         // The engine scenarios' two models.
-        serve_share(&world, "tiny-a", "official", false);
-        serve_share(&world, "tiny-a", "official", false);
+        serve_part(placement(true), "tiny-a", "official", false);
+        serve_part(placement(true), "tiny-a", "official", false);
     }
     drop(world);
     deepinfer_engine::dist::finalize();
@@ -126,16 +128,13 @@ fn plan(streamed: bool) -> MemoryPlan {
     }
 }
 
-/// A rank other than 0: its share of one model, until rank 0 drops that model.
-fn serve_share(world: &Arc<dyn Collectives>, config: &str, layout: &str, streamed: bool) {
-    let mut rank = ExpertRank::load(
-        &model_dir(config, layout),
-        &plan(streamed),
-        Arc::clone(world),
-    )
-    .unwrap_or_else(|e| world.abort(&format!("{config}/{layout}: {e}")));
-    if let Err(e) = rank.run() {
-        world.abort(&format!("{config}/{layout}: {e}"));
+/// A rank other than 0: its part of one model, until rank 0 drops that model.
+fn serve_part(placement: Placement, config: &str, layout: &str, streamed: bool) {
+    let comm = Arc::clone(&placement.comm);
+    let mut worker = Worker::load(&model_dir(config, layout), &plan(streamed), placement)
+        .unwrap_or_else(|e| comm.abort(&format!("{config}/{layout}: {e}")));
+    if let Err(e) = worker.run() {
+        comm.abort(&format!("{config}/{layout}: {e}"));
     }
 }
 
@@ -201,18 +200,13 @@ fn two_in_one_step(r: &mut TestRunner, a: &[u32], b: &[u32]) -> [Vec<f32>; 2] {
 type Join = JoinHandle<Result<EngineCore, EngineError>>;
 
 fn start(
-    world: &Arc<dyn Collectives>,
+    placement: &Placement,
     sched: SchedulerConfig,
     budget: usize,
     max_seqs: usize,
 ) -> (EngineHandle, Join) {
-    let model = Model::load_split(
-        &model_dir("tiny-a", "official"),
-        &plan(false),
-        Arc::clone(world),
-        |_, _| {},
-    )
-    .unwrap();
+    let dir = model_dir("tiny-a", "official");
+    let model = Model::load_split(&dir, &plan(false), placement.clone(), |_, _| {}).unwrap();
     let config = EngineConfig {
         scheduler: sched,
         cache: cache_config(budget, max_seqs, 0),
@@ -232,7 +226,7 @@ fn assert_pools_empty(join: Join) {
 
 /// The engine over the split model: forced preemption gives HF's greedy tokens; an abort
 /// and a disconnect free their cache.
-fn engine_scenarios(world: &Arc<dyn Collectives>) {
+fn engine_scenarios(world: &Placement) {
     let g = Golden::load("tiny-a");
     let sched = SchedulerConfig {
         max_num_seqs: 4,

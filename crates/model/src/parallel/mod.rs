@@ -1,0 +1,116 @@
+//! One model split over several processes (ranks). Rank 0 holds everything with state (the
+//! caches, the attention core, the routers, the mHC mixing) and drives every step; the
+//! ranks split the weights:
+//!
+//! - **expert parallel**: every layer's routed experts, a contiguous share of the ids per
+//!   rank (rank 0 included). At a layer's MoE, rank 0 sends the normed input and the
+//!   routing, every rank computes the picks on its experts, and one sum-reduction brings
+//!   the output back.
+//! - **tensor parallel** (on top): the dense projections by heads — each rank computes the
+//!   queries of its heads (gathered to rank 0, which runs the attention core), then the
+//!   grouped output projection of its output groups and its columns of `wo_b` (summed
+//!   into rank 0) — the shared expert by width (summed with the routed experts), and the
+//!   vocabulary head by rows (gathered).
+//!
+//! The transport sits behind [`Collectives`] (MPI in the engine crate), so the model knows
+//! nothing of it and a single process, which has none, pays nothing.
+
+mod parts;
+mod protocol;
+
+pub use parts::{AttnPart, HeadPart, SharedPart};
+pub use protocol::{interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
+
+use std::ops::Range;
+use std::sync::Arc;
+
+/// The collectives a split model needs; rank 0 is the root of each.
+pub trait Collectives: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Rank 0's `buf` into every other rank's.
+    fn broadcast_f32(&self, buf: &mut [f32]);
+    fn broadcast_u64(&self, buf: &mut [u64]);
+    /// Rank 0's `buf` becomes the sum over the ranks of theirs; the other ranks' are left
+    /// as they were.
+    fn reduce_sum(&self, buf: &mut [f32]);
+    /// Every rank's `part` into rank 0's `out`, one after the other in rank order
+    /// (`counts[r]` floats from rank `r`; only rank 0 reads `counts` and `out`).
+    fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]);
+    /// Ends every rank's process after printing `why` with this rank's number: a rank that
+    /// cannot go on must not leave the others waiting in a collective.
+    fn abort(&self, why: &str) -> !;
+}
+
+impl std::fmt::Debug for dyn Collectives {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {} of {}", self.rank(), self.size())
+    }
+}
+
+/// Rank `rank`'s share of `n` things split over `size` ranks: contiguous, the first
+/// `n % size` ranks one more.
+pub fn share(n: usize, rank: usize, size: usize) -> Range<usize> {
+    let size = size.max(1);
+    let (base, extra) = (n / size, n % size);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// How the weights are split over the ranks of a job.
+#[derive(Clone)]
+pub struct Placement {
+    pub comm: Arc<dyn Collectives>,
+    /// The dense projections are split too (tensor parallel), not only the experts.
+    pub tensor: bool,
+}
+
+impl Placement {
+    /// This rank's share of `n`.
+    pub fn share(&self, n: usize) -> Range<usize> {
+        share(n, self.comm.rank(), self.comm.size())
+    }
+
+    /// The link a split layer uses to reach the other ranks.
+    pub fn link(&self, layer: usize) -> LayerLink {
+        LayerLink {
+            comm: Arc::clone(&self.comm),
+            layer,
+        }
+    }
+}
+
+/// What a split layer needs to reach the other ranks.
+#[derive(Clone)]
+pub struct LayerLink {
+    pub comm: Arc<dyn Collectives>,
+    /// The layer's index, which the other ranks keep their parts under.
+    pub layer: usize,
+}
+
+impl std::fmt::Debug for LayerLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LayerLink(layer {}, {:?})", self.layer, self.comm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_everything_once() {
+        for n in [0, 1, 4, 6, 8, 256, 257] {
+            for size in 1..=5 {
+                let ranges: Vec<_> = (0..size).map(|r| share(n, r, size)).collect();
+                assert_eq!(ranges[0].start, 0);
+                assert_eq!(ranges[size - 1].end, n);
+                for w in ranges.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                }
+                let lens = ranges.iter().map(|r| r.len());
+                assert!(lens.clone().max().unwrap() - lens.min().unwrap() <= 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! A rank's parts of the dense weights under tensor parallelism, cut from the checkpoint's
+//! matrices as stored (see `deepinfer_kernels::sub_matrix` for cuts inside a block).
+
+use super::share;
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::ModelConfig;
+use deepinfer_kernels::sub_matrix::SubMatrix;
+use std::ops::Range;
+
+/// `rows × cols` of the matrix `{name}.weight` of shape `[out, inn]`. The whole matrix is
+/// read once and dropped: only the part stays.
+fn cut(
+    ck: &Checkpoint,
+    name: &str,
+    (out, inn): (usize, usize),
+    rows: Range<usize>,
+    cols: Range<usize>,
+) -> Result<SubMatrix, CheckpointError> {
+    Ok(ck
+        .matrix(&format!("{name}.weight"), &[out, inn])?
+        .sub_matrix(rows, cols))
+}
+
+/// A rank's part of a layer's attention projections: the queries of its heads, the
+/// grouped output projection of its output groups, and `wo_b`'s columns of those groups.
+#[derive(Debug)]
+pub struct AttnPart {
+    pub heads: Range<usize>,
+    /// Rows `heads · hd` of `wq_b`.
+    pub wq_b: SubMatrix,
+    pub groups: Range<usize>,
+    /// Rows `groups · o_lora` of `wo_a`.
+    pub wo_a: SubMatrix,
+    /// Columns `groups · o_lora` of `wo_b`.
+    pub wo_b: SubMatrix,
+}
+
+impl AttnPart {
+    pub fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        prefix: &str,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self, CheckpointError> {
+        let (h, hd, g, r) = (c.num_attention_heads, c.head_dim, c.o_groups, c.o_lora_rank);
+        let heads = share(h, rank, size);
+        let groups = share(g, rank, size);
+        let p = format!("{prefix}.attn");
+        Ok(Self {
+            wq_b: cut(
+                ck,
+                &format!("{p}.wq_b"),
+                (h * hd, c.q_lora_rank),
+                heads.start * hd..heads.end * hd,
+                0..c.q_lora_rank,
+            )?,
+            wo_a: cut(
+                ck,
+                &format!("{p}.wo_a"),
+                (g * r, h * hd / g),
+                groups.start * r..groups.end * r,
+                0..h * hd / g,
+            )?,
+            wo_b: cut(
+                ck,
+                &format!("{p}.wo_b"),
+                (c.hidden_size, g * r),
+                0..c.hidden_size,
+                groups.start * r..groups.end * r,
+            )?,
+            heads,
+            groups,
+        })
+    }
+}
+
+/// A rank's part of the shared expert: its share of the intermediate width (rows of `w1`
+/// and `w3`, columns of `w2`).
+#[derive(Debug)]
+pub struct SharedPart {
+    pub width: Range<usize>,
+    pub w1: SubMatrix,
+    pub w3: SubMatrix,
+    pub w2: SubMatrix,
+}
+
+impl SharedPart {
+    pub fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        prefix: &str,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self, CheckpointError> {
+        let (d, inter) = (c.hidden_size, c.moe_intermediate_size * c.n_shared_experts);
+        let width = share(inter, rank, size);
+        let p = format!("{prefix}.ffn.shared_experts");
+        Ok(Self {
+            w1: cut(ck, &format!("{p}.w1"), (inter, d), width.clone(), 0..d)?,
+            w3: cut(ck, &format!("{p}.w3"), (inter, d), width.clone(), 0..d)?,
+            w2: cut(ck, &format!("{p}.w2"), (d, inter), 0..d, width.clone())?,
+            width,
+        })
+    }
+}
+
+/// A rank's rows of the vocabulary head.
+#[derive(Debug)]
+pub struct HeadPart {
+    pub vocab: Range<usize>,
+    pub w: SubMatrix,
+}
+
+impl HeadPart {
+    pub fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self, CheckpointError> {
+        let (v, d) = (c.vocab_size, c.hidden_size);
+        let vocab = share(v, rank, size);
+        Ok(Self {
+            w: cut(ck, "head", (v, d), vocab.clone(), 0..d)?,
+            vocab,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! A rank other than 0 of a split model (see [`crate::parallel`]): it holds its share of
+//! the routed experts and, tensor parallel, its parts of the dense projections, and computes
+//! with them whatever rank 0 announces, until rank 0's model is dropped.
+
+use super::model::describe_share;
+use super::moe::local_part;
+use super::tensor_parallel::{head_part, out_part, q_part};
+use super::workspace::Workspace;
+use super::ModelError;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::experts::{MemoryPlan, StoredBytes};
+use crate::parallel::{receive_header, MoeMessage, Op, Placement};
+use crate::weights::RankWeights;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("rank 0 sent a message out of protocol: {0}")]
+    Protocol(String),
+}
+
+pub struct Worker {
+    config: ModelConfig,
+    weights: RankWeights,
+    placement: Placement,
+    ws: Workspace,
+    memory_plan: String,
+}
+
+impl Worker {
+    /// Loads this rank's part of the checkpoint in `dir`, the experts held as `memory`
+    /// decides for the part's bytes.
+    pub fn load(dir: &Path, memory: &MemoryPlan, placement: Placement) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let ck = Checkpoint::open(dir)?;
+        let (rank, size) = (placement.comm.rank(), placement.comm.size());
+        let bytes = StoredBytes::of(&ck).share(&config, rank, size, placement.tensor);
+        let (plan, why) = memory.choose(bytes, &config)?;
+        let weights = RankWeights::load(&ck, &config, plan, (rank, size), placement.tensor)?;
+        let memory_plan = format!("{}: {why}", describe_share(&config, &placement, bytes));
+        Ok(Self {
+            config,
+            weights,
+            placement,
+            ws: Workspace::default(),
+            memory_plan,
+        })
+    }
+
+    /// What this rank holds and how.
+    pub fn memory_plan(&self) -> &str {
+        &self.memory_plan
+    }
+
+    /// Serves rank 0 until it says stop. An error (a streamed expert that cannot be read, a
+    /// message out of protocol) is this rank's to report: rank 0 cannot go on without it,
+    /// so the caller ends the job.
+    pub fn run(&mut self) -> Result<(), WorkerError> {
+        let invariant = true;
+        let c = &self.config;
+        let widest = [
+            c.hidden_size,
+            c.moe_intermediate_size * c.n_shared_experts.max(1),
+            c.q_lora_rank,
+            c.num_attention_heads * c.head_dim,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        rayon::broadcast(|_| {
+            deepinfer_kernels::linear::reserve_scratch(16 * widest);
+            deepinfer_kernels::linear::set_batch_invariant(invariant);
+        });
+        loop {
+            let (op, layer, tokens) = receive_header(&*self.placement.comm)
+                .map_err(|w| WorkerError::Protocol(format!("op {w}")))?;
+            if op == Op::Stop {
+                return Ok(());
+            }
+            deepinfer_kernels::awake::with_workers_awake(|| self.serve(op, layer, tokens))?;
+        }
+    }
+
+    /// One operation rank 0 announced, on `layer` for `t` rows.
+    fn serve(&mut self, op: Op, layer: usize, t: usize) -> Result<(), WorkerError> {
+        let Self {
+            config: c,
+            weights,
+            placement,
+            ws,
+            ..
+        } = self;
+        let comm = &*placement.comm;
+        let missing = |what: &str| WorkerError::Protocol(format!("{what} of layer {layer}"));
+        let part = weights.layers.get(layer);
+        // Rank 0's data for the operation.
+        let receive = |len: usize, ws: &mut Workspace| {
+            let mut buf = ws.take(len);
+            comm.broadcast_f32(&mut buf);
+            buf
+        };
+        match op {
+            Op::Moe => {
+                let l = part.ok_or_else(|| missing("experts"))?;
+                let (d, k) = (c.hidden_size, c.num_experts_per_tok);
+                let buf = receive(MoeMessage::len_for(t, d, k), ws);
+                let msg = MoeMessage {
+                    buf,
+                    tokens: t,
+                    d,
+                    k,
+                };
+                let mut ids = ws.take_idx(t * k);
+                msg.ids_into(&mut ids);
+                if let Some(&bad) = ids.iter().find(|&&e| e >= c.n_routed_experts) {
+                    return Err(WorkerError::Protocol(format!("expert {bad}")));
+                }
+                let shared = l.shared.as_ref();
+                let (x, wts) = (msg.x(), msg.wts());
+                let out = local_part(&l.experts, None, shared, c, x, &ids, wts, ws);
+                let mut out = out.map_err(ModelError::from)?;
+                comm.reduce_sum(&mut out);
+                ws.give(out);
+                ws.give(msg.buf);
+                ws.give_idx(ids);
+            }
+            Op::AttnQ => {
+                let p = part
+                    .and_then(|l| l.attn.as_ref())
+                    .ok_or_else(|| missing("wq_b"))?;
+                let qr = receive(t * c.q_lora_rank, ws);
+                let q = q_part(p, &qr, t, None, ws);
+                comm.gather_f32(&q, &[], &mut []);
+                ws.give(q);
+                ws.give(qr);
+            }
+            Op::AttnOut => {
+                let p = part
+                    .and_then(|l| l.attn.as_ref())
+                    .ok_or_else(|| missing("wo_a"))?;
+                let o = receive(t * c.num_attention_heads * c.head_dim, ws);
+                let mut out = out_part(p, c, &o, t, ws);
+                comm.reduce_sum(&mut out);
+                ws.give(out);
+                ws.give(o);
+            }
+            Op::Head => {
+                let p = weights.head.as_ref().ok_or_else(|| missing("head"))?;
+                let h = receive(t * c.hidden_size, ws);
+                let logits = head_part(p, &h, t, ws);
+                comm.gather_f32(&logits, &[], &mut []);
+                ws.give(logits);
+                ws.give(h);
+            }
+            Op::Stop => {}
+        }
+        Ok(())
+    }
+}
