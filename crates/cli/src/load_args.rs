@@ -80,10 +80,12 @@ impl LoadArgs {
         if placement.comm.rank() != 0 {
             run_worker(dir, &plan, placement);
         }
-        let size = placement.comm.size();
+        let comm = Arc::clone(&placement.comm);
+        let size = comm.size();
         let model = Model::load_split(dir, &plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         eprintln!("memory plan: {}", model.memory_plan());
+        ranks::report_memory(&*comm);
         if model.config.n_routed_experts < size {
             bail!(
                 "{size} processes for {} routed experts: each process needs at least one",
@@ -133,6 +135,7 @@ fn run_worker(dir: &Path, plan: &MemoryPlan, placement: Placement) -> ! {
         Err(e) => comm.abort(&format!("cannot load {}: {e}", dir.display())),
     };
     eprintln!("memory plan: {}", worker.memory_plan());
+    ranks::report_memory(&*comm);
     if let Err(e) = worker.run() {
         comm.abort(&format!("error: {e}"));
     }

@@ -19,3 +19,22 @@ pub fn join() -> anyhow::Result<Option<Arc<dyn Collectives>>> {
 pub fn world() -> Option<Arc<dyn Collectives>> {
     WORLD.get().cloned()
 }
+
+/// Says on stderr what this rank holds in memory once its weights are loaded: anonymous
+/// resident memory (`RssAnon`), the weights' own copies, without the checkpoint's page
+/// cache, which the kernel may drop).
+pub fn report_memory(world: &dyn Collectives) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    if let Some(kib) = kib {
+        eprintln!(
+            "rank {} of {}: {} MiB resident after loading (anonymous memory)",
+            world.rank(),
+            world.size(),
+            kib >> 10
+        );
+    }
+}

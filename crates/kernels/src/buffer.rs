@@ -99,6 +99,17 @@ fn reserve(len: usize) -> Option<(Arc<Arena>, usize)> {
 }
 
 impl WeightBytes {
+    /// A copy of `bytes` on the heap, never in an arena: for a matrix that is cut and
+    /// dropped while loading (an arena's room is not reused when a buffer in it drops).
+    pub fn transient(bytes: &[u8]) -> Self {
+        let mut v = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
+        Self {
+            store: Store::Heap(v),
+            len: bytes.len(),
+        }
+    }
+
     /// A copy of `bytes`.
     pub fn copy_from(bytes: &[u8]) -> Self {
         let len = bytes.len();
@@ -115,12 +126,7 @@ impl WeightBytes {
                 };
             }
         }
-        let mut v = vec![0u64; len.div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..len].copy_from_slice(bytes);
-        Self {
-            store: Store::Heap(v),
-            len,
-        }
+        Self::transient(bytes)
     }
 
     pub fn len(&self) -> usize {

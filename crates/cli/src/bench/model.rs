@@ -10,12 +10,14 @@
 
 use super::streamed;
 use crate::load_args::LoadArgs;
+use crate::ranks;
 use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::cpu::isa;
 use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
+use deepinfer_model::parallel::CollectiveStats;
 use deepinfer_model::profile::{self, Op, Snapshot};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -89,6 +91,44 @@ struct DecodeRow {
     /// "bandwidth" or "fma": whichever roof gives the longer lower bound for the step.
     binding_roof: &'static str,
     pct_of_binding_roof: f64,
+    /// Under `mpirun`: rank 0's collectives per step.
+    collectives: Option<CollectivesRow>,
+}
+
+/// Rank 0's collectives per step (see `CollectiveStats`): their time includes waiting
+/// for the slowest rank.
+#[derive(Serialize)]
+struct CollectivesRow {
+    ms_per_step: f64,
+    calls_per_step: f64,
+    kb_per_step: f64,
+}
+
+impl CollectivesRow {
+    /// The collectives between two snapshots, over `steps` steps.
+    fn between(before: Option<CollectiveStats>, steps: usize) -> Option<Self> {
+        let (before, now) = (before?, ranks::world()?.stats());
+        let d = now.since(&before);
+        let n = steps.max(1) as f64;
+        Some(Self {
+            ms_per_step: d.seconds * 1e3 / n,
+            calls_per_step: d.calls as f64 / n,
+            kb_per_step: d.bytes as f64 / 1e3 / n,
+        })
+    }
+
+    fn print(row: &Option<Self>) {
+        if let Some(r) = row {
+            println!(
+                "       rank 0 in collectives: {:.2} ms/step ({:.0} calls, {:.1} KB)",
+                r.ms_per_step, r.calls_per_step, r.kb_per_step
+            );
+        }
+    }
+}
+
+fn collective_stats() -> Option<CollectiveStats> {
+    ranks::world().map(|w| w.stats())
 }
 
 #[derive(Serialize)]
@@ -103,6 +143,7 @@ struct PrefillRow {
     /// FLOP rate of the matrix products alone (from a profiled repetition).
     matmul_gflops: f64,
     matmul_pct_of_fma: f64,
+    collectives: Option<CollectivesRow>,
 }
 
 #[derive(Serialize)]
@@ -213,11 +254,13 @@ fn decode_row(
     };
     let (_, counters) = step(bench)?; // warm-up: the workspace grows once
     let mut timed = Vec::with_capacity(reps);
+    let comm = collective_stats();
     for _ in 0..reps {
         let roofs = quick_roofs(threads);
         timed.push((step(bench)?.0, roofs));
     }
-    let row = summarize(b, t, args.context, &counters, &timed);
+    let mut row = summarize(b, t, args.context, &counters, &timed);
+    row.collectives = CollectivesRow::between(comm, reps);
     if args.profile && b == args.batch[0] && t == args.tokens_per_seq[0] {
         profile::set_enabled(true);
         let before = Snapshot::now();
@@ -287,6 +330,7 @@ fn summarize(
         pct_of_fma: each(&|_, fma, s| 100.0 * fma / s),
         binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
         pct_of_binding_roof: each(&|bw, fma, s| 100.0 * bw.max(fma) / s),
+        collectives: None,
     }
 }
 
@@ -359,10 +403,15 @@ pub fn run(args: ModelArgs) -> Result<()> {
 
 fn bench(args: ModelArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
+    let pools = args.cache_budget_mib << 20;
+    if ranks::world().is_some_and(|w| w.rank() != 0) {
+        // The other ranks serve their part inside `load` and end there; they must not
+        // probe the roofs while rank 0 does.
+        args.load.load(&args.model, pools, |_, _| {})?;
+    }
     // Before the weights: the bandwidth probe's buffer is not then counted on top of them.
     let r0 = roofs(threads);
     let t = Instant::now();
-    let pools = args.cache_budget_mib << 20;
     let mut model = args.load.load(&args.model, pools, |_, _| {})?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -442,6 +491,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         for &t in &args.tokens_per_seq {
             let row = decode_row(&mut bench, &args, b, t.max(1), threads)?;
             print_decode_row(&row);
+            CollectivesRow::print(&row.collectives);
             decode.push(row);
         }
     }
@@ -467,6 +517,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         };
         let (_, counters) = once(&mut bench)?;
         let (mut times, mut pct, mut fmas) = (vec![], vec![], vec![]);
+        let comm = collective_stats();
         for _ in 0..reps {
             let peak = fma_peak(threads, 1);
             let (secs, _) = once(&mut bench)?;
@@ -474,6 +525,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             pct.push(100.0 * counters.flops as f64 / secs / 1e9 / peak);
             fmas.push(peak);
         }
+        let collectives = CollectivesRow::between(comm, reps);
         let secs = median(times);
         let peak = median(fmas);
         // One profiled repetition for the matrix products' own share of the time.
@@ -495,6 +547,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             pct_of_fma: median(pct),
             matmul_gflops: mm_gflops,
             matmul_pct_of_fma: 100.0 * mm_gflops / peak,
+            collectives,
         };
         println!(
             "{:>8} {:>10.1} {:>10.1} {:>9.1} {:>6.1}% {:>15.1} {:>7.1}%",
@@ -506,6 +559,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             row.matmul_gflops,
             row.matmul_pct_of_fma
         );
+        CollectivesRow::print(&row.collectives);
         if args.profile && p == args.prompt[args.prompt.len() - 1] {
             let roofs = Roofs {
                 fma_gflops: peak,

@@ -6,7 +6,7 @@
 //! decode step's messages come close together), then yields, then sleeps.
 
 use super::DistError;
-use deepinfer_model::parallel::Collectives;
+use deepinfer_model::parallel::{CollectiveStats, Collectives};
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
@@ -14,6 +14,7 @@ use mpi::request::{LocalScope, Request};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{Equivalence, Root};
 use mpi::{Count, Threading};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,9 @@ pub struct MpiComm {
     size: usize,
     /// Rank 0's send buffer of a reduction (MPI reduces from one buffer into another).
     send: Mutex<Vec<f32>>,
+    calls: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
 }
 
 impl MpiComm {
@@ -49,6 +53,9 @@ impl MpiComm {
             rank: world.rank() as usize,
             size: world.size() as usize,
             send: Mutex::new(Vec::new()),
+            calls: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
         };
         *lock(&UNIVERSE) = Some(universe);
         Ok(comm)
@@ -102,14 +109,55 @@ impl Collectives for MpiComm {
     }
 
     fn broadcast_f32(&self, buf: &mut [f32]) {
-        broadcast(buf);
+        self.counted(buf.len() * 4, || broadcast(buf));
     }
 
     fn broadcast_u64(&self, buf: &mut [u64]) {
-        broadcast(buf);
+        self.counted(buf.len() * 8, || broadcast(buf));
     }
 
     fn reduce_sum(&self, buf: &mut [f32]) {
+        self.counted(buf.len() * 4, || self.reduce(buf));
+    }
+
+    fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
+        let bytes = if self.rank == 0 {
+            out.len()
+        } else {
+            part.len()
+        } * 4;
+        self.counted(bytes, || self.gather(part, counts, out));
+    }
+
+    fn abort(&self, why: &str) -> ! {
+        // One write, so the ranks' lines do not interleave.
+        let line = format!("rank {} of {}: {why}\n", self.rank, self.size);
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        world().abort(1)
+    }
+
+    fn stats(&self) -> CollectiveStats {
+        CollectiveStats {
+            calls: self.calls.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
+    }
+}
+
+impl MpiComm {
+    /// Runs one collective of `bytes` (its payload), counted.
+    fn counted<R>(&self, bytes: usize, f: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let r = f();
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        r
+    }
+
+    fn reduce(&self, buf: &mut [f32]) {
         let world = world();
         let root = world.process_at_rank(0);
         let sum = SystemOperation::sum();
@@ -125,7 +173,7 @@ impl Collectives for MpiComm {
         }
     }
 
-    fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
+    fn gather(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
         let world = world();
         let root = world.process_at_rank(0);
         if self.rank != 0 {
@@ -145,12 +193,5 @@ impl Collectives for MpiComm {
         mpi::request::scope(|scope| {
             wait(root.immediate_gather_varcount_into_root(scope, part, &mut recv))
         });
-    }
-
-    fn abort(&self, why: &str) -> ! {
-        // One write, so the ranks' lines do not interleave.
-        let line = format!("rank {} of {}: {why}\n", self.rank, self.size);
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        world().abort(1)
     }
 }

@@ -8,7 +8,9 @@ use super::{
 use deepinfer_kernels::buffer::WeightBytes;
 use deepinfer_kernels::formats::f32_to_e8m0;
 use deepinfer_kernels::matrix::{MatrixError, QMatrix};
+use deepinfer_kernels::sub_matrix::SubMatrix;
 use safetensors::Dtype;
+use std::ops::Range;
 
 impl Checkpoint {
     /// Load a 2-D weight `[out, in]` by its OFFICIAL name in its stored format: F32/BF16 as
@@ -17,13 +19,36 @@ impl Checkpoint {
     /// out of their `[E, …]` tensors. Shapes and scale grids are checked as in
     /// [`Checkpoint::tensor_f32`].
     pub fn matrix(&self, official_name: &str, shape: &[usize]) -> Result<QMatrix, CheckpointError> {
+        self.matrix_in(official_name, shape, WeightBytes::copy_from)
+    }
+
+    /// `rows × cols` of [`Self::matrix`] (see [`QMatrix::sub_matrix`]): only the part is
+    /// kept — the whole is built in memory that is given back at once.
+    pub fn matrix_part(
+        &self,
+        official_name: &str,
+        shape: &[usize],
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<SubMatrix, CheckpointError> {
+        let whole = self.matrix_in(official_name, shape, WeightBytes::transient)?;
+        Ok(whole.sub_matrix(rows, cols))
+    }
+
+    /// [`Self::matrix`], the stored codes copied by `copy` where they are used as stored.
+    fn matrix_in(
+        &self,
+        official_name: &str,
+        shape: &[usize],
+        copy: fn(&[u8]) -> WeightBytes,
+    ) -> Result<QMatrix, CheckpointError> {
         let located = self.locate(official_name)?;
         if let Some(src) = self.source_at(official_name, &located, shape)? {
             let scales = match src.scales {
                 Some(r) => self.range_bytes(r)?,
                 None => &[],
             };
-            return src.build(WeightBytes::copy_from(self.range_bytes(src.codes)?), scales);
+            return src.build(copy(self.range_bytes(src.codes)?), scales);
         }
         // What remains converts at load: F16, FP4 scales that are not per-row E8M0, HF's
         // stacked FP8 experts.

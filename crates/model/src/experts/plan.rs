@@ -28,40 +28,73 @@ pub enum ExpertPlan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredBytes {
     pub dense: u64,
+    /// Of `dense`, what tensor parallelism splits (the main layers' `wq_b`, `wo_a`, `wo_b`
+    /// and shared experts, and the head).
+    pub split: u64,
     pub experts: u64,
 }
 
 impl StoredBytes {
     pub fn of(ck: &Checkpoint) -> Self {
-        let (mut dense, mut experts) = (0, 0);
+        let (mut dense, mut split, mut experts) = (0, 0, 0);
         for (name, bytes) in ck.stored_sizes() {
             if is_routed_expert(name) {
                 experts += bytes as u64;
             } else {
                 dense += bytes as u64;
+                if is_tensor_split(name) {
+                    split += bytes as u64;
+                }
             }
         }
-        Self { dense, experts }
+        Self {
+            dense,
+            split,
+            experts,
+        }
     }
-}
 
-impl StoredBytes {
     /// What rank `rank` of `size` loads of a model split over the ranks: its share of the
-    /// routed experts; the dense part on rank 0 only, or (`tensor`) about a `size`-th of it
-    /// everywhere (an estimate: the parts not split stay on rank 0).
+    /// routed experts; the dense part on rank 0 only, or (`tensor`) its share of the split
+    /// tensors plus, on rank 0, the rest.
     pub fn share(self, c: &ModelConfig, rank: usize, size: usize, tensor: bool) -> Self {
         let n = c.n_routed_experts;
         let held = share(n, rank, size).len() as u64;
-        let dense = match (rank, tensor) {
-            (0, false) => self.dense,
-            (_, false) => 0,
-            (_, true) => self.dense / size.max(1) as u64,
+        let rest = if rank == 0 {
+            self.dense - self.split
+        } else {
+            0
+        };
+        let split = match tensor {
+            true => self.split / size.max(1) as u64,
+            false if rank == 0 => self.split,
+            false => 0,
         };
         Self {
-            dense,
+            dense: rest + split,
+            split,
             experts: self.experts * held / n.max(1) as u64,
         }
     }
+}
+
+/// A stored tensor that tensor parallelism splits over the ranks, in either naming layout.
+fn is_tensor_split(stored: &str) -> bool {
+    const OFFICIAL: [&str; 4] = [
+        ".attn.wq_b.",
+        ".attn.wo_a.",
+        ".attn.wo_b.",
+        ".ffn.shared_experts.",
+    ];
+    const HF: [&str; 4] = [
+        ".self_attn.q_b_proj.",
+        ".self_attn.o_a_proj.",
+        ".self_attn.o_b_proj.",
+        ".mlp.shared_experts.",
+    ];
+    let official = stored.starts_with("layers.") && OFFICIAL.iter().any(|p| stored.contains(p));
+    let hf = stored.starts_with("model.layers.") && HF.iter().any(|p| stored.contains(p));
+    official || hf || stored == "head.weight" || stored == "lm_head.weight"
 }
 
 /// A main layer's routed expert tensor, in either naming layout (the MTP block's experts
@@ -226,11 +259,39 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_counts_what_it_loads() {
+        let c = config();
+        let bytes = StoredBytes {
+            dense: 10 << 20,
+            split: 4 << 20,
+            experts: 16 << 20,
+        };
+        let n = c.n_routed_experts as u64;
+        let half = (16 << 20) * (n / 2) / n;
+        let mib = |b: StoredBytes| (b.dense >> 20, b.split >> 20, b.experts);
+        // Experts alone: rank 0 keeps the dense part.
+        assert_eq!(mib(bytes.share(&c, 0, 2, false)), (10, 4, half));
+        assert_eq!(mib(bytes.share(&c, 1, 2, false)), (0, 0, half));
+        // Tensor parallel: half the split part each, the rest on rank 0.
+        assert_eq!(mib(bytes.share(&c, 0, 2, true)), (8, 2, half));
+        assert_eq!(mib(bytes.share(&c, 1, 2, true)), (2, 2, half));
+        assert!(is_tensor_split("layers.3.attn.wo_b.scale"));
+        assert!(is_tensor_split(
+            "model.layers.0.mlp.shared_experts.up_proj.weight"
+        ));
+        assert!(is_tensor_split("lm_head.weight"));
+        assert!(!is_tensor_split("mtp.0.attn.wq_b.weight"));
+        assert!(!is_tensor_split("layers.3.attn.indexer.wq_b.weight"));
+        assert!(!is_tensor_split("layers.3.attn.wq_a.weight"));
+    }
+
+    #[test]
     fn the_plan_streams_only_what_does_not_fit() {
         let c = config();
         // 16 experts of 1 MiB, dense 10 MiB.
         let bytes = StoredBytes {
             dense: 10 << 20,
+            split: 4 << 20,
             experts: 16 << 20,
         };
         let plan = |budget: Option<usize>, cache: Option<usize>| {

@@ -40,6 +40,29 @@ pub trait Collectives: Send + Sync {
     /// Ends every rank's process after printing `why` with this rank's number: a rank that
     /// cannot go on must not leave the others waiting in a collective.
     fn abort(&self, why: &str) -> !;
+    /// What this rank's collectives have cost so far.
+    fn stats(&self) -> CollectiveStats;
+}
+
+/// Counters of one rank's collectives.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CollectiveStats {
+    pub calls: u64,
+    /// Bytes this rank sent or received.
+    pub bytes: u64,
+    /// Time from entering a collective to its completion on this rank: the transfer, and
+    /// waiting for the slowest rank to arrive.
+    pub seconds: f64,
+}
+
+impl CollectiveStats {
+    pub fn since(&self, earlier: &CollectiveStats) -> CollectiveStats {
+        CollectiveStats {
+            calls: self.calls - earlier.calls,
+            bytes: self.bytes - earlier.bytes,
+            seconds: self.seconds - earlier.seconds,
+        }
+    }
 }
 
 impl std::fmt::Debug for dyn Collectives {

@@ -7,8 +7,7 @@ use crate::config::ModelConfig;
 use deepinfer_kernels::sub_matrix::SubMatrix;
 use std::ops::Range;
 
-/// `rows × cols` of the matrix `{name}.weight` of shape `[out, inn]`. The whole matrix is
-/// read once and dropped: only the part stays.
+/// `rows × cols` of the matrix `{name}.weight` of shape `[out, inn]` (only the part stays).
 fn cut(
     ck: &Checkpoint,
     name: &str,
@@ -16,9 +15,7 @@ fn cut(
     rows: Range<usize>,
     cols: Range<usize>,
 ) -> Result<SubMatrix, CheckpointError> {
-    Ok(ck
-        .matrix(&format!("{name}.weight"), &[out, inn])?
-        .sub_matrix(rows, cols))
+    ck.matrix_part(&format!("{name}.weight"), &[out, inn], rows, cols)
 }
 
 /// A rank's part of a layer's attention projections: the queries of its heads, the

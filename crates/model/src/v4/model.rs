@@ -481,7 +481,7 @@ pub(super) fn describe_share(c: &ModelConfig, pl: &Placement, bytes: StoredBytes
     let dense = match (rank, pl.tensor) {
         (0, false) => "the dense part",
         (0, true) => {
-            "the dense part not split and its share of the heads, shared expert and vocabulary"
+            "the dense part not split, its share of the heads, shared expert and vocabulary"
         }
         (_, true) => "its share of the heads, shared expert and vocabulary",
         (_, false) => "no dense weights",
