@@ -4,7 +4,8 @@
 //! with a single-process one (every position's logits of the golden prompts, fed whole, in
 //! chunks and batched; logits within 1e-5), then drives the engine over the split model
 //! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
-//! empty). The other ranks serve their part of each model rank 0 loads, in the same order.
+//! empty), and sees the step fail, naming them, when the other ranks' experts cannot be
+//! read. The other ranks serve their part of each model rank 0 loads, in the same order.
 
 mod common;
 
@@ -103,6 +104,7 @@ fn ranks_scenario() {
             compare_with_single_process(config, layout, split.unwrap(), &label);
         }
         engine_scenarios(&placement(true));
+        another_rank_fails(placement(true));
         println!("{PASSED} on {} ranks", world.size());
     } else {
         for (config, layout, streamed, tensor) in MODELS {
@@ -111,6 +113,7 @@ fn ranks_scenario() {
         // The engine scenarios' two models.
         serve_part(placement(true), "tiny-a", "official", false);
         serve_part(placement(true), "tiny-a", "official", false);
+        fail_part(placement(true));
     }
     drop(world);
     deepinfer_engine::dist::finalize();
@@ -260,4 +263,53 @@ fn engine_scenarios(world: &Placement) {
     h.drain().unwrap();
     h.shutdown();
     assert_pools_empty(join);
+}
+
+/// Rank 0's side of a failure elsewhere: the other ranks stream their experts from a copy of
+/// the checkpoint that they truncate after loading; the step fails on rank 0 naming every
+/// rank that failed, and the ranks stay in step.
+fn another_rank_fails(placement: Placement) {
+    let dir = model_dir("tiny-a", "official");
+    let size = placement.comm.size();
+    let model = Model::load_split(&dir, &plan(true), placement, |_, _| {}).unwrap();
+    let mut r = runner(model, 1, 0);
+    let seq = r.add_sequence().unwrap();
+    let err = r
+        .step(&[Feed {
+            seq,
+            tokens: &[1, 2, 3, 4],
+            all_logits: false,
+        }])
+        .map(|_| ())
+        .expect_err("the step fails")
+        .to_string();
+    let want = match size {
+        2 => "ranks [1] could not compute",
+        _ => "ranks [1, 2] could not compute",
+    };
+    assert!(err.contains(want), "{err}");
+}
+
+/// The other ranks' side: load from a private copy, truncate it, serve (the failed step is
+/// reported, not fatal here).
+fn fail_part(placement: Placement) {
+    let copy = tempfile::tempdir().unwrap();
+    let dir = model_dir("tiny-a", "official");
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let comm = Arc::clone(&placement.comm);
+    let mut worker = Worker::load(copy.path(), &plan(true), placement)
+        .unwrap_or_else(|e| comm.abort(&format!("copy of tiny-a: {e}")));
+    for f in std::fs::read_dir(copy.path()).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e == "safetensors") {
+            let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+            file.set_len(64).unwrap();
+        }
+    }
+    if let Err(e) = worker.run() {
+        comm.abort(&format!("copy of tiny-a: {e}"));
+    }
 }

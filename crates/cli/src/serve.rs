@@ -204,7 +204,22 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_connections: connection_cap(args.max_connections),
             drain_timeout: Duration::from_secs(args.shutdown_timeout_secs),
         };
-        deepinfer_server::serve(listener, state, config, deepinfer_server::shutdown_signal)
+        // Split over ranks, a failed engine also starts the shutdown (the first signal only;
+        // the second is the operator's, to cut the drain short).
+        let watch = crate::ranks::world().is_some().then(|| handle.clone());
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let shutdown = move || {
+            let engine = watch
+                .clone()
+                .filter(|_| first.swap(false, std::sync::atomic::Ordering::Relaxed));
+            async move {
+                tokio::select! {
+                    _ = deepinfer_server::shutdown_signal() => {}
+                    _ = engine_failed(engine) => {}
+                }
+            }
+        };
+        deepinfer_server::serve(listener, state, config, shutdown)
             .await
             .context("serving HTTP")
     });
@@ -222,6 +237,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Ok(Err(e)) => Err(e).context("the engine failed"),
         Err(_) => anyhow::bail!("the engine thread panicked"),
     }
+}
+
+/// How long a split server answers 503 on `/health` after its engine failed before the job
+/// ends: long enough for a load balancer's health check to take the replica out.
+const FAILED_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves [`FAILED_GRACE`] after the watched engine stops on its own (a failed step);
+/// never when there is none. One process keeps serving 503 until it is stopped; in a job of
+/// several, the failure (often another rank's) ends the job, so every rank exits with the
+/// error.
+async fn engine_failed(engine: Option<deepinfer_engine::engine::EngineHandle>) {
+    let Some(engine) = engine else {
+        return std::future::pending().await;
+    };
+    while engine.is_running() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "the engine stopped: /health answers 503; the job ends in {} s",
+        FAILED_GRACE.as_secs()
+    );
+    tokio::time::sleep(FAILED_GRACE).await;
 }
 
 /// File descriptors kept for everything but client connections (shards, the listener,

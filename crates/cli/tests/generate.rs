@@ -1,9 +1,12 @@
 //! `deepinfer generate` end to end: the binary reproduces HF's greedy tokens from the golden
 //! checkpoints in both name layouts, and bad input fails cleanly.
 
+mod support;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use support::mpirun;
 
 fn golden(config: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -153,18 +156,6 @@ fn streamed_experts_reproduce_golden_greedy_tokens() {
         err.contains("--memory-budget-mib") && err.contains("dense weights alone"),
         "{err}"
     );
-}
-
-fn mpirun(n: usize) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args([
-        "--oversubscribe",
-        "--allow-run-as-root",
-        "-n",
-        &n.to_string(),
-    ]);
-    cmd.arg(env!("CARGO_BIN_EXE_deepinfer"));
-    cmd
 }
 
 #[test]

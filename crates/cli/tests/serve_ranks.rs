@@ -62,3 +62,79 @@ async fn split_server_answers_like_one_process_and_dies_whole() {
     assert!(log.contains("rank 1"), "the error names the rank:\n{log}");
     eprintln!("the job ended {:?} after the kill", t0.elapsed());
 }
+
+/// A rank whose step fails (here: streamed experts whose shard was truncated after loading)
+/// stops the engine: `/health` turns 503, then every rank exits with the error.
+#[tokio::test]
+async fn a_failed_step_turns_health_503_then_ends_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(support::binary())
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let model = dir.path().to_str().unwrap();
+    let server = Server::start_ranks(
+        2,
+        &[
+            "--model",
+            model,
+            "--enable-expert-parallel",
+            "--expert-cache-mib",
+            "0",
+        ],
+    );
+    let client = reqwest::Client::new();
+    let complete = || {
+        let req = json!({"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0});
+        client.post(server.url("/v1/completions")).json(&req).send()
+    };
+    assert_eq!(complete().await.unwrap().status(), 200);
+    let health = || async {
+        reqwest::get(server.url("/health"))
+            .await
+            .map(|r| r.status())
+    };
+    assert_eq!(health().await.unwrap(), 200);
+
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e == "safetensors") {
+            let len = std::fs::metadata(&f).unwrap().len();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
+        }
+    }
+    // The request fails (or its connection does); the engine is gone.
+    let _ = complete().await;
+    let t0 = Instant::now();
+    loop {
+        match health().await {
+            Ok(s) if s == 503 => break,
+            Ok(_) => {}
+            Err(e) => panic!("the server went away before /health said 503: {e}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "/health never turned 503"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = server.log.clone();
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert!(!status.success());
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("rank ") && log.contains("changed since"),
+        "{log}"
+    );
+}

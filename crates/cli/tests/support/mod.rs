@@ -24,6 +24,20 @@ pub fn binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deepinfer")))
 }
 
+/// The binary under test as `mpirun -n N` starts it (oversubscribed: the tests run more
+/// ranks than this machine has cores).
+pub fn mpirun(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "-n",
+        &n.to_string(),
+    ]);
+    cmd.arg(binary());
+    cmd
+}
+
 /// Shared across test binaries so the default model is written once.
 pub fn cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deepinfer-cache")
@@ -37,15 +51,7 @@ impl Server {
 
     /// [`Self::start`] under `mpirun -n N` (every rank's stderr comes through it).
     pub fn start_ranks(n: usize, args: &[&str]) -> Server {
-        let mut mpirun = Command::new("mpirun");
-        mpirun.args([
-            "--oversubscribe",
-            "--allow-run-as-root",
-            "-n",
-            &n.to_string(),
-        ]);
-        mpirun.arg(binary());
-        Self::start_by(mpirun, args)
+        Self::start_by(mpirun(n), args)
     }
 
     /// [`Self::start`] with `launch` as the command line's start.

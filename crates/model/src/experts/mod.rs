@@ -57,6 +57,8 @@ pub enum ExpertError {
     Busy,
     #[error("the expert cache holds {slots} experts; one pass needs {needed}")]
     TooFew { slots: usize, needed: usize },
+    #[error("ranks {ranks:?} could not compute their experts (each one's own message says why)")]
+    OtherRanks { ranks: Vec<usize> },
 }
 
 /// One routed expert's three matrices (`w1`, `w2`, `w3`), where they lie.

@@ -12,7 +12,7 @@ use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
-use crate::parallel::{self, send_header, MoeMessage, SharedPart};
+use crate::parallel::{self, send_header, Collectives, MoeMessage, SharedPart};
 use crate::profile::{scope, Op};
 use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
 use deepinfer_kernels::topk::topk_into;
@@ -201,19 +201,47 @@ pub fn moe(
     let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
     ws.give(wts);
     ws.give_idx(ids);
-    match out {
-        Ok(mut sum) => {
-            link.comm.reduce_sum(&mut sum);
-            Ok(sum)
-        }
-        Err(e) => {
-            // The others are in the reduction already: it runs even when this part failed.
-            let mut zeros = ws.take(t * d);
-            link.comm.reduce_sum(&mut zeros);
-            ws.give(zeros);
+    // The reduction runs even when this rank's part failed: the others are in it.
+    let (mut sum, failed) = match out {
+        Ok(sum) => (sum, None),
+        Err(e) => (ws.take(t * d), Some(e)),
+    };
+    let failed_elsewhere = reduce_with_status(&*link.comm, &mut sum, false);
+    match (failed, failed_elsewhere.is_empty()) {
+        (Some(e), _) => {
+            ws.give(sum);
             Err(e)
         }
+        (None, false) => {
+            ws.give(sum);
+            Err(ExpertError::OtherRanks {
+                ranks: failed_elsewhere,
+            })
+        }
+        (None, true) => Ok(sum),
     }
+}
+
+/// The MoE's sum-reduction with one more float: a rank whose part failed (it sends zeros)
+/// adds `2^(rank − 1)`, so on rank 0 the sum names the ranks that failed (every one of
+/// them while they lie within 24 ranks of each other, f32's exact range).
+pub(super) fn reduce_with_status(
+    comm: &dyn Collectives,
+    part: &mut Vec<f32>,
+    failed: bool,
+) -> Vec<usize> {
+    let rank = comm.rank();
+    part.push(if failed && rank > 0 {
+        2f32.powi(rank as i32 - 1)
+    } else {
+        0.0
+    });
+    comm.reduce_sum(part);
+    let bits = part.pop().unwrap_or(0.0) as u64;
+    (0..64)
+        .filter(|b| bits >> b & 1 == 1)
+        .map(|b| b + 1)
+        .collect()
 }
 
 /// What this rank computes of a MoE: the picks on the experts it holds, and the shared

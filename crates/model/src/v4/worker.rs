@@ -3,24 +3,21 @@
 //! with them whatever rank 0 announces, until rank 0's model is dropped.
 
 use super::model::describe_share;
-use super::moe::local_part;
+use super::moe::{local_part, reduce_with_status};
 use super::tensor_parallel::{head_part, out_part, q_part};
 use super::workspace::Workspace;
 use super::ModelError;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::experts::{MemoryPlan, StoredBytes};
-use crate::parallel::{receive_header, MoeMessage, Op, Placement};
+use crate::parallel::{receive_header, Collectives, MoeMessage, Op, Placement};
 use crate::weights::RankWeights;
 use std::path::Path;
 
+/// Rank 0 sent a message out of protocol (a bug): the job cannot go on.
 #[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error("rank 0 sent a message out of protocol: {0}")]
-    Protocol(String),
-}
+#[error("rank 0 sent a message out of protocol: {0}")]
+pub struct WorkerError(String);
 
 pub struct Worker {
     config: ModelConfig,
@@ -55,9 +52,9 @@ impl Worker {
         &self.memory_plan
     }
 
-    /// Serves rank 0 until it says stop. An error (a streamed expert that cannot be read, a
-    /// message out of protocol) is this rank's to report: rank 0 cannot go on without it,
-    /// so the caller ends the job.
+    /// Serves rank 0 until it says stop. A part that fails (a streamed expert that cannot
+    /// be read) is reported to rank 0, which stops its engine and then the job; a message
+    /// out of protocol is returned, and the caller ends the job at once.
     pub fn run(&mut self) -> Result<(), WorkerError> {
         let invariant = true;
         let c = &self.config;
@@ -76,7 +73,7 @@ impl Worker {
         });
         loop {
             let (op, layer, tokens) = receive_header(&*self.placement.comm)
-                .map_err(|w| WorkerError::Protocol(format!("op {w}")))?;
+                .map_err(|w| WorkerError(format!("op {w}")))?;
             if op == Op::Stop {
                 return Ok(());
             }
@@ -94,7 +91,7 @@ impl Worker {
             ..
         } = self;
         let comm = &*placement.comm;
-        let missing = |what: &str| WorkerError::Protocol(format!("{what} of layer {layer}"));
+        let missing = |what: &str| WorkerError(format!("{what} of layer {layer}"));
         let part = weights.layers.get(layer);
         // Rank 0's data for the operation.
         let receive = |len: usize, ws: &mut Workspace| {
@@ -116,13 +113,21 @@ impl Worker {
                 let mut ids = ws.take_idx(t * k);
                 msg.ids_into(&mut ids);
                 if let Some(&bad) = ids.iter().find(|&&e| e >= c.n_routed_experts) {
-                    return Err(WorkerError::Protocol(format!("expert {bad}")));
+                    return Err(WorkerError(format!("expert {bad}")));
                 }
                 let shared = l.shared.as_ref();
                 let (x, wts) = (msg.x(), msg.wts());
-                let out = local_part(&l.experts, None, shared, c, x, &ids, wts, ws);
-                let mut out = out.map_err(ModelError::from)?;
-                comm.reduce_sum(&mut out);
+                // A part that fails is reported to rank 0 through the reduction (rank 0 stops
+                // its engine, so a server's health turns 503 before the job ends).
+                let (mut out, failed) =
+                    match local_part(&l.experts, None, shared, c, x, &ids, wts, ws) {
+                        Ok(out) => (out, false),
+                        Err(e) => {
+                            report(comm, &format!("error: {e}"));
+                            (ws.take(t * c.hidden_size), true)
+                        }
+                    };
+                reduce_with_status(comm, &mut out, failed);
                 ws.give(out);
                 ws.give(msg.buf);
                 ws.give_idx(ids);
@@ -159,4 +164,10 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// This rank's message on stderr, in one write so the ranks' lines do not interleave.
+fn report(comm: &dyn Collectives, what: &str) {
+    let line = format!("rank {} of {}: {what}\n", comm.rank(), comm.size());
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }
