@@ -1,6 +1,7 @@
 //! A model split over ranks by real MPI: this test binary starts itself under `mpirun -n 2`
 //! and `-n 3` (oversubscribed), each rank running [`ranks_scenario`]. Rank 0 compares the
-//! split model — experts only, and experts plus the dense projections (tensor parallel) —
+//! split model — experts split whole, alone or with the dense projections (tensor
+//! parallel), and tensor parallel with every expert split by width —
 //! with a single-process one (every position's logits of the golden prompts, fed whole, in
 //! chunks and batched; logits within 1e-5), then drives the engine over the split model
 //! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
@@ -26,16 +27,24 @@ const CHILD: &str = "DEEPINFER_PARALLEL_CHILD";
 /// What rank 0 prints when every check passed.
 const PASSED: &str = "parallel scenario passed";
 
+/// How a scenario splits the model: `(tensor parallel, experts split whole)`.
+const EXPERTS: (bool, bool) = (false, true);
+const BOTH: (bool, bool) = (true, true);
+const WIDTH: (bool, bool) = (true, false);
+
 /// The models the scenario splits, in the order both sides load them: `(config, layout,
-/// experts streamed, tensor parallel)`.
-const MODELS: [(&str, &str, bool, bool); 7] = [
-    ("tiny-a", "official", false, false),
-    ("tiny-b", "hf", false, false),
-    ("tiny-c", "official", false, false),
-    ("tiny-a", "official", true, false),
-    ("tiny-a", "official", false, true),
-    ("tiny-b", "hf", false, true),
-    ("tiny-c", "official", true, true),
+/// experts streamed, split)`.
+const MODELS: [(&str, &str, bool, (bool, bool)); 10] = [
+    ("tiny-a", "official", false, EXPERTS),
+    ("tiny-b", "hf", false, EXPERTS),
+    ("tiny-c", "official", false, EXPERTS),
+    ("tiny-a", "official", true, EXPERTS),
+    ("tiny-a", "official", false, BOTH),
+    ("tiny-b", "hf", false, BOTH),
+    ("tiny-c", "official", true, BOTH),
+    ("tiny-a", "official", false, WIDTH),
+    ("tiny-b", "hf", false, WIDTH),
+    ("tiny-c", "official", false, WIDTH),
 ];
 
 fn mpirun(n: usize) -> Command {
@@ -92,28 +101,29 @@ fn ranks_scenario() {
     let world = deepinfer_engine::dist::init()
         .expect("joins the job")
         .expect("started by mpirun with more than one rank");
-    let placement = |tensor| Placement {
+    let placement = |(tensor, expert_parallel)| Placement {
         comm: Arc::clone(&world),
         tensor,
+        expert_parallel,
     };
     if world.rank() == 0 {
-        for (config, layout, streamed, tensor) in MODELS {
-            let label = format!("{config}/{layout} streamed {streamed} tensor {tensor}");
+        for (config, layout, streamed, split) in MODELS {
+            let label = format!("{config}/{layout} streamed {streamed} split {split:?}");
             let dir = model_dir(config, layout);
-            let split = Model::load_split(&dir, &plan(streamed), placement(tensor), |_, _| {});
-            compare_with_single_process(config, layout, split.unwrap(), &label);
+            let model = Model::load_split(&dir, &plan(streamed), placement(split), |_, _| {});
+            compare_with_single_process(config, layout, model.unwrap(), &label);
         }
-        engine_scenarios(&placement(true));
-        another_rank_fails(placement(true));
+        engine_scenarios(&placement(BOTH));
+        another_rank_fails(placement(BOTH));
         println!("{PASSED} on {} ranks", world.size());
     } else {
-        for (config, layout, streamed, tensor) in MODELS {
-            serve_part(placement(tensor), config, layout, streamed);
+        for (config, layout, streamed, split) in MODELS {
+            serve_part(placement(split), config, layout, streamed);
         }
         // The engine scenarios' two models.
-        serve_part(placement(true), "tiny-a", "official", false);
-        serve_part(placement(true), "tiny-a", "official", false);
-        fail_part(placement(true));
+        serve_part(placement(BOTH), "tiny-a", "official", false);
+        serve_part(placement(BOTH), "tiny-a", "official", false);
+        fail_part(placement(BOTH));
     }
     drop(world);
     deepinfer_engine::dist::finalize();

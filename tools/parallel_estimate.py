@@ -52,7 +52,7 @@ def busiest_share(m, n, trials=20000):
     return total / trials
 
 
-def estimate(m, n):
+def estimate(m, n, whole=False):
     d, hd, h = m["d"], m["hd"], m["heads"]
     split_layer = (fp8(h * hd, m["q_lora"]) + fp8(m["groups"] * m["o_lora"], h * hd // m["groups"])
                    + fp8(d, m["groups"] * m["o_lora"]) + 3 * fp8(m["inter"], d))
@@ -65,7 +65,9 @@ def estimate(m, n):
     unsplit = m["layers"] * every + m["csa"] * csa + m["hca"] * hca
     split = m["layers"] * split_layer + head
     experts = m["layers"] * m["k"] * expert
-    busiest = busiest_share(m, n) / m["k"]
+    # Whole experts: each layer waits for the rank with the most picks; split by width,
+    # every rank computes 1/n of every pick.
+    busiest = busiest_share(m, n) / m["k"] if whole else 1 / n
     rank0 = split / n + experts * busiest + unsplit
     other = split / n + experts / n
     # Per layer: MoE (header, input + routing, reduce), AttnQ (header, qr, gather q),
@@ -87,10 +89,13 @@ def main():
     ap.add_argument("--mem-gbs", type=float, default=200.0, help="memory GB/s reached per machine")
     ap.add_argument("--net-gbs", type=float, default=12.5, help="network GB/s (100 Gb/s = 12.5)")
     ap.add_argument("--lat-us", type=float, default=20.0, help="one small collective, microseconds")
+    ap.add_argument("--experts", choices=["width", "whole"], default="width",
+                    help="split by width (the default under mpirun) or whole "
+                         "(--enable-expert-parallel)")
     a = ap.parse_args()
     m = MODELS[a.model]
     one = estimate(m, 1)
-    e = estimate(m, a.ranks)
+    e = estimate(m, a.ranks, a.experts == "whole")
     gb = 1e9
     mem_ms = e["rank0"] / (a.mem_gbs * gb) * 1e3
     net_ms = e["net"] / (a.net_gbs * gb) * 1e3 + e["calls"] * a.lat_us / 1e3
@@ -98,11 +103,11 @@ def main():
     print(f"{a.model}, {a.ranks} ranks, {a.mem_gbs:g} GB/s memory, {a.net_gbs:g} GB/s network, "
           f"{a.lat_us:g} us per collective; decode, batch 1, per token:")
     print(f"  one process reads {one['rank0'] / gb:.2f} GB: {one_ms:.1f} ms, {1e3 / one_ms:.1f} tok/s")
+    spread = (f"whole: {busiest_share(m, a.ranks):.2f} of the {m['k']} picks on the busiest "
+              f"rank" if a.experts == "whole" else "by width: 1/{} of each".format(a.ranks))
     print(f"  split weights {e['split'] / gb:.2f} GB (1/{a.ranks} each), routed experts "
-          f"{e['experts'] / gb:.2f} GB (1/{a.ranks} each on average, "
-          f"{busiest_share(m, a.ranks):.2f} of the {m['k']} picks on the busiest rank), "
-          f"not split (rank 0) {e['unsplit'] / gb:.2f} GB")
-    print(f"  critical path (rank 0's part, the busiest rank's experts) {e['rank0'] / gb:.2f} GB; "
+          f"{e['experts'] / gb:.2f} GB ({spread}), not split (rank 0) {e['unsplit'] / gb:.2f} GB")
+    print(f"  critical path (rank 0's part, the slowest rank's experts) {e['rank0'] / gb:.2f} GB; "
           f"a rank other than 0 reads {e['other'] / gb:.2f} GB on average")
     print(f"  {e['calls']} collectives, {e['net'] / 1e6:.1f} MB through rank 0's link")
     print(f"  memory {mem_ms:.1f} ms + network {net_ms:.1f} ms = {mem_ms + net_ms:.1f} ms: "

@@ -25,10 +25,11 @@ pub struct LoadArgs {
     /// only its share; rank 0 also holds the dense part and runs the engine).
     #[arg(long)]
     pub enable_expert_parallel: bool,
-    /// Started by `mpirun -n N`, N (the default there): also split the dense projections
-    /// over the processes — the attention heads, the shared expert's width and the
-    /// vocabulary — so each holds and reads about an N-th of them; 1: the dense part stays
-    /// on rank 0. Needs --enable-expert-parallel (experts are split whole).
+    /// Started by `mpirun -n N`, N (the default there): split the dense projections over
+    /// the processes — the attention heads, the shared expert's width and the vocabulary —
+    /// so each holds and reads about an N-th of them, and, without
+    /// --enable-expert-parallel, every routed expert by width; 1: the dense part stays on
+    /// rank 0 (with --enable-expert-parallel).
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
 }
@@ -81,12 +82,12 @@ impl LoadArgs {
             run_worker(dir, &plan, placement);
         }
         let comm = Arc::clone(&placement.comm);
-        let size = comm.size();
+        let (size, by_id) = (comm.size(), placement.expert_parallel);
         let model = Model::load_split(dir, &plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         eprintln!("memory plan: {}", model.memory_plan());
         ranks::report_memory(&*comm);
-        if model.config.n_routed_experts < size {
+        if by_id && model.config.n_routed_experts < size {
             bail!(
                 "{size} processes for {} routed experts: each process needs at least one",
                 model.config.n_routed_experts
@@ -107,22 +108,25 @@ impl LoadArgs {
             return Ok(None);
         };
         let size = comm.size();
-        if !self.enable_expert_parallel {
-            bail!(
-                "started as one of {size} processes: pass --enable-expert-parallel (the routed \
-                 experts are split whole over the processes; sharding each expert's width \
-                 instead is not built)"
-            );
-        }
+        let expert_parallel = self.enable_expert_parallel;
         let tensor = match self.tensor_parallel_size.unwrap_or(size) {
-            1 => false,
+            1 if expert_parallel => false,
+            1 => bail!(
+                "started as one of {size} processes with --tensor-parallel-size 1: pass \
+                 --enable-expert-parallel to split the routed experts over them, or leave \
+                 --tensor-parallel-size at {size}"
+            ),
             tp if tp == size => true,
             tp => bail!(
                 "--tensor-parallel-size {tp} with {size} processes: give {size} (split the \
-                 dense projections too) or 1 (they stay on rank 0)"
+                 dense projections) or, with --enable-expert-parallel, 1 (they stay on rank 0)"
             ),
         };
-        Ok(Some(Placement { comm, tensor }))
+        Ok(Some(Placement {
+            comm,
+            tensor,
+            expert_parallel,
+        }))
     }
 }
 

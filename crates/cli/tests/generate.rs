@@ -160,7 +160,8 @@ fn streamed_experts_reproduce_golden_greedy_tokens() {
 
 #[test]
 fn split_runs_reproduce_golden_greedy_tokens() {
-    // Tensor parallel (the default under mpirun), then the experts alone.
+    // Tensor parallel with the experts split whole, then the experts alone, then tensor
+    // parallel with every expert split by width (no flag: vLLM's default).
     let ep = "--enable-expert-parallel";
     let alone = ["--tensor-parallel-size", "1"];
     check_launched(mpirun(2), "tiny-a", "official", &[ep]);
@@ -179,6 +180,8 @@ fn split_runs_reproduce_golden_greedy_tokens() {
     );
     check_launched(mpirun(2), "tiny-b", "hf", &[ep, alone[0], alone[1]]);
     check_launched(mpirun(3), "tiny-c", "official", &[ep, alone[0], alone[1]]);
+    check_launched(mpirun(2), "tiny-a", "official", &[]);
+    check_launched(mpirun(3), "tiny-b", "hf", &["--prefill-chunk", "5"]);
 }
 
 #[test]
@@ -191,12 +194,27 @@ fn split_run_failures_end_every_rank() {
         "--prompt-ids",
         "1,2",
     ];
-    // Several processes without saying how to split is refused on every rank.
-    let out = mpirun(2).args(base).output().unwrap();
+    // Several processes with nothing to split is refused on every rank.
+    let out = mpirun(2)
+        .args(base)
+        .args(["--tensor-parallel-size", "1"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
         err.contains("rank 0 of 2") && err.contains("--enable-expert-parallel"),
+        "{err}"
+    );
+    // Experts split by width stay resident: streaming them is refused.
+    let out = mpirun(2)
+        .args(base)
+        .args(["--expert-cache-mib", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("stay resident"),
         "{err}"
     );
     // A tensor-parallel size that does not match the processes, or one process asking for two.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
 use crate::experts::{ExpertPlan, ExpertSource, ExpertStore};
-use crate::parallel::{share, AttnPart, Collectives, HeadPart, LayerLink, Placement, SharedPart};
+use crate::parallel::{AttnPart, Collectives, HeadPart, LayerLink, Placement, WidthPart};
 use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
@@ -113,7 +113,7 @@ pub enum HeadProjections {
 #[derive(Debug)]
 pub enum SharedExpert {
     Whole(ExpertWeights),
-    Part(SharedPart),
+    Part(WidthPart),
 }
 
 impl SharedExpert {
@@ -165,6 +165,9 @@ pub enum RoutedExperts {
         store: Arc<ExpertStore>,
         layer: usize,
     },
+    /// This rank's share of every expert's width (tensor parallel without expert
+    /// parallelism), resident.
+    Sharded(Vec<WidthPart>),
 }
 
 impl RoutedExperts {
@@ -173,6 +176,7 @@ impl RoutedExperts {
         match self {
             RoutedExperts::Resident { first, experts } => *first..first + experts.len(),
             RoutedExperts::Streamed { store, .. } => store.experts(),
+            RoutedExperts::Sharded(parts) => 0..parts.len(),
         }
     }
 }
@@ -411,12 +415,12 @@ fn moe_weights(
     };
     let shared = match (c.n_shared_experts, s.placement.filter(|pl| pl.tensor)) {
         (0, _) => None,
-        (_, Some(pl)) => Some(SharedExpert::Part(SharedPart::load(
+        (n, Some(pl)) => Some(SharedExpert::Part(WidthPart::load(
             ck,
             c,
-            p,
-            pl.comm.rank(),
-            pl.comm.size(),
+            &format!("{p}.ffn.shared_experts"),
+            inter * n,
+            (pl.comm.rank(), pl.comm.size()),
         )?)),
         (n, None) => Some(SharedExpert::Whole(expert(
             ck,
@@ -450,40 +454,77 @@ fn resident_experts(
     })
 }
 
-/// A main layer's routed experts `held`: through `store` when they are streamed.
+/// What this process holds of every main layer's routed experts.
+#[derive(Clone)]
+enum Holding {
+    /// These experts, whole (all of them in a single process).
+    Whole(Range<usize>),
+    /// Rank `.0` of `.1`'s share of every expert's width.
+    Width(usize, usize),
+}
+
+impl Holding {
+    fn of(placement: Option<&Placement>, c: &ModelConfig) -> Self {
+        match placement {
+            None => Holding::Whole(0..c.n_routed_experts),
+            Some(pl) if pl.expert_parallel => Holding::Whole(pl.share(c.n_routed_experts)),
+            Some(pl) => Holding::Width(pl.comm.rank(), pl.comm.size()),
+        }
+    }
+}
+
+/// A main layer's routed experts as `holding` says: through `store` when they are streamed.
 fn layer_experts(
     ck: &Checkpoint,
     c: &ModelConfig,
     layer: usize,
     store: Option<&Arc<ExpertStore>>,
-    held: &Range<usize>,
+    holding: &Holding,
 ) -> Result<RoutedExperts, CheckpointError> {
-    match store {
-        Some(store) => Ok(RoutedExperts::Streamed {
+    let prefix = format!("layers.{layer}");
+    match (store, holding) {
+        (Some(store), _) => Ok(RoutedExperts::Streamed {
             store: Arc::clone(store),
             layer,
         }),
-        None => resident_experts(ck, c, &format!("layers.{layer}"), held.clone()),
+        (None, Holding::Whole(held)) => resident_experts(ck, c, &prefix, held.clone()),
+        (None, &Holding::Width(rank, size)) => Ok(RoutedExperts::Sharded(
+            (0..c.n_routed_experts)
+                .map(|e| {
+                    let p = format!("{prefix}.ffn.experts.{e}");
+                    WidthPart::load(ck, c, &p, c.moe_intermediate_size, (rank, size))
+                })
+                .collect::<Result<_, _>>()?,
+        )),
     }
 }
 
-/// The store the routed experts `held` stream through, when the plan streams them.
+/// The store the routed experts stream through, when the plan streams them.
 fn expert_store(
     ck: &Checkpoint,
     c: &ModelConfig,
     plan: ExpertPlan,
-    held: &Range<usize>,
+    holding: &Holding,
 ) -> Result<Option<Arc<ExpertStore>>, CheckpointError> {
-    match plan {
-        ExpertPlan::Resident => Ok(None),
-        ExpertPlan::Streamed { cache_bytes } => Ok(Some(Arc::new(ExpertStore::new(
-            ck,
-            expert_sources(ck, c, held)?,
-            held.clone(),
-            cache_bytes,
-            2 * c.num_experts_per_tok,
-        )?))),
-    }
+    let (ExpertPlan::Streamed { cache_bytes }, Holding::Whole(held)) = (plan, holding) else {
+        return match plan {
+            ExpertPlan::Resident => Ok(None),
+            ExpertPlan::Streamed { .. } => Err(CheckpointError::InvalidValue {
+                name: "expert cache".into(),
+                reason: "experts split by width (tensor parallel without \
+                         --enable-expert-parallel) stay resident; split them whole with \
+                         --enable-expert-parallel to stream them"
+                    .into(),
+            }),
+        };
+    };
+    Ok(Some(Arc::new(ExpertStore::new(
+        ck,
+        expert_sources(ck, c, held)?,
+        held.clone(),
+        cache_bytes,
+        2 * c.num_experts_per_tok,
+    )?)))
 }
 
 /// What a rank other than 0 of a split model holds: its share of every main layer's routed
@@ -499,31 +540,39 @@ pub struct RankWeights {
 pub struct RankLayer {
     pub experts: RoutedExperts,
     pub attn: Option<AttnPart>,
-    pub shared: Option<SharedPart>,
+    pub shared: Option<WidthPart>,
 }
 
 impl RankWeights {
-    /// Rank `rank` of `size`'s part; the dense projections only when `tensor`.
+    /// This rank's part as `placement` splits the model.
     pub fn load(
         ck: &Checkpoint,
         c: &ModelConfig,
         plan: ExpertPlan,
-        (rank, size): (usize, usize),
-        tensor: bool,
+        placement: &Placement,
     ) -> Result<Self, CheckpointError> {
-        let held = share(c.n_routed_experts, rank, size);
-        let store = expert_store(ck, c, plan, &held)?;
+        let (rank, size, tensor) = (
+            placement.comm.rank(),
+            placement.comm.size(),
+            placement.tensor,
+        );
+        let holding = Holding::of(Some(placement), c);
+        let store = expert_store(ck, c, plan, &holding)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = format!("layers.{l}");
             let shared = tensor && c.n_shared_experts > 0;
             layers.push(RankLayer {
-                experts: layer_experts(ck, c, l, store.as_ref(), &held)?,
+                experts: layer_experts(ck, c, l, store.as_ref(), &holding)?,
                 attn: tensor
                     .then(|| AttnPart::load(ck, c, &p, rank, size))
                     .transpose()?,
                 shared: shared
-                    .then(|| SharedPart::load(ck, c, &p, rank, size))
+                    .then(|| {
+                        let inter = c.moe_intermediate_size * c.n_shared_experts;
+                        let prefix = format!("{p}.ffn.shared_experts");
+                        WidthPart::load(ck, c, &prefix, inter, (rank, size))
+                    })
                     .transpose()?,
             });
         }
@@ -643,8 +692,8 @@ impl ModelWeights {
         }
         let total = c.num_hidden_layers + 1;
         let (d, hc) = (c.hidden_size, c.hc_mult);
-        let held = placement.map_or(0..c.n_routed_experts, |pl| pl.share(c.n_routed_experts));
-        let expert_store = expert_store(ck, c, plan, &held)?;
+        let holding = Holding::of(placement, c);
+        let expert_store = expert_store(ck, c, plan, &holding)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("layers.{l}");
@@ -656,7 +705,7 @@ impl ModelWeights {
                 placement,
                 index: l,
             };
-            let experts = layer_experts(ck, c, l, expert_store.as_ref(), &held)?;
+            let experts = layer_experts(ck, c, l, expert_store.as_ref(), &holding)?;
             layers.push(layer(ck, c, &spec, Some(experts))?);
             progress(l + 1, total);
         }

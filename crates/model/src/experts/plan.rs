@@ -55,11 +55,24 @@ impl StoredBytes {
     }
 
     /// What rank `rank` of `size` loads of a model split over the ranks: its share of the
-    /// routed experts; the dense part on rank 0 only, or (`tensor`) its share of the split
-    /// tensors plus, on rank 0, the rest.
-    pub fn share(self, c: &ModelConfig, rank: usize, size: usize, tensor: bool) -> Self {
+    /// routed experts (of their ids when `by_id`, else of every one's width); the dense part
+    /// on rank 0 only, or (`tensor`) its share of the split tensors plus, on rank 0, the
+    /// rest.
+    pub fn share(
+        self,
+        c: &ModelConfig,
+        (rank, size): (usize, usize),
+        tensor: bool,
+        by_id: bool,
+    ) -> Self {
         let n = c.n_routed_experts;
-        let held = share(n, rank, size).len() as u64;
+        let held = match by_id {
+            true => share(n, rank, size).len() as u64,
+            false => {
+                let inter = c.moe_intermediate_size;
+                share(inter, rank, size).len() as u64 * n as u64 / inter.max(1) as u64
+            }
+        };
         let rest = if rank == 0 {
             self.dense - self.split
         } else {
@@ -270,11 +283,15 @@ mod tests {
         let half = (16 << 20) * (n / 2) / n;
         let mib = |b: StoredBytes| (b.dense >> 20, b.split >> 20, b.experts);
         // Experts alone: rank 0 keeps the dense part.
-        assert_eq!(mib(bytes.share(&c, 0, 2, false)), (10, 4, half));
-        assert_eq!(mib(bytes.share(&c, 1, 2, false)), (0, 0, half));
+        assert_eq!(mib(bytes.share(&c, (0, 2), false, true)), (10, 4, half));
+        assert_eq!(mib(bytes.share(&c, (1, 2), false, true)), (0, 0, half));
         // Tensor parallel: half the split part each, the rest on rank 0.
-        assert_eq!(mib(bytes.share(&c, 0, 2, true)), (8, 2, half));
-        assert_eq!(mib(bytes.share(&c, 1, 2, true)), (2, 2, half));
+        assert_eq!(mib(bytes.share(&c, (0, 2), true, true)), (8, 2, half));
+        assert_eq!(mib(bytes.share(&c, (1, 2), true, true)), (2, 2, half));
+        // Every expert split by width: a share of each.
+        let width = bytes.share(&c, (1, 2), true, false);
+        let inter = c.moe_intermediate_size as u64;
+        assert_eq!(width.experts, (16 << 20) * (inter / 2) / inter);
         assert!(is_tensor_split("layers.3.attn.wo_b.scale"));
         assert!(is_tensor_split(
             "model.layers.0.mlp.shared_experts.up_proj.weight"

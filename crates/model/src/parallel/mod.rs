@@ -18,7 +18,7 @@
 mod parts;
 mod protocol;
 
-pub use parts::{AttnPart, HeadPart, SharedPart};
+pub use parts::{AttnPart, HeadPart, WidthPart};
 pub use protocol::{interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
 
 use std::ops::Range;
@@ -84,8 +84,11 @@ pub fn share(n: usize, rank: usize, size: usize) -> Range<usize> {
 #[derive(Clone)]
 pub struct Placement {
     pub comm: Arc<dyn Collectives>,
-    /// The dense projections are split too (tensor parallel), not only the experts.
+    /// The dense projections are split (tensor parallel).
     pub tensor: bool,
+    /// The routed experts are split whole, a share of the ids per rank; else (with
+    /// `tensor`) every expert is split by width.
+    pub expert_parallel: bool,
 }
 
 impl Placement {

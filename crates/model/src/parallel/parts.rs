@@ -72,31 +72,33 @@ impl AttnPart {
     }
 }
 
-/// A rank's part of the shared expert: its share of the intermediate width (rows of `w1`
-/// and `w3`, columns of `w2`).
+/// A rank's share of a SwiGLU expert's intermediate width: rows of `w1` and `w3`, columns
+/// of `w2` (the shared expert under tensor parallelism, and every routed expert when they
+/// are not split whole).
 #[derive(Debug)]
-pub struct SharedPart {
+pub struct WidthPart {
     pub width: Range<usize>,
     pub w1: SubMatrix,
     pub w3: SubMatrix,
     pub w2: SubMatrix,
 }
 
-impl SharedPart {
+impl WidthPart {
+    /// Rank `rank` of `size`'s share of the expert at `prefix` (`…ffn.shared_experts`,
+    /// `…ffn.experts.E`), `inter` wide.
     pub fn load(
         ck: &Checkpoint,
         c: &ModelConfig,
         prefix: &str,
-        rank: usize,
-        size: usize,
+        inter: usize,
+        (rank, size): (usize, usize),
     ) -> Result<Self, CheckpointError> {
-        let (d, inter) = (c.hidden_size, c.moe_intermediate_size * c.n_shared_experts);
+        let d = c.hidden_size;
         let width = share(inter, rank, size);
-        let p = format!("{prefix}.ffn.shared_experts");
         Ok(Self {
-            w1: cut(ck, &format!("{p}.w1"), (inter, d), width.clone(), 0..d)?,
-            w3: cut(ck, &format!("{p}.w3"), (inter, d), width.clone(), 0..d)?,
-            w2: cut(ck, &format!("{p}.w2"), (d, inter), 0..d, width.clone())?,
+            w1: cut(ck, &format!("{prefix}.w1"), (inter, d), width.clone(), 0..d)?,
+            w3: cut(ck, &format!("{prefix}.w3"), (inter, d), width.clone(), 0..d)?,
+            w2: cut(ck, &format!("{prefix}.w2"), (d, inter), 0..d, width.clone())?,
             width,
         })
     }

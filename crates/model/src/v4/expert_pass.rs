@@ -48,6 +48,9 @@ pub(super) fn pass_experts<'a>(
             }
             Ok(PassExperts::Streamed(got))
         }
+        RoutedExperts::Sharded(_) => Err(ExpertError::Invalid {
+            reason: "experts split by width have no passes (a bug)".into(),
+        }),
     }
 }
 
@@ -55,7 +58,7 @@ pub(super) fn pass_experts<'a>(
 /// prefill's, at most half the expert cache (the other half reads the next pass).
 pub(super) fn experts_per_pass(experts: &RoutedExperts) -> usize {
     match experts {
-        RoutedExperts::Resident { .. } => EXPERTS_PER_PASS,
+        RoutedExperts::Resident { .. } | RoutedExperts::Sharded(_) => EXPERTS_PER_PASS,
         RoutedExperts::Streamed { store, .. } => (store.capacity() / 2).clamp(1, EXPERTS_PER_PASS),
     }
 }
@@ -68,7 +71,9 @@ pub(super) fn pass_order(
     active: &[usize],
 ) -> (SmallVec<[usize; 256]>, SmallVec<[usize; 256]>) {
     match experts {
-        RoutedExperts::Resident { .. } => (active.into(), SmallVec::new()),
+        RoutedExperts::Resident { .. } | RoutedExperts::Sharded(_) => {
+            (active.into(), SmallVec::new())
+        }
         RoutedExperts::Streamed { store, layer } => {
             let cached = store.request(*layer, active);
             let pick = |want: bool| {

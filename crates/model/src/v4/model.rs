@@ -235,7 +235,8 @@ impl Model {
         let ck = Checkpoint::open(dir)?;
         let mut bytes = StoredBytes::of(&ck);
         if let Some(pl) = &placement {
-            bytes = bytes.share(&config, pl.comm.rank(), pl.comm.size(), pl.tensor);
+            let ranks = (pl.comm.rank(), pl.comm.size());
+            bytes = bytes.share(&config, ranks, pl.tensor, pl.expert_parallel);
         }
         let (plan, mut why) = memory.choose(bytes, &config)?;
         if let Some(pl) = &placement {
@@ -477,7 +478,16 @@ impl Model {
 /// What rank `pl.comm.rank()` holds of a split model, in words (the memory plan's start).
 pub(super) fn describe_share(c: &ModelConfig, pl: &Placement, bytes: StoredBytes) -> String {
     let (rank, size) = (pl.comm.rank(), pl.comm.size());
-    let held = pl.share(c.n_routed_experts);
+    let experts = match pl.expert_parallel {
+        true => {
+            let held = pl.share(c.n_routed_experts);
+            format!(
+                "experts {}..{} of {}",
+                held.start, held.end, c.n_routed_experts
+            )
+        }
+        false => format!("1/{size} of every expert's width"),
+    };
     let dense = match (rank, pl.tensor) {
         (0, false) => "the dense part",
         (0, true) => {
@@ -487,11 +497,8 @@ pub(super) fn describe_share(c: &ModelConfig, pl: &Placement, bytes: StoredBytes
         (_, false) => "no dense weights",
     };
     format!(
-        "rank {rank} of {size} holds {dense} ({} MiB) and experts {}..{} of {} ({} MiB)",
+        "rank {rank} of {size} holds {dense} ({} MiB) and {experts} ({} MiB)",
         bytes.dense >> 20,
-        held.start,
-        held.end,
-        c.n_routed_experts,
         bytes.experts >> 20
     )
 }

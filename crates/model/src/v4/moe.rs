@@ -12,7 +12,7 @@ use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
-use crate::parallel::{self, send_header, Collectives, MoeMessage, SharedPart};
+use crate::parallel::{self, send_header, Collectives, MoeMessage, WidthPart};
 use crate::profile::{scope, Op};
 use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
 use deepinfer_kernels::topk::topk_into;
@@ -250,7 +250,7 @@ pub(super) fn reduce_with_status(
 pub(super) fn local_part(
     experts: &RoutedExperts,
     shared: Option<&ExpertWeights>,
-    shared_part: Option<&SharedPart>,
+    shared_part: Option<&WidthPart>,
     c: &ModelConfig,
     x: &[f32],
     ids: &[usize],
@@ -260,7 +260,7 @@ pub(super) fn local_part(
     let mut out = routed_sum(experts, shared, c, x, ids, wts, ws)?;
     if let Some(p) = shared_part {
         let t = ids.len() / c.num_experts_per_tok.max(1);
-        let s = tensor_parallel::shared_part(p, x, t, c.swiglu_limit, ws);
+        let s = tensor_parallel::width_part(p, x, t, None, c.swiglu_limit, ws);
         out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
         ws.give(s);
     }
@@ -288,6 +288,15 @@ fn routed_sum(
     let t = ids.len() / k.max(1);
     let inter = c.moe_intermediate_size;
     let (offsets, order, xs) = group_by_expert(ids, x, k, d, n_exp, ws);
+    if let RoutedExperts::Sharded(parts) = experts {
+        // Split by width, the shared expert is split too (added by `local_part`).
+        debug_assert!(shared.is_none());
+        let out = width_sum(parts, c, (&offsets, &order, &xs), wts, ws);
+        ws.give(xs);
+        ws.give_idx(offsets);
+        ws.give_idx(order);
+        return Ok(out);
+    }
     let shared_inter = shared.map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
     let (mut gs, mut us) = (ws.take(t * shared_inter), ws.take(t * shared_inter));
@@ -353,6 +362,39 @@ fn routed_sum(
         ws.give_idx(v);
     }
     Ok(out)
+}
+
+/// [`routed_sum`] over this rank's share of every expert's width: one expert after the
+/// other, on its rows of the grouped picks.
+fn width_sum(
+    parts: &[WidthPart],
+    c: &ModelConfig,
+    (offsets, order, xs): (&[usize], &[usize], &[f32]),
+    wts: &[f32],
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let (d, k) = (c.hidden_size, c.num_experts_per_tok);
+    let t = order.len() / k.max(1);
+    let mut y = ws.take(order.len() * d);
+    let mut row_wts = ws.take(order.len());
+    for (w, &p) in row_wts.iter_mut().zip(order) {
+        *w = wts[p];
+    }
+    for (e, part) in parts.iter().enumerate() {
+        let rows = offsets[e]..offsets[e + 1];
+        if rows.is_empty() {
+            continue;
+        }
+        let x = &xs[rows.start * d..rows.end * d];
+        let wt = Some(&row_wts[rows.clone()]);
+        let out = tensor_parallel::width_part(part, x, rows.len(), wt, c.swiglu_limit, ws);
+        y[rows.start * d..rows.end * d].copy_from_slice(&out);
+        ws.give(out);
+    }
+    let out = sum_rows(order, &y, &[], false, t, k, d, ws);
+    ws.give(y);
+    ws.give(row_wts);
+    out
 }
 
 /// Each token's output: its routed rows in row (expert) order, then the shared expert's.

@@ -6,7 +6,7 @@ use super::moe::{activate, ROWS_PER_TASK};
 use super::workspace::Workspace;
 use crate::config::ModelConfig;
 use crate::parallel::{
-    interleave, send_header, share, AttnPart, Collectives, HeadPart, LayerLink, Op, SharedPart,
+    interleave, send_header, share, AttnPart, Collectives, HeadPart, LayerLink, Op, WidthPart,
 };
 use crate::profile;
 use deepinfer_kernels::linear::Matmul;
@@ -78,12 +78,13 @@ pub(super) fn out_part(
     out
 }
 
-/// This rank's share of the shared expert's width for `x: [T, D]`; `[T, D]`, summed over
-/// ranks.
-pub(super) fn shared_part(
-    p: &SharedPart,
+/// This rank's share of an expert's width for `x: [T, D]`, each row's activation scaled by
+/// its routing weight (`None`: 1, the shared expert); `[T, D]`, summed over ranks.
+pub(super) fn width_part(
+    p: &WidthPart,
     x: &[f32],
     t: usize,
+    weights: Option<&[f32]>,
     limit: f32,
     ws: &mut Workspace,
 ) -> Vec<f32> {
@@ -99,7 +100,7 @@ pub(super) fn shared_part(
     let mut ones = ws.take(t);
     ones.fill(1.0);
     let mut tmp = ws.take(t.div_ceil(ROWS_PER_TASK).max(1) * width);
-    activate(&mut g, &u, &ones, width, limit, &mut tmp);
+    activate(&mut g, &u, weights.unwrap_or(&ones), width, limit, &mut tmp);
     let h = padded_input(&p.w2, &g, t, ws);
     let mut out = ws.take(t * p.w2.w.rows);
     profile::matmul(&p.w2.w, &h, t, &mut out);

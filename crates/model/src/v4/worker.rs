@@ -34,9 +34,10 @@ impl Worker {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
         let (rank, size) = (placement.comm.rank(), placement.comm.size());
-        let bytes = StoredBytes::of(&ck).share(&config, rank, size, placement.tensor);
+        let (tensor, by_id) = (placement.tensor, placement.expert_parallel);
+        let bytes = StoredBytes::of(&ck).share(&config, (rank, size), tensor, by_id);
         let (plan, why) = memory.choose(bytes, &config)?;
-        let weights = RankWeights::load(&ck, &config, plan, (rank, size), placement.tensor)?;
+        let weights = RankWeights::load(&ck, &config, plan, &placement)?;
         let memory_plan = format!("{}: {why}", describe_share(&config, &placement, bytes));
         Ok(Self {
             config,
