@@ -6,7 +6,7 @@ use super::SynthError;
 use crate::config::{AttnKind, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn};
 
 /// Every preset [`preset`] knows, in the order error messages list them.
-pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16", "big"];
+pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16", "big", "flash-slice"];
 
 /// A named model shape. The shape is a [`ModelConfig`], the same type a loaded checkpoint
 /// gets, so presets cannot describe anything the engine would read differently.
@@ -126,6 +126,11 @@ fn flash_like() -> ModelConfig {
 ///   which 10 GB routed experts: V4-Flash's proportions (the experts ~85 % of the bytes) at a
 ///   size this machine can hold on disk, for streaming experts from disk under a memory
 ///   budget smaller than the model.
+/// * `flash-slice`: V4-Flash's exact per-layer shapes (hidden 4096, 64 heads × 512, q-LoRA
+///   1024, 8 output groups × 1024, indexer 64 × 128, experts 2048 wide, the real vocabulary
+///   and BF16 head) over 6 layers (SWA, SWA, CSA, HCA, CSA, HCA; the first three hash-routed)
+///   with 16 experts each and the MTP block, about 4.7 GB: the real model's product shapes
+///   and share of bytes per format, at a size this machine holds.
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let dense = if name == "bench-bf16" {
         DenseFormat::Bf16
@@ -177,6 +182,16 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 index_n_heads: 16,
                 n_routed_experts: if name == "big" { 256 } else { 64 },
                 moe_intermediate_size: 768,
+                ..flash_like()
+            }
+        }
+        "flash-slice" => {
+            let ratios = [0, 0, 4, 128, 4, 128];
+            ModelConfig {
+                num_hidden_layers: ratios.len(),
+                layer_types: kinds(&ratios),
+                mlp_layer_types: mlp_kinds(ratios.len(), 3),
+                n_routed_experts: 16,
                 ..flash_like()
             }
         }

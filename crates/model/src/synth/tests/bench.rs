@@ -209,3 +209,66 @@ fn bench_inventory_matches_the_official_table() {
         (Some(0), vec![1])
     );
 }
+
+/// `flash-slice` stores every per-layer tensor with V4-Flash's shape and dtype (spec §4.1):
+/// only the layer and expert counts are smaller.
+#[test]
+fn flash_slice_has_v4_flash_shapes() {
+    use Dtype::*;
+    let spec = preset("flash-slice").unwrap();
+    let plan = tensor_plan(&spec);
+    let got: BTreeMap<&str, (Dtype, &[usize])> = plan
+        .iter()
+        .map(|t| (t.name.as_str(), (t.dtype, t.shape.as_slice())))
+        .collect();
+    for (n, d, s) in [
+        ("embed.weight", BF16, &[129_280, 4096][..]),
+        ("head.weight", BF16, &[129_280, 4096]),
+        ("layers.2.attn.wq_a.weight", F8_E4M3, &[1024, 4096]),
+        ("layers.2.attn.wq_a.scale", F8_E8M0, &[8, 32]),
+        ("layers.2.attn.wq_b.weight", F8_E4M3, &[32768, 1024]),
+        ("layers.2.attn.wq_b.scale", F8_E8M0, &[256, 8]),
+        ("layers.2.attn.wkv.weight", F8_E4M3, &[512, 4096]),
+        ("layers.2.attn.wo_a.weight", F8_E4M3, &[8192, 4096]),
+        ("layers.2.attn.wo_a.scale", F8_E8M0, &[64, 32]),
+        ("layers.2.attn.wo_b.weight", F8_E4M3, &[4096, 8192]),
+        ("layers.2.attn.wo_b.scale", F8_E8M0, &[32, 64]),
+        ("layers.2.attn.compressor.wkv.weight", BF16, &[1024, 4096]),
+        ("layers.3.attn.compressor.wkv.weight", BF16, &[512, 4096]),
+        ("layers.2.attn.indexer.wq_b.weight", F8_E4M3, &[8192, 1024]),
+        (
+            "layers.2.attn.indexer.weights_proj.weight",
+            BF16,
+            &[64, 4096],
+        ),
+        (
+            "layers.2.attn.indexer.compressor.wkv.weight",
+            BF16,
+            &[256, 4096],
+        ),
+        ("layers.2.ffn.gate.weight", BF16, &[16, 4096]),
+        ("layers.2.ffn.gate.tid2eid", I64, &[129_280, 6]),
+        ("layers.3.ffn.gate.bias", F32, &[16]),
+        (
+            "layers.3.ffn.shared_experts.w1.weight",
+            F8_E4M3,
+            &[2048, 4096],
+        ),
+        (
+            "layers.3.ffn.shared_experts.w2.weight",
+            F8_E4M3,
+            &[4096, 2048],
+        ),
+        ("layers.3.ffn.experts.15.w1.weight", I8, &[2048, 2048]),
+        ("layers.3.ffn.experts.15.w1.scale", F8_E8M0, &[2048, 128]),
+        ("layers.3.ffn.experts.15.w2.weight", I8, &[4096, 1024]),
+        ("layers.3.ffn.experts.15.w2.scale", F8_E8M0, &[4096, 64]),
+        ("layers.5.hc_attn_fn", F32, &[24, 16384]),
+        ("mtp.0.e_proj.weight", F8_E4M3, &[4096, 4096]),
+    ] {
+        assert_eq!(got.get(n), Some(&(d, s)), "{n}");
+    }
+    assert!(!got.contains_key("layers.6.attn_norm.weight"));
+    let gb = plan.iter().map(|t| t.byte_len()).sum::<u64>() as f64 / 1e9;
+    assert!((4.0..5.5).contains(&gb), "{gb:.2} GB");
+}
