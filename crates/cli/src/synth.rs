@@ -13,9 +13,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(Args, Debug)]
 pub struct SynthArgs {
     /// Model shape: `tiny` (every layer kind at toy width, seconds to write), `bench`
-    /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block) or
-    /// `big` (bench's width with 256 experts over 16 layers, about 12.5 GB: for streaming
-    /// experts from disk).
+    /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block),
+    /// `bench-bf16` (`bench` with BF16 dense weights, for llama.cpp), `big` (bench's width
+    /// with 256 experts over 16 layers, about 12.5 GB: for streaming experts from disk) or
+    /// `flash-slice` (V4-Flash's exact per-layer shapes over 6 layers of 16 experts, about
+    /// 4.7 GB).
     #[arg(long)]
     preset: String,
     /// Output directory, created if missing.
