@@ -82,7 +82,7 @@ impl LoadArgs {
             run_worker(dir, &plan, placement);
         }
         let comm = Arc::clone(&placement.comm);
-        let (size, by_id) = (comm.size(), placement.expert_parallel);
+        let (size, by_id) = (comm.size(), placement.experts_whole());
         let model = Model::load_split(dir, &plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         eprintln!("memory plan: {}", model.memory_plan());

@@ -467,7 +467,9 @@ impl Holding {
     fn of(placement: Option<&Placement>, c: &ModelConfig) -> Self {
         match placement {
             None => Holding::Whole(0..c.n_routed_experts),
-            Some(pl) if pl.expert_parallel => Holding::Whole(pl.share(c.n_routed_experts)),
+            // Split by width only with the shared expert (tensor parallel), which the
+            // width path leaves to its own part.
+            Some(pl) if pl.experts_whole() => Holding::Whole(pl.share(c.n_routed_experts)),
             Some(pl) => Holding::Width(pl.comm.rank(), pl.comm.size()),
         }
     }

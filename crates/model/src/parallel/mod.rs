@@ -86,8 +86,8 @@ pub struct Placement {
     pub comm: Arc<dyn Collectives>,
     /// The dense projections are split (tensor parallel).
     pub tensor: bool,
-    /// The routed experts are split whole, a share of the ids per rank; else (with
-    /// `tensor`) every expert is split by width.
+    /// The routed experts are split whole, a share of the ids per rank; else every expert
+    /// is split by width (with `tensor`; without it, experts are split whole anyway).
     pub expert_parallel: bool,
 }
 
@@ -95,6 +95,11 @@ impl Placement {
     /// This rank's share of `n`.
     pub fn share(&self, n: usize) -> Range<usize> {
         share(n, self.comm.rank(), self.comm.size())
+    }
+
+    /// Whether the routed experts are split whole (by id), not by width.
+    pub fn experts_whole(&self) -> bool {
+        self.expert_parallel || !self.tensor
     }
 
     /// The link a split layer uses to reach the other ranks.

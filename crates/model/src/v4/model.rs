@@ -236,7 +236,7 @@ impl Model {
         let mut bytes = StoredBytes::of(&ck);
         if let Some(pl) = &placement {
             let ranks = (pl.comm.rank(), pl.comm.size());
-            bytes = bytes.share(&config, ranks, pl.tensor, pl.expert_parallel);
+            bytes = bytes.share(&config, ranks, pl.tensor, pl.experts_whole());
         }
         let (plan, mut why) = memory.choose(bytes, &config)?;
         if let Some(pl) = &placement {
@@ -478,7 +478,7 @@ impl Model {
 /// What rank `pl.comm.rank()` holds of a split model, in words (the memory plan's start).
 pub(super) fn describe_share(c: &ModelConfig, pl: &Placement, bytes: StoredBytes) -> String {
     let (rank, size) = (pl.comm.rank(), pl.comm.size());
-    let experts = match pl.expert_parallel {
+    let experts = match pl.experts_whole() {
         true => {
             let held = pl.share(c.n_routed_experts);
             format!(

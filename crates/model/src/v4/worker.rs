@@ -34,7 +34,7 @@ impl Worker {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
         let (rank, size) = (placement.comm.rank(), placement.comm.size());
-        let (tensor, by_id) = (placement.tensor, placement.expert_parallel);
+        let (tensor, by_id) = (placement.tensor, placement.experts_whole());
         let bytes = StoredBytes::of(&ck).share(&config, (rank, size), tensor, by_id);
         let (plan, why) = memory.choose(bytes, &config)?;
         let weights = RankWeights::load(&ck, &config, plan, &placement)?;
