@@ -34,6 +34,15 @@ pub struct LoadArgs {
     pub tensor_parallel_size: Option<usize>,
 }
 
+/// A memory figure of this process from `/proc/self/status` (`VmHWM`, `RssAnon`, …), in MiB.
+pub fn process_status_mib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    Some(line.split_whitespace().next()?.parse::<u64>().ok()? / 1024)
+}
+
 /// Left for what the process needs besides weights and cache pools (scratch, tokenizer,
 /// the page cache of the dense part while it loads): 512 MiB and 5 % of what is available.
 fn margin(available: usize) -> usize {

@@ -24,17 +24,11 @@ pub fn world() -> Option<Arc<dyn Collectives>> {
 /// resident memory (`RssAnon`), the weights' own copies, without the checkpoint's page
 /// cache, which the kernel may drop).
 pub fn report_memory(world: &dyn Collectives) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-    if let Some(kib) = kib {
+    if let Some(mib) = crate::load_args::process_status_mib("RssAnon") {
         eprintln!(
-            "rank {} of {}: {} MiB resident after loading (anonymous memory)",
+            "rank {} of {}: {mib} MiB resident after loading (anonymous memory)",
             world.rank(),
             world.size(),
-            kib >> 10
         );
     }
 }

@@ -116,15 +116,6 @@ pub enum SharedExpert {
     Part(WidthPart),
 }
 
-impl SharedExpert {
-    pub fn whole(&self) -> Option<&ExpertWeights> {
-        match self {
-            SharedExpert::Whole(e) => Some(e),
-            SharedExpert::Part(_) => None,
-        }
-    }
-}
-
 /// The vocabulary head, whole or this rank's rows of it.
 #[derive(Debug)]
 pub enum HeadWeights {

@@ -145,7 +145,5 @@ pub fn decode_run(
 
 /// This process's peak resident set (`VmHWM`), in MiB.
 pub fn peak_rss_mib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? / 1024)
+    crate::load_args::process_status_mib("VmHWM")
 }

@@ -25,23 +25,25 @@ pub enum DistError {
 /// The number of processes a launcher (`mpirun`, `mpiexec`, `srun`) started this one among,
 /// read from the variables Open MPI, MPICH and PMIx set; `None` when not launched.
 pub fn launched_size() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    first_count(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"])
 }
 
 /// Processes started on this machine (the same variables' local counterparts); 1 when the
 /// launcher does not say.
 pub fn local_size() -> usize {
-    [
+    first_count(&[
         "OMPI_COMM_WORLD_LOCAL_SIZE",
         "MPI_LOCALNRANKS",
         "PMIX_LOCAL_SIZE",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    ])
     .unwrap_or(1)
     .max(1)
+}
+
+/// The first of the environment variables `vars` that holds a count.
+fn first_count(vars: &[&str]) -> Option<usize> {
+    vars.iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 /// Joins the job this process was launched into: `None` for a single process (not

@@ -19,7 +19,7 @@ mod parts;
 mod protocol;
 
 pub use parts::{AttnPart, HeadPart, WidthPart};
-pub use protocol::{interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
+pub use protocol::{announce, interleave, receive_header, MoeMessage, Op, SplitGuard};
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -31,9 +31,15 @@ impl Op {
 }
 
 /// Rank 0: announces `op` on `layer` for `tokens` rows.
-pub fn send_header(comm: &dyn Collectives, op: Op, layer: usize, tokens: usize) {
+fn send_header(comm: &dyn Collectives, op: Op, layer: usize, tokens: usize) {
     let mut header = [op as u64, layer as u64, tokens as u64];
     comm.broadcast_u64(&mut header);
+}
+
+/// Rank 0: announces `op` on `layer` for `tokens` rows and sends its data.
+pub fn announce(comm: &dyn Collectives, op: Op, layer: usize, tokens: usize, data: &mut [f32]) {
+    send_header(comm, op, layer, tokens);
+    comm.broadcast_f32(data);
 }
 
 /// A rank other than 0 waits for the next header: `Ok((op, layer, tokens))`, or the word

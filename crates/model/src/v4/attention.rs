@@ -6,7 +6,7 @@
 use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::IndexerQueries;
 use super::model::{Angles, BatchRows};
-use super::tensor_parallel::{announce, gather_q, q_part, split_out};
+use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
@@ -110,7 +110,8 @@ pub fn attention(
             profile::matmuls(&mut jobs);
         }
         HeadProjections::Split { part, link } => {
-            announce(link, parallel::Op::AttnQ, n, &mut qr);
+            let op = parallel::Op::AttnQ;
+            parallel::announce(&*link.comm, op, link.layer, n, &mut qr);
             let also = w
                 .indexer
                 .as_ref()

@@ -12,7 +12,7 @@ use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
-use crate::parallel::{self, send_header, Collectives, MoeMessage, WidthPart};
+use crate::parallel::{self, announce, Collectives, MoeMessage, WidthPart};
 use crate::profile::{scope, Op};
 use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
 use deepinfer_kernels::topk::topk_into;
@@ -195,8 +195,7 @@ pub fn moe(
         return out;
     };
     let mut msg = MoeMessage::pack(x, &ids, &wts, d, k, ws.take(0));
-    send_header(&*link.comm, parallel::Op::Moe, link.layer, t);
-    link.comm.broadcast_f32(&mut msg.buf);
+    announce(&*link.comm, parallel::Op::Moe, link.layer, t, &mut msg.buf);
     ws.give(msg.buf);
     let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
     ws.give(wts);

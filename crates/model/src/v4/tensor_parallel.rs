@@ -6,7 +6,7 @@ use super::moe::{activate, ROWS_PER_TASK};
 use super::workspace::Workspace;
 use crate::config::ModelConfig;
 use crate::parallel::{
-    interleave, send_header, share, AttnPart, Collectives, HeadPart, LayerLink, Op, WidthPart,
+    announce, interleave, share, AttnPart, Collectives, HeadPart, LayerLink, Op, WidthPart,
 };
 use crate::profile;
 use deepinfer_kernels::linear::Matmul;
@@ -118,12 +118,6 @@ pub(super) fn head_part(p: &HeadPart, h: &[f32], m: usize, ws: &mut Workspace) -
     out
 }
 
-/// Rank 0: announces `op` on the link's layer for `t` rows and sends `x`.
-pub(super) fn announce(link: &LayerLink, op: Op, t: usize, x: &mut [f32]) {
-    send_header(&*link.comm, op, link.layer, t);
-    link.comm.broadcast_f32(x);
-}
-
 /// Rank 0: every head's queries `[T, H·hd]` into `q`, from its own heads' (`mine`) and the
 /// other ranks'.
 pub(super) fn gather_q(
@@ -148,7 +142,7 @@ pub(super) fn split_out(
     t: usize,
     ws: &mut Workspace,
 ) -> Vec<f32> {
-    announce(link, Op::AttnOut, t, o);
+    announce(&*link.comm, Op::AttnOut, link.layer, t, o);
     let mut out = out_part(p, c, o, t, ws);
     link.comm.reduce_sum(&mut out);
     out
@@ -164,8 +158,7 @@ pub(super) fn split_head(
     logits: &mut [f32],
     ws: &mut Workspace,
 ) {
-    send_header(comm, Op::Head, 0, m);
-    comm.broadcast_f32(h);
+    announce(comm, Op::Head, 0, m, h);
     let mine = head_part(p, h, m, ws);
     let widths = widths(comm, c.vocab_size, 1);
     gather_rows(comm, &mine, &widths, m, logits, ws);
