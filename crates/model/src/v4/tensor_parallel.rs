@@ -24,17 +24,21 @@ fn rows_job<'a>(p: &'a SubMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> M
     }
 }
 
-/// `x: [m, width]` placed at the part's wanted columns of a zeroed `[m, w.cols]`.
-fn padded_input(p: &SubMatrix, x: &[f32], m: usize, ws: &mut Workspace) -> Vec<f32> {
+/// `x: [m, width]` placed at the part's wanted columns of a zeroed `[m, w.cols]`; `None`
+/// when the part has no other columns (a cut at block boundaries) and `x` serves as it is.
+fn padded_input(p: &SubMatrix, x: &[f32], m: usize, ws: &mut Workspace) -> Option<Vec<f32>> {
     let (cols, width) = (p.w.cols, x.len() / m.max(1));
+    if width == cols {
+        return None;
+    }
     let mut out = ws.take(m * cols);
     if width == 0 {
-        return out;
+        return Some(out);
     }
     for (o, row) in out.chunks_exact_mut(cols).zip(x.chunks_exact(width)) {
         o[p.col_pad..p.col_pad + width].copy_from_slice(row);
     }
-    out
+    Some(out)
 }
 
 /// This rank's heads' queries from the q-LoRA activations `qr: [T, q_lora]`, computed with
@@ -70,10 +74,12 @@ pub(super) fn out_part(
         return ws.take(t * p.wo_b.w.rows);
     }
     let z = grouped_output(c, &p.wo_a.w, p.wo_a.rows.start, p.groups.clone(), o, t, ws);
-    let x = padded_input(&p.wo_b, &z, t, ws);
+    let padded = padded_input(&p.wo_b, &z, t, ws);
     let mut out = ws.take(t * p.wo_b.w.rows);
-    profile::matmul(&p.wo_b.w, &x, t, &mut out);
-    ws.give(x);
+    profile::matmul(&p.wo_b.w, padded.as_deref().unwrap_or(&z), t, &mut out);
+    if let Some(v) = padded {
+        ws.give(v);
+    }
     ws.give(z);
     out
 }
@@ -101,10 +107,10 @@ pub(super) fn width_part(
     ones.fill(1.0);
     let mut tmp = ws.take(t.div_ceil(ROWS_PER_TASK).max(1) * width);
     activate(&mut g, &u, weights.unwrap_or(&ones), width, limit, &mut tmp);
-    let h = padded_input(&p.w2, &g, t, ws);
+    let padded = padded_input(&p.w2, &g, t, ws);
     let mut out = ws.take(t * p.w2.w.rows);
-    profile::matmul(&p.w2.w, &h, t, &mut out);
-    for v in [g, u, ones, tmp, h] {
+    profile::matmul(&p.w2.w, padded.as_deref().unwrap_or(&g), t, &mut out);
+    for v in [g, u, ones, tmp].into_iter().chain(padded) {
         ws.give(v);
     }
     out
