@@ -6,6 +6,7 @@ use crate::ranks;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
+use deepinfer_model::numerics::Numerics;
 use deepinfer_model::parallel::Placement;
 use deepinfer_model::v4::{Model, Worker};
 use std::sync::Arc;
@@ -32,6 +33,12 @@ pub struct LoadArgs {
     /// rank 0 (with --enable-expert-parallel).
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
+    /// `reference`: f32 between the stored weights, what HF transformers computes in
+    /// float32. `official`: also DeepSeek's own quantisation points (FP8 activations into
+    /// every FP8/FP4 projection, FP8 KV, Hadamard-rotated FP4 indexer queries and keys), as
+    /// the model was trained and is served by its authors.
+    #[arg(long, default_value = "reference")]
+    pub numerics: Numerics,
 }
 
 /// A memory figure of this process from `/proc/self/status` (`VmHWM`, `RssAnon`, …), in MiB.
@@ -80,13 +87,21 @@ impl LoadArgs {
     ) -> Result<Model> {
         let plan = self.memory_plan(cache_pools);
         let Some(placement) = self.placement()? else {
-            let model = Model::load_with(dir, &plan, progress)
+            let mut model = Model::load_with(dir, &plan, progress)
                 .with_context(|| format!("loading {}", dir.display()))?;
+            model.set_numerics(self.numerics)?;
             if model.weights.expert_store.is_some() {
                 eprintln!("memory plan: {}", model.memory_plan());
             }
             return Ok(model);
         };
+        if self.numerics != Numerics::Reference {
+            bail!(
+                "--numerics {} runs in one process only for now (a rank's part of a split \
+                 projection is not a whole quantisation block)",
+                self.numerics
+            );
+        }
         if placement.comm.rank() != 0 {
             run_worker(dir, &plan, placement);
         }

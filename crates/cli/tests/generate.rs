@@ -31,20 +31,31 @@ fn csv(v: &Value) -> String {
 }
 
 fn check_layout(config: &str, layout: &str, extra: &[&str]) {
-    check_launched(
-        Command::new(env!("CARGO_BIN_EXE_deepinfer")),
-        config,
-        layout,
-        extra,
-    );
+    check_golden(config, layout, "golden", extra);
+}
+
+/// Like [`check_layout`] against the goldens `{name}.json` of `config`.
+fn check_golden(config: &str, layout: &str, name: &str, extra: &[&str]) {
+    let launch = Command::new(env!("CARGO_BIN_EXE_deepinfer"));
+    check_launched_against(launch, config, layout, name, extra);
 }
 
 /// `deepinfer generate` as `launch` starts it (directly, or under `mpirun`) reproduces the
 /// golden tokens of `config`'s first two prompts.
-fn check_launched(mut launch: Command, config: &str, layout: &str, extra: &[&str]) {
-    let meta: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden(config).join("golden.json")).unwrap())
-            .unwrap();
+fn check_launched(launch: Command, config: &str, layout: &str, extra: &[&str]) {
+    check_launched_against(launch, config, layout, "golden", extra);
+}
+
+fn check_launched_against(
+    mut launch: Command,
+    config: &str,
+    layout: &str,
+    name: &str,
+    extra: &[&str],
+) {
+    let file = golden(config).join(format!("{name}.json"));
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let steps = meta["greedy_steps"].as_u64().unwrap().to_string();
     let prompts: Vec<&Value> = meta["prompts"].as_array().unwrap().iter().take(2).collect();
     let model = golden(config).join(layout);
     let ids: Vec<String> = prompts.iter().map(|p| csv(&p["ids"])).collect();
@@ -53,7 +64,7 @@ fn check_launched(mut launch: Command, config: &str, layout: &str, extra: &[&str
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
-        "32",
+        &steps,
     ];
     for i in &ids {
         args.extend(["--prompt-ids", i.as_str()]);
@@ -76,10 +87,10 @@ fn check_launched(mut launch: Command, config: &str, layout: &str, extra: &[&str
         assert_eq!(line["prompt_ids"], p["ids"]);
         assert_eq!(
             line["token_ids"], p["greedy"],
-            "{config}/{layout}: greedy tokens differ from HF"
+            "{config}/{layout}: greedy tokens differ from {name}"
         );
         let tops = line["top_logprobs"].as_array().unwrap();
-        assert_eq!(tops.len(), 32);
+        assert_eq!(tops.len().to_string(), steps);
         for (step, top) in tops.iter().enumerate() {
             let top = top.as_array().unwrap();
             assert_eq!(top.len(), 3);
@@ -122,6 +133,22 @@ fn speculative_decoding_reproduces_golden_greedy_tokens() {
         ],
     );
     check_layout("tiny-b", "hf", &["--num-speculative-tokens", "2"]);
+}
+
+/// `--numerics official` reproduces our port of DeepSeek's own inference code
+/// (tools/make_official_golden.py), fed whole, in chunks and with MTP speculation.
+#[test]
+fn official_numerics_reproduces_its_golden_greedy_tokens() {
+    let official = ["--numerics", "official"];
+    check_golden("tiny-a", "official", "official_golden", &official);
+    let chunked = [&official[..], &["--prefill-chunk", "7"]].concat();
+    check_golden("tiny-b", "official", "official_golden", &chunked);
+    let drafted = [&official[..], &["--num-speculative-tokens", "2"]].concat();
+    check_golden("tiny-a", "official", "official_golden", &drafted);
+    assert_fails(
+        &["generate", "--model", "x", "--numerics", "bf16"],
+        "expected `reference` or `official`",
+    );
 }
 
 /// Routed experts streamed from disk through the smallest cache: the same golden tokens, and
@@ -232,6 +259,17 @@ fn split_run_failures_end_every_rank() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("mpirun -n 2"),
+        "{err}"
+    );
+    // Official numerics is not split yet.
+    let out = mpirun(2)
+        .args(base)
+        .args(["--numerics", "official"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--numerics official runs in one process"),
         "{err}"
     );
     // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself

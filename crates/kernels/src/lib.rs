@@ -8,6 +8,7 @@ pub mod formats;
 pub mod linear;
 pub mod matrix;
 pub mod norm;
+pub mod quant;
 pub mod roofline;
 pub mod rope;
 pub mod sub_matrix;

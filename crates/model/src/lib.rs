@@ -5,6 +5,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod experts;
+pub mod numerics;
 pub mod parallel;
 pub mod profile;
 pub mod synth;

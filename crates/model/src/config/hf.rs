@@ -319,6 +319,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         num_nextn_predict_layers: f.usize_or("num_nextn_predict_layers", 1)?,
         bos_token_id,
         eos_token_ids,
+        numerics: Default::default(),
     })
 }
 

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::numerics::Numerics;
 use fields::{json_kind, Fields};
 use validate::{HF_KEYS, OFFICIAL_KEYS};
 
@@ -119,6 +120,8 @@ pub struct ModelConfig {
     pub num_nextn_predict_layers: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Which rounding the forward pass computes: a run-time choice, not read from the file.
+    pub numerics: Numerics,
 }
 
 /// Why a config could not be used. Messages name the offending field as written in the file.

@@ -141,5 +141,6 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         num_nextn_predict_layers: f.usize_or("n_mtp_layers", 1)?,
         bos_token_id,
         eos_token_ids,
+        numerics: Default::default(),
     })
 }

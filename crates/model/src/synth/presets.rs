@@ -109,6 +109,7 @@ fn flash_like() -> ModelConfig {
         num_nextn_predict_layers: 1,
         bos_token_id: Some(0),
         eos_token_ids: vec![1],
+        numerics: Default::default(),
     }
 }
 

@@ -10,6 +10,7 @@ use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
+use crate::numerics::Numerics;
 use crate::parallel;
 use crate::profile::{self, scope, Op};
 use crate::weights::{AttentionWeights, HeadProjections};
@@ -68,6 +69,20 @@ pub fn attention(
     let eps = c.rms_norm_eps;
     let positions = rows.positions;
 
+    // `wq_a` and `wkv` read `a` as a projection input; the BF16 compressor and indexer-weight
+    // projections read it as it is.
+    let mut aq = ws.take(if c.numerics == Numerics::Reference {
+        0
+    } else {
+        a.len()
+    });
+    let a_proj = if aq.is_empty() {
+        a
+    } else {
+        aq.copy_from_slice(a);
+        c.numerics.projection_input(&mut aq, c.hidden_size);
+        &aq[..]
+    };
     // Every projection of `a` in one parallel pass.
     let mut qr = ws.take(n * w.wq_a.out_dim());
     let mut kv = ws.take(n * hd);
@@ -80,8 +95,8 @@ pub fn attention(
     let mut iwt = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.weights_proj.out_dim()));
     {
         let mut jobs: SmallVec<[Matmul; 8]> = SmallVec::new();
-        jobs.push(Matmul::new(&w.wq_a.w, a, n, &mut qr));
-        jobs.push(Matmul::new(&w.wkv.w, a, n, &mut kv));
+        jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr));
+        jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv));
         if let Some(cw) = comp {
             jobs.push(Matmul::new(&cw.wkv.w, a, n, &mut ck));
             jobs.push(Matmul::new(&cw.wgate.w, a, n, &mut cz));
@@ -96,6 +111,7 @@ pub fn attention(
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut qr, &w.q_norm, eps);
+        c.numerics.projection_input(&mut qr, c.q_lora_rank);
     }
     // Then every projection of the q-LoRA activations.
     let mut q = ws.take(n * h * hd);
@@ -135,6 +151,7 @@ pub fn attention(
             let (cos, sin) = angles.row(i);
             Rope::apply_with(row, cos, sin, false);
         }
+        c.numerics.kv(&mut kv, hd, c.qk_rope_head_dim);
     }
 
     // Compressed state first: entries closed by this batch's tokens are visible to them.
@@ -162,7 +179,7 @@ pub fn attention(
                     layer,
                     stream,
                     rope,
-                    eps,
+                    c,
                     &mut scratch,
                 );
             }
@@ -185,6 +202,7 @@ pub fn attention(
                 Rope::apply_with(head, cos, sin, false);
             }
         }
+        c.numerics.indexer(&mut iq, ihd);
         let wscale = (ih as f32).powf(-0.5);
         iwt.iter_mut().for_each(|v| *v *= wscale);
         let queries = IndexerQueries {
@@ -309,6 +327,8 @@ pub fn attention(
     let res = match &w.heads {
         HeadProjections::Whole { wo_a, wo_b, .. } => {
             let z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, &out, n, ws);
+            let mut z = z;
+            c.numerics.projection_input(&mut z, wo_b.in_dim());
             let mut res = ws.take(n * wo_b.out_dim());
             wo_b.forward_into(&z, n, &mut res);
             ws.give(z);
@@ -316,7 +336,7 @@ pub fn attention(
         }
         HeadProjections::Split { part, link } => split_out(link, part, c, &mut out, n, ws),
     };
-    for v in [qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {
+    for v in [aq, qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {
         ws.give(v);
     }
     ws.give_idx(picks);

@@ -8,6 +8,7 @@
 //! are a pure function of their window's rows, so re-running a truncated span rewrites them.
 
 use crate::cache::{CacheView, Stream};
+use crate::config::ModelConfig;
 use crate::weights::CompressorWeights;
 use deepinfer_kernels::norm::rms_norm;
 use deepinfer_kernels::rope::Rope;
@@ -43,7 +44,8 @@ pub fn scratch_len(dim: usize) -> usize {
 }
 
 /// Stores the rows of one sequence's chunk (positions `p0..p0+n`, rows in order) and emits
-/// every entry whose window closes inside the chunk.
+/// every entry whose window closes inside the chunk, rounded as `c.numerics` keeps KV
+/// (attention entries) or indexer keys.
 #[allow(clippy::too_many_arguments)]
 pub fn absorb(
     w: &CompressorWeights,
@@ -54,7 +56,7 @@ pub fn absorb(
     layer: usize,
     stream: Stream,
     rope: &Rope,
-    eps: f32,
+    c: &ModelConfig,
     scratch: &mut [f32],
 ) {
     let width = 2 * w.wkv.out_dim();
@@ -69,8 +71,12 @@ pub fn absorb(
         if (pos + 1).is_multiple_of(w.ratio) {
             let win = pos / w.ratio;
             pool(w, &*cache, seq, layer, stream, win, entry, temps);
-            rms_norm(entry, &w.norm, eps);
+            rms_norm(entry, &w.norm, c.rms_norm_eps);
             rope.apply(entry, win * w.ratio, false);
+            match stream {
+                Stream::Attn => c.numerics.kv(entry, w.dim, c.qk_rope_head_dim),
+                Stream::Indexer => c.numerics.indexer(entry, w.dim),
+            }
             cache
                 .entry_mut(seq, layer, stream, win)
                 .copy_from_slice(entry);

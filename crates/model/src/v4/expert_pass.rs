@@ -2,7 +2,7 @@
 //! weights come from (the resident layer, or the expert cache, waiting for reads), and one
 //! pass's products and activations over the rows grouped by expert.
 
-use super::moe::activate;
+use super::moe::{activate, Activation};
 use crate::experts::ExpertError;
 use crate::profile::{self, scope, Op};
 use crate::weights::{ExpertWeights, RoutedExperts};
@@ -104,7 +104,7 @@ impl SharedBufs<'_> {
         s: &ExpertWeights,
         x: &[f32],
         t: usize,
-        limit: f32,
+        act: Activation,
         tmp: &mut [f32],
     ) {
         let mut jobs = [
@@ -112,13 +112,13 @@ impl SharedBufs<'_> {
             Matmul::new(&s.w3.w, x, t, self.us),
         ];
         profile::matmuls(&mut jobs);
-        self.activate(s, limit, tmp);
+        self.activate(s, act, tmp);
         profile::matmul(&s.w2.w, self.gs, t, self.ys);
     }
 
-    fn activate(&mut self, s: &ExpertWeights, limit: f32, tmp: &mut [f32]) {
+    fn activate(&mut self, s: &ExpertWeights, act: Activation, tmp: &mut [f32]) {
         let _p = scope(Op::Moe);
-        activate(self.gs, self.us, self.ones, s.w1.out_dim(), limit, tmp);
+        activate(self.gs, self.us, self.ones, s.w1.out_dim(), act, tmp);
     }
 }
 
@@ -161,7 +161,7 @@ impl PassRows<'_> {
         group: &[usize],
         experts: &PassExperts,
         ride: Option<(&ExpertWeights, &mut SharedBufs, &[f32], usize)>,
-        limit: f32,
+        act: Activation,
         tmp: &mut [f32],
     ) {
         let (d, inter, offsets) = (self.d, self.inter, self.offsets);
@@ -188,11 +188,11 @@ impl PassRows<'_> {
             for &e in group {
                 let (a, b) = (rows(e).start * inter, rows(e).end * inter);
                 let wts = &self.row_wts[rows(e)];
-                activate(&mut self.g[a..b], &self.u[a..b], wts, inter, limit, tmp);
+                activate(&mut self.g[a..b], &self.u[a..b], wts, inter, act, tmp);
             }
         }
         if let Some((s, sh, _, _)) = ride.as_mut() {
-            sh.activate(s, limit, tmp);
+            sh.activate(s, act, tmp);
         }
         let mut jobs: SmallVec<[Matmul; EXPERTS_PER_PASS + 1]> = SmallVec::new();
         let ys = rows_of_group(self.y, group, offsets, d);

@@ -10,6 +10,7 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
+use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
 use crate::weights::{HeadWeights, Linear, ModelWeights, Routing};
@@ -26,6 +27,11 @@ pub enum ModelError {
     Checkpoint(#[from] CheckpointError),
     #[error("streamed experts: {0}")]
     Experts(#[from] ExpertError),
+    #[error("{numerics} numerics: {reason}")]
+    Numerics {
+        numerics: Numerics,
+        reason: &'static str,
+    },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("the batch has {tokens} tokens but {positions} positions")]
@@ -274,6 +280,28 @@ impl Model {
     pub fn set_batch_invariant(&mut self, on: bool) {
         self.scratch.batch_variant = !on;
         self.scratch.reserved_pool = None;
+    }
+
+    /// Computes with `numerics` from the next step on ([`Numerics`]). Official numerics
+    /// needs a power-of-two indexer head (its Hadamard rotation) and one process: a rank's
+    /// part of a split projection is not a whole quantisation block.
+    pub fn set_numerics(&mut self, numerics: Numerics) -> Result<(), ModelError> {
+        let c = &self.config;
+        if numerics == Numerics::Official {
+            let csa = c.layer_types.contains(&AttnKind::Csa);
+            let reason = if self._split.is_some() {
+                Some("not supported on a model split over ranks yet")
+            } else if csa && !c.index_head_dim.is_power_of_two() {
+                Some("the indexer's Hadamard rotation needs a power-of-two `index_head_dim`")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(ModelError::Numerics { numerics, reason });
+            }
+        }
+        self.config.numerics = numerics;
+        Ok(())
     }
 
     /// The rope table of `layer`: plain for sliding layers, the compress (YaRN) one otherwise.

@@ -12,6 +12,7 @@ use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
+use crate::numerics::Numerics;
 use crate::parallel::{self, announce, Collectives, MoeMessage, WidthPart};
 use crate::profile::{scope, Op};
 use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
@@ -99,16 +100,35 @@ pub fn route(
     ws.give_idx(chosen);
 }
 
-/// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight;
+/// What the MoE activation needs besides its rows: the SwiGLU clamp and how to round the
+/// result, which is `w2`'s input.
+#[derive(Clone, Copy)]
+pub(super) struct Activation {
+    pub(super) limit: f32,
+    pub(super) numerics: Numerics,
+}
+
+impl Activation {
+    pub(super) fn of(c: &ModelConfig) -> Self {
+        Self {
+            limit: c.swiglu_limit,
+            numerics: c.numerics,
+        }
+    }
+}
+
+/// `h = silu(min(g, L)) ⊙ clamp(u, −L, L) · weight`, in place of `g`, one row per weight,
+/// rounded as `numerics` rounds a projection's input;
 /// `tmp` holds `width` floats per task of [`ROWS_PER_TASK`] rows.
 pub(super) fn activate(
     g: &mut [f32],
     u: &[f32],
     weights: &[f32],
     width: usize,
-    limit: f32,
+    act: Activation,
     tmp: &mut [f32],
 ) {
+    let Activation { limit, numerics } = act;
     g.par_chunks_mut(ROWS_PER_TASK * width)
         .zip(u.par_chunks(ROWS_PER_TASK * width))
         .zip(weights.par_chunks(ROWS_PER_TASK))
@@ -127,6 +147,8 @@ pub(super) fn activate(
                 for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
                     *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
                 }
+                // The activation is `w2`'s input (weighted first, as DeepSeek orders it).
+                numerics.projection_input(gr, width);
             }
         });
 }
@@ -183,6 +205,19 @@ pub fn moe(
     let mut ids = ws.take_idx(t * k);
     let mut wts = ws.take(t * k);
     route(w, c, x, token_ids, &mut ids, &mut wts, ws);
+    // The router reads `x` as it is; every expert's `w1`/`w3` reads it as a projection input.
+    let mut xq = ws.take(if c.numerics == Numerics::Reference {
+        0
+    } else {
+        t * d
+    });
+    let x = if xq.is_empty() {
+        x
+    } else {
+        xq.copy_from_slice(x);
+        c.numerics.projection_input(&mut xq, d);
+        &xq[..]
+    };
     let (whole, part) = match &w.shared {
         Some(SharedExpert::Whole(e)) => (Some(e), None),
         Some(SharedExpert::Part(p)) => (None, Some(p)),
@@ -190,6 +225,7 @@ pub fn moe(
     };
     let Some(link) = &w.split else {
         let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
+        ws.give(xq);
         ws.give(wts);
         ws.give_idx(ids);
         return out;
@@ -198,6 +234,7 @@ pub fn moe(
     announce(&*link.comm, parallel::Op::Moe, link.layer, t, &mut msg.buf);
     ws.give(msg.buf);
     let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
+    ws.give(xq);
     ws.give(wts);
     ws.give_idx(ids);
     // The reduction runs even when this rank's part failed: the others are in it.
@@ -259,7 +296,7 @@ pub(super) fn local_part(
     let mut out = routed_sum(experts, shared, c, x, ids, wts, ws)?;
     if let Some(p) = shared_part {
         let t = ids.len() / c.num_experts_per_tok.max(1);
-        let s = tensor_parallel::width_part(p, x, t, None, c.swiglu_limit, ws);
+        let s = tensor_parallel::width_part(p, x, t, None, c, ws);
         out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
         ws.give(s);
     }
@@ -313,7 +350,7 @@ fn routed_sum(
     let mut tmp = ws.take((t * k).max(t).div_ceil(ROWS_PER_TASK).max(1) * width);
     let mut ones = ws.take(t);
     ones.fill(1.0);
-    let limit = c.swiglu_limit;
+    let act = Activation::of(c);
 
     let per_pass = experts_per_pass(experts);
     let (first, rest) = pass_order(experts, &active);
@@ -325,7 +362,7 @@ fn routed_sum(
         ones: &ones,
     };
     if let (true, Some(s)) = (streamed || active.is_empty(), shared) {
-        sh.run(s, x, t, limit, &mut tmp);
+        sh.run(s, x, t, act, &mut tmp);
     }
     let groups: SmallVec<[&[usize]; 8]> = first
         .chunks(per_pass)
@@ -349,7 +386,7 @@ fn routed_sum(
             group,
             &pass,
             ride.map(|s| (s, &mut sh, x, t)),
-            limit,
+            act,
             &mut tmp,
         );
     }
@@ -386,7 +423,7 @@ fn width_sum(
         }
         let x = &xs[rows.start * d..rows.end * d];
         let wt = Some(&row_wts[rows.clone()]);
-        let out = tensor_parallel::width_part(part, x, rows.len(), wt, c.swiglu_limit, ws);
+        let out = tensor_parallel::width_part(part, x, rows.len(), wt, c, ws);
         y[rows.start * d..rows.end * d].copy_from_slice(&out);
         ws.give(out);
     }

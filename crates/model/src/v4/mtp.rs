@@ -129,6 +129,8 @@ fn mtp_input(
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut e, &mtp.enorm, c.rms_norm_eps);
         rms_norm_rows(&mut u, &mtp.hnorm, c.rms_norm_eps);
+        c.numerics.projection_input(&mut e, d);
+        c.numerics.projection_input(&mut u, d);
     }
     let mut x = ws.take(n * hc * d);
     let mut ep = ws.take(n * d);

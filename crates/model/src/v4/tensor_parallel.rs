@@ -2,7 +2,7 @@
 //! parts, and rank 0's side of each exchange. The other ranks' side is in `worker.rs`.
 
 use super::attention::grouped_output;
-use super::moe::{activate, ROWS_PER_TASK};
+use super::moe::{activate, Activation, ROWS_PER_TASK};
 use super::workspace::Workspace;
 use crate::config::ModelConfig;
 use crate::parallel::{
@@ -91,7 +91,7 @@ pub(super) fn width_part(
     x: &[f32],
     t: usize,
     weights: Option<&[f32]>,
-    limit: f32,
+    c: &ModelConfig,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let width = p.width.len();
@@ -106,7 +106,10 @@ pub(super) fn width_part(
     let mut ones = ws.take(t);
     ones.fill(1.0);
     let mut tmp = ws.take(t.div_ceil(ROWS_PER_TASK).max(1) * width);
-    activate(&mut g, &u, weights.unwrap_or(&ones), width, limit, &mut tmp);
+    // A part of the width is not a whole block of `w2`'s input, so official numerics (which
+    // rounds whole blocks) is refused on a split model before it gets here.
+    let act = Activation::of(c);
+    activate(&mut g, &u, weights.unwrap_or(&ones), width, act, &mut tmp);
     let padded = padded_input(&p.w2, &g, t, ws);
     let mut out = ws.take(t * p.w2.w.rows);
     profile::matmul(&p.w2.w, padded.as_deref().unwrap_or(&g), t, &mut out);

@@ -1,0 +1,132 @@
+//! Which rounding the forward pass computes (spec §5): the one place that decides every
+//! point where DeepSeek's own inference code quantises an activation.
+//!
+//! - [`Numerics::Reference`] (the default) computes everything in f32 from the stored
+//!   weights, which is what HF transformers computes in float32.
+//! - [`Numerics::Official`] adds the quantisation DeepSeek trained with and runs with
+//!   (`inference/model.py`): every FP8/FP4-weight projection sees its input through FP8 e4m3
+//!   in 128-wide blocks, the window and compressed KV keep their non-RoPE dims through FP8 in
+//!   64-wide blocks, and the indexer's queries and keys go through a Hadamard rotation and
+//!   FP4 in 32-wide blocks. Router, mHC, compressor pooling and head stay f32, as there.
+//!   DeepSeek's code carries its other activations in bf16 because it runs on bf16 hardware;
+//!   those roundings are not reproduced (they are not part of the model: vLLM and SGLang
+//!   place them differently), so the official mode's activations between the quantisation
+//!   points are f32.
+
+use deepinfer_kernels::quant::{fp4_round_trip, fp8_round_trip, hadamard};
+use std::fmt;
+use std::str::FromStr;
+
+/// Block width of the FP8 activation quantisation before a projection.
+pub const ACT_BLOCK: usize = 128;
+/// Block width of the FP8 round trip of a KV vector's non-RoPE dims.
+pub const KV_BLOCK: usize = 64;
+/// Block width of the FP4 round trip of the indexer's queries and keys.
+pub const INDEXER_BLOCK: usize = 32;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    #[default]
+    Reference,
+    Official,
+}
+
+impl Numerics {
+    /// Before a projection whose weights DeepSeek stores in FP8 or FP4 (`wq_a`, `wq_b`,
+    /// `wkv`, `wo_b`, the indexer's `wq_b`, every expert's `w1`/`w3`/`w2`, the MTP block's
+    /// `e_proj`/`h_proj`): each `width`-wide row of `x` through FP8 in 128-blocks.
+    pub fn projection_input(self, x: &mut [f32], width: usize) {
+        if self == Numerics::Official {
+            for row in x.chunks_exact_mut(width) {
+                fp8_round_trip(row, ACT_BLOCK);
+            }
+        }
+    }
+
+    /// A window or compressed KV vector, `[nope | rope]` rows of `width`: the first
+    /// `width − rope_dim` dims of each through FP8 in 64-blocks (RoPE dims untouched).
+    pub fn kv(self, rows: &mut [f32], width: usize, rope_dim: usize) {
+        if self == Numerics::Official {
+            for row in rows.chunks_exact_mut(width) {
+                fp8_round_trip(&mut row[..width - rope_dim], KV_BLOCK);
+            }
+        }
+    }
+
+    /// An indexer query head or key (`head_dim` wide, rows of it): rotated by the
+    /// orthonormal Hadamard transform, then through FP4 in 32-blocks. The rotation leaves
+    /// `q · k` unchanged, so keys and queries must both take it or neither.
+    pub fn indexer(self, rows: &mut [f32], head_dim: usize) {
+        if self == Numerics::Official {
+            for row in rows.chunks_exact_mut(head_dim) {
+                hadamard(row);
+                fp4_round_trip(row, INDEXER_BLOCK);
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Reference => "reference",
+            Numerics::Official => "official",
+        }
+    }
+}
+
+impl fmt::Display for Numerics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Numerics {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reference" => Ok(Numerics::Reference),
+            "official" => Ok(Numerics::Official),
+            other => Err(format!(
+                "unknown numerics `{other}` (expected `reference` or `official`)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_changes_nothing_and_official_rounds_only_its_dims() {
+        let x: Vec<f32> = (0..256).map(|i| (i as f32 * 0.37).sin() * 3.1).collect();
+        let mut y = x.clone();
+        Numerics::Reference.projection_input(&mut y, 128);
+        Numerics::Reference.kv(&mut y, 128, 64);
+        Numerics::Reference.indexer(&mut y, 128);
+        assert_eq!(y, x);
+        let mut kv = x.clone();
+        Numerics::Official.kv(&mut kv, 128, 64);
+        for row in 0..2 {
+            let (a, b) = (&kv[row * 128..], &x[row * 128..]);
+            assert_eq!(a[64..128], b[64..128], "RoPE dims stay");
+            assert_ne!(a[..64], b[..64], "non-RoPE dims are rounded");
+        }
+        let mut p = x.clone();
+        Numerics::Official.projection_input(&mut p, 256);
+        let mut want = x.clone();
+        fp8_round_trip(&mut want[..128], 128);
+        fp8_round_trip(&mut want[128..], 128);
+        assert_eq!(p, want);
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for n in [Numerics::Reference, Numerics::Official] {
+            assert_eq!(n.name().parse::<Numerics>(), Ok(n));
+        }
+        assert!("bf16"
+            .parse::<Numerics>()
+            .unwrap_err()
+            .contains("reference"));
+    }
+}
