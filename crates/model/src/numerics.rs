@@ -6,13 +6,15 @@
 //! - [`Numerics::Official`] adds the quantisation DeepSeek trained with and runs with
 //!   (`inference/model.py`): every FP8/FP4-weight projection sees its input through FP8 e4m3
 //!   in 128-wide blocks, the window and compressed KV keep their non-RoPE dims through FP8 in
-//!   64-wide blocks, and the indexer's queries and keys go through a Hadamard rotation and
-//!   FP4 in 32-wide blocks. Router, mHC, compressor pooling and head stay f32, as there.
+//!   64-wide blocks and their RoPE dims as bf16 (the official KV cache is bf16, and vLLM's
+//!   record stores them so), and the indexer's queries and keys go through a Hadamard
+//!   rotation and FP4 in 32-wide blocks. Router, mHC, compressor pooling and head stay f32, as there.
 //!   DeepSeek's code carries its other activations in bf16 because it runs on bf16 hardware;
 //!   those roundings are not reproduced (they are not part of the model: vLLM and SGLang
 //!   place them differently), so the official mode's activations between the quantisation
 //!   points are f32.
 
+use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
 use deepinfer_kernels::quant::{fp4_round_trip, fp8_round_trip, hadamard};
 use std::fmt;
 use std::str::FromStr;
@@ -44,13 +46,22 @@ impl Numerics {
     }
 
     /// A window or compressed KV vector, `[nope | rope]` rows of `width`: the first
-    /// `width − rope_dim` dims of each through FP8 in 64-blocks (RoPE dims untouched).
+    /// `width − rope_dim` dims of each through FP8 in 64-blocks, the RoPE dims through bf16.
+    /// What the cache then holds is exactly what the attention computed with.
     pub fn kv(self, rows: &mut [f32], width: usize, rope_dim: usize) {
         if self == Numerics::Official {
             for row in rows.chunks_exact_mut(width) {
-                fp8_round_trip(&mut row[..width - rope_dim], KV_BLOCK);
+                let (nope, rope) = row.split_at_mut(width - rope_dim);
+                fp8_round_trip(nope, KV_BLOCK);
+                rope.iter_mut()
+                    .for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
             }
         }
+    }
+
+    /// Whether the cache pools keep packed records ([`crate::record`]) rather than f32.
+    pub fn packs_cache(self) -> bool {
+        self == Numerics::Official
     }
 
     /// An indexer query head or key (`head_dim` wide, rows of it): rotated by the
@@ -108,7 +119,9 @@ mod tests {
         Numerics::Official.kv(&mut kv, 128, 64);
         for row in 0..2 {
             let (a, b) = (&kv[row * 128..], &x[row * 128..]);
-            assert_eq!(a[64..128], b[64..128], "RoPE dims stay");
+            for (x, y) in a[64..128].iter().zip(&b[64..128]) {
+                assert_eq!(*x, bf16_to_f32(f32_to_bf16(*y)), "RoPE dims through bf16");
+            }
             assert_ne!(a[..64], b[..64], "non-RoPE dims are rounded");
         }
         let mut p = x.clone();
