@@ -6,8 +6,10 @@
 mod common;
 
 use common::*;
+use deepinfer_engine::cache::{default_block_tokens, CacheLayout};
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::numerics::Numerics;
+use deepinfer_model::record;
 use deepinfer_model::v4::Model;
 use serde_json::Value;
 
@@ -145,4 +147,35 @@ fn official_numerics_refuses_an_indexer_it_cannot_rotate() {
     let e = m.set_numerics(Numerics::Official).unwrap_err().to_string();
     assert!(e.contains("power-of-two"), "{e}");
     m.set_numerics(Numerics::Reference).unwrap();
+}
+
+/// Official numerics keeps packed records in every pool (the goldens above ran on them: the
+/// records are lossless), reference f32; pending rows stay f32 in both.
+#[test]
+fn official_pools_hold_packed_records() {
+    let reference = load("tiny-a", "official");
+    let official = official("tiny-a");
+    let layout =
+        |m: &Model| CacheLayout::new(&m.config, 0, default_block_tokens(&m.config), 0).unwrap();
+    let (r, o) = (layout(&reference), layout(&official));
+    let c = &official.config;
+    // head_dim 96 = 48 FP8 + 1 scale byte + 48 bf16 RoPE dims (96 bytes): 145 → 148 bytes.
+    assert_eq!(record::kv_words(c), 37);
+    // index_head_dim 64 = 32 bytes of FP4 pairs + 2 scale bytes: 34 → 36 bytes.
+    assert_eq!(record::key_words(c), 9);
+    for (pr, po) in r.pools.iter().zip(&o.pools) {
+        let want = if po.name == "indexer_keys" { 9 } else { 37 };
+        assert_eq!(
+            (pr.width, po.width),
+            (if want == 9 { 64 } else { 96 }, want),
+            "{}",
+            po.name
+        );
+    }
+    for (lr, lo) in r.layers.iter().zip(&o.layers) {
+        assert_eq!((lr.window.width, lo.window.width), (96, 37));
+        let rows = |p: Option<deepinfer_engine::cache::layout::Ring>| p.map(|p| (p.slots, p.width));
+        assert_eq!(rows(lr.attn_pending), rows(lo.attn_pending));
+        assert_eq!(rows(lr.index_pending), rows(lo.index_pending));
+    }
 }

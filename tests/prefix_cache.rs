@@ -140,6 +140,33 @@ fn a_cached_prefix_gives_the_cold_logits_bit_for_bit() {
     }
 }
 
+/// Official numerics keeps packed FP8/FP4 records in the pools and the snapshots: a resumed
+/// prefix still gives the cold logits bit for bit.
+#[test]
+fn a_cached_prefix_of_packed_records_gives_the_cold_logits_bit_for_bit() {
+    let g = Golden::load("tiny-a");
+    let base: Vec<u32> = long_sequence(&g, 2).into_iter().take(100).collect();
+    let mut model = load("tiny-a", "official");
+    model
+        .set_numerics(deepinfer_model::numerics::Numerics::Official)
+        .unwrap();
+    let mut r = ModelRunner::new(model);
+    let vocab = r.model().config.vocab_size as u32;
+    for shared in [7, 16, 17, 33, 64, 99] {
+        let other = diverging(&base, shared, vocab);
+        let mut cold_cache = cache(&r, 64 << 20, 2, false);
+        let (cold, _) = run(&mut r, &mut cold_cache, &[&other], 64);
+        let mut warm_cache = cache(&r, 64 << 20, 2, true);
+        run(&mut r, &mut warm_cache, &[&base], 64);
+        for chunk in [1, 64] {
+            let (warm, resumed) = run(&mut r, &mut warm_cache, &[&other], chunk);
+            assert!(resumed[0] >= shared / BLOCK * BLOCK, "shared {shared}");
+            let label = format!("official shared {shared} chunk {chunk}");
+            assert_rows_equal(&warm[0], &cold[0][resumed[0]..], &label);
+        }
+    }
+}
+
 #[test]
 fn batched_sequences_share_one_cached_prefix() {
     let g = Golden::load("tiny-a");

@@ -273,3 +273,33 @@ fn the_default_context_is_what_the_cache_holds() {
         "{stderr}"
     );
 }
+
+/// `bench cache` reports each numerics' bytes per token from the config alone: tiny-a's
+/// official records are 148 bytes per KV vector (48 FP8 + 1 scale + 48 bf16 RoPE dims, padded)
+/// and 36 per indexer key (64 FP4 + 2 scales, padded); 2 CSA layers (m = 4), 1 HCA (m = 8).
+#[test]
+fn bench_cache_reports_bytes_per_token_of_both_numerics() {
+    let out = Command::new(support::binary())
+        .args(["bench", "cache", "--model", golden().to_str().unwrap()])
+        .args(["--budget-mib", "16"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| -> Vec<f64> {
+        let line = stdout.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    let (reference, official) = (row("reference"), row("official"));
+    // CSA 2·96·4 / 4, HCA 96·4 / 8, keys 2·64·4 / 4.
+    assert_eq!(reference[1..5], [192.0, 48.0, 128.0, 368.0]);
+    assert_eq!(official[1..5], [74.0, 18.5, 18.0, 110.5]);
+    assert!(official[5] > 3.0 * reference[5], "{stdout}");
+}

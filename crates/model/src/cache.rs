@@ -6,12 +6,16 @@
 //! before it is read again (spec §6).
 //!
 //! Per sequence and layer there are four kinds of state:
-//! - the **window ring** of K=V latents (`head_dim` floats each), slot `pos mod window_slots`;
+//! - the **window ring** of K=V latents, slot `pos mod window_slots`;
 //! - the compressors' **pending rows** `[K | Z]` (`2·coff·c` floats; Z with `ape` added), a
 //!   ring addressed by `pos mod pending_slots(layer)`; CSA layers have two compressors (the
 //!   attention's and the indexer's), HCA layers one;
-//! - the **compressed entries** (`c` floats each), entry `w = pos div m`;
+//! - the **compressed entries**, entry `w = pos div m`;
 //! - for CSA layers the **indexer keys**, entry `w` likewise.
+//!
+//! Latents, entries and keys are stored as [`crate::record`] says: `head_dim` /
+//! `index_head_dim` f32 in reference numerics, packed FP8/FP4 records (fewer f32-sized words,
+//! read as bytes) in official numerics. Pending rows are always f32.
 //!
 //! Rings are larger than the model strictly needs (window `W`, `coff·m` pending rows) by the
 //! owner's rollback slack: a sequence may be truncated by at most that many tokens.
@@ -43,8 +47,8 @@ pub trait CacheView: Sync {
     fn entry(&self, seq: usize, layer: usize, stream: Stream, w: usize) -> &[f32];
     fn entry_mut(&mut self, seq: usize, layer: usize, stream: Stream, w: usize) -> &mut [f32];
 
-    /// Every window row a step computed for `seq` at `layer` (positions `p0..`, `head_dim`
-    /// floats each), the ring having kept only its last ones: an owner that snapshots the
+    /// Every window row a step computed for `seq` at `layer` (positions `p0..`, one record
+    /// each), the ring having kept only its last ones: an owner that snapshots the
     /// state at block boundaries (prefix caching) copies what it needs. Default: nothing.
     fn keep_window(&mut self, _seq: usize, _layer: usize, _p0: usize, _rows: &[f32]) {}
     /// Likewise every pending row of a compressor (`2·coff·c` floats each).

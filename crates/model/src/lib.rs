@@ -8,6 +8,7 @@ pub mod experts;
 pub mod numerics;
 pub mod parallel;
 pub mod profile;
+pub mod record;
 pub mod synth;
 pub mod v4;
 pub mod weights;

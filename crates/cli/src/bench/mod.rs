@@ -1,6 +1,7 @@
 //! `deepinfer bench`: a workload through the engine, reported in the layout of
 //! `vllm bench serve` (TTFT, TPOT, ITL, E2E; mean, median, p90, p99), plus tokens per step.
 
+mod cache;
 mod kernels;
 mod model;
 mod multi_turn;
@@ -83,6 +84,9 @@ enum BenchWhat {
     Kernels(kernels::KernelArgs),
     /// Decode and prefill speed of a checkpoint against the roofs, like `llama-bench`.
     Model(model::ModelArgs),
+    /// Cache bytes per token of context under each numerics, and the longest context a
+    /// budget holds (from config.json alone).
+    Cache(cache::CacheArgs),
 }
 
 /// Prints the measured roofs, one thread and all threads.
@@ -224,6 +228,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             return Ok(());
         }
         Some(BenchWhat::Model(m)) => return model::run(m),
+        Some(BenchWhat::Cache(c)) => return cache::run(c),
         None => {}
     }
     let Some(dir) = &args.model else {

@@ -16,6 +16,7 @@ use std::ops::Range;
 
 use deepinfer_model::cache::Stream;
 use deepinfer_model::config::{AttnKind, ModelConfig};
+use deepinfer_model::record;
 
 use super::CacheError;
 
@@ -227,6 +228,9 @@ impl CacheLayout {
             return Err(bad_block("a block covers at least one token"));
         }
         let (hd, ihd) = (cfg.head_dim, cfg.index_head_dim);
+        // KV vectors and indexer keys as the numerics stores them (f32 or packed records);
+        // the compressors' pending rows are always f32.
+        let (kv, key) = (record::kv_words(cfg), record::key_words(cfg));
         let window_slots = cfg.sliding_window + rollback_slack;
         let mut off = 0;
         let mut ring = |slots: usize, width: usize| {
@@ -242,7 +246,7 @@ impl CacheLayout {
         let mut layers = Vec::with_capacity(cfg.layer_types.len());
         let draft = std::iter::repeat_n(AttnKind::Sliding, draft_layers);
         for (layer, kind) in cfg.layer_types.iter().copied().chain(draft).enumerate() {
-            let window = ring(window_slots, hd);
+            let window = ring(window_slots, kv);
             let (ratio, coff) = match kind {
                 AttnKind::Sliding => (0, 0),
                 AttnKind::Csa => (cfg.compress_rate_csa, 2),
@@ -298,9 +302,9 @@ impl CacheLayout {
 
         // Drop empty groups and renumber the places accordingly.
         let specs = [
-            (CSA_ENTRIES, hd, cfg.compress_rate_csa),
-            (HCA_ENTRIES, hd, cfg.compress_rate_hca),
-            (INDEXER_KEYS, ihd, cfg.compress_rate_csa),
+            (CSA_ENTRIES, kv, cfg.compress_rate_csa),
+            (HCA_ENTRIES, kv, cfg.compress_rate_hca),
+            (INDEXER_KEYS, key, cfg.compress_rate_csa),
         ];
         let mut index = [usize::MAX; 3];
         let mut pools = Vec::new();

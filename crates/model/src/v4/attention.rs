@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::numerics::Numerics;
 use crate::parallel;
 use crate::profile::{self, scope, Op};
+use crate::record;
 use crate::weights::{AttentionWeights, HeadProjections};
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::linear::Matmul;
@@ -25,10 +26,12 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 thread_local! {
-    /// Per-thread scratch of the parallel loops (scores, picked entries): reserved up front
-    /// on every compute thread ([`reserve_scratch`]) so that no task, whichever thread it
-    /// lands on, grows it during a step.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread scratch of the parallel loops (scores, picked entries, keys decoded from
+    /// packed cache records): reserved up front on every compute thread
+    /// ([`reserve_scratch`]) so that no task, whichever thread it lands on, grows it during
+    /// a step.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<usize>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Reserves this thread's attention scratch for the largest index set `c` allows: the
@@ -40,11 +43,15 @@ pub fn reserve_scratch(c: &ModelConfig) {
     let keys = c.sliding_window + (max_pos / c.compress_rate_hca.max(1)).max(c.index_topk);
     SCRATCH.with(|cell| {
         if let Ok(mut s) = cell.try_borrow_mut() {
-            let (scores, picked) = &mut *s;
+            let (scores, picked, decoded) = &mut *s;
             let floats = (c.num_attention_heads * keys).max(indexed);
             scores.reserve(floats.saturating_sub(scores.len()));
             let indices = indexed.max(keys);
             picked.reserve(indices.saturating_sub(picked.len()));
+            if c.numerics.packs_cache() {
+                let floats = (keys * c.head_dim).max(c.index_head_dim);
+                decoded.resize(floats.max(decoded.len()), 0.0);
+            }
         }
     });
 }
@@ -206,6 +213,7 @@ pub fn attention(
         let wscale = (ih as f32).powf(-0.5);
         iwt.iter_mut().for_each(|v| *v *= wscale);
         let queries = IndexerQueries {
+            config: c,
             heads: ih,
             head_dim: ihd,
             q: &iq,
@@ -222,8 +230,9 @@ pub fn attention(
                 let (s, _, _) = rows.row_seq[i];
                 let visible = (positions[i] + 1) / ratio;
                 SCRATCH.with(|cell| {
-                    let (scores, picked) = &mut *cell.borrow_mut();
-                    queries.select(i, cache, s, layer, visible, topk, scores, picked);
+                    let (scores, picked, key) = &mut *cell.borrow_mut();
+                    let scratch = (scores, key);
+                    queries.select(i, cache, s, layer, visible, topk, scratch, picked);
                     out[..picked.len()].copy_from_slice(picked);
                     *count = picked.len();
                 });
@@ -233,6 +242,7 @@ pub fn attention(
     let window = c.sliding_window;
     let ring = cache.window_slots();
     let softmax_scale = (hd as f32).powf(-0.5);
+    let (packed, kv_words) = (c.numerics.packs_cache(), record::kv_words(c));
     let mut out = ws.take(n * h * hd);
     {
         let _p = scope(Op::Attention);
@@ -261,14 +271,16 @@ pub fn attention(
                     (m, false) => (p + 1) / m,
                 };
                 // The index set: the window (own token included) — this batch's rows for its
-                // own chunk, the ring for earlier positions — then the compressed entries.
-                let key = |j: usize| -> &[f32] {
+                // own chunk, the ring for earlier positions — then the compressed entries;
+                // `true` for a cache record.
+                let key = |j: usize| -> (bool, &[f32]) {
                     if j < n_window {
                         let pos = lo + j;
                         if pos >= p0 {
-                            &kv[(start + pos - p0) * hd..(start + pos - p0 + 1) * hd]
+                            let r = start + pos - p0;
+                            (false, &kv[r * hd..(r + 1) * hd])
                         } else {
-                            cache.window(s, layer, pos % ring)
+                            (true, cache.window(s, layer, pos % ring))
                         }
                     } else {
                         let e = j - n_window;
@@ -277,30 +289,49 @@ pub fn attention(
                         } else {
                             e
                         };
-                        cache.entry(s, layer, Stream::Attn, e)
+                        (true, cache.entry(s, layer, Stream::Attn, e))
                     }
                 };
                 let heads = g * hg..(g + 1) * hg;
+                let n_keys = n_window + n_comp;
                 SCRATCH.with(|cell| {
-                    let (scores, key_at) = &mut *cell.borrow_mut();
-                    sink_attention(
-                        &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd],
-                        hd,
-                        n_window + n_comp,
-                        key,
-                        &w.sink[heads],
-                        softmax_scale,
-                        scores,
-                        key_at,
-                        o,
-                    );
+                    let (scores, key_at, decoded) = &mut *cell.borrow_mut();
+                    let qh = &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd];
+                    let sinks = &w.sink[heads];
+                    if !packed {
+                        let key = |j| key(j).1;
+                        sink_attention(
+                            qh,
+                            hd,
+                            n_keys,
+                            key,
+                            sinks,
+                            softmax_scale,
+                            scores,
+                            key_at,
+                            o,
+                        );
+                        return;
+                    }
+                    if decoded.len() < n_keys * hd {
+                        decoded.resize(n_keys * hd, 0.0);
+                    }
+                    for (j, out) in decoded.chunks_exact_mut(hd).take(n_keys).enumerate() {
+                        match key(j) {
+                            (true, rec) => record::load_kv(c, rec, out),
+                            (false, row) => out.copy_from_slice(row),
+                        }
+                    }
+                    let decoded = &decoded[..];
+                    let key = |j: usize| &decoded[j * hd..(j + 1) * hd];
+                    sink_attention(qh, hd, n_keys, key, sinks, softmax_scale, scores, key_at, o);
                 });
                 let (cos, sin) = angles.row(i);
                 for head in o.chunks_exact_mut(hd) {
                     Rope::apply_with(head, cos, sin, true);
                 }
                 if g == 0 {
-                    (n_window + n_comp) * hd * 4
+                    n_keys * kv_words * 4
                 } else {
                     0
                 }
@@ -309,21 +340,29 @@ pub fn attention(
         profile::cache_read(read);
     }
     // Only now overwrite the ring: earlier queries of a long chunk still read old slots.
+    let mut packed_kv = ws.take(if packed { n * kv_words } else { 0 });
+    let stored: &[f32] = if packed {
+        for (row, rec) in kv
+            .chunks_exact(hd)
+            .zip(packed_kv.chunks_exact_mut(kv_words))
+        {
+            record::store_kv(c, row, rec);
+        }
+        &packed_kv
+    } else {
+        &kv
+    };
     for (s, span) in rows.spans.iter().enumerate() {
         let p0 = positions[span.start];
+        let recs = &stored[span.start * kv_words..(span.start + span.len) * kv_words];
         for j in span.len.saturating_sub(ring)..span.len {
-            let row = &kv[(span.start + j) * hd..(span.start + j + 1) * hd];
             cache
                 .window_mut(s, layer, (p0 + j) % ring)
-                .copy_from_slice(row);
+                .copy_from_slice(&recs[j * kv_words..(j + 1) * kv_words]);
         }
-        cache.keep_window(
-            s,
-            layer,
-            p0,
-            &kv[span.start * hd..(span.start + span.len) * hd],
-        );
+        cache.keep_window(s, layer, p0, recs);
     }
+    ws.give(packed_kv);
     let res = match &w.heads {
         HeadProjections::Whole { wo_a, wo_b, .. } => {
             let z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, &out, n, ws);

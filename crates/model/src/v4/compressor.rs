@@ -9,6 +9,7 @@
 
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
+use crate::record;
 use crate::weights::CompressorWeights;
 use deepinfer_kernels::norm::rms_norm;
 use deepinfer_kernels::rope::Rope;
@@ -73,13 +74,17 @@ pub fn absorb(
             pool(w, &*cache, seq, layer, stream, win, entry, temps);
             rms_norm(entry, &w.norm, c.rms_norm_eps);
             rope.apply(entry, win * w.ratio, false);
+            let rec = cache.entry_mut(seq, layer, stream, win);
             match stream {
-                Stream::Attn => c.numerics.kv(entry, w.dim, c.qk_rope_head_dim),
-                Stream::Indexer => c.numerics.indexer(entry, w.dim),
+                Stream::Attn => {
+                    c.numerics.kv(entry, w.dim, c.qk_rope_head_dim);
+                    record::store_kv(c, entry, rec);
+                }
+                Stream::Indexer => {
+                    c.numerics.indexer(entry, w.dim);
+                    record::store_key(c, entry, rec);
+                }
             }
-            cache
-                .entry_mut(seq, layer, stream, win)
-                .copy_from_slice(entry);
         }
     }
 }
