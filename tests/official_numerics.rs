@@ -119,6 +119,11 @@ fn tiny_b_matches_deepseeks_numerics() {
     check_config("tiny-b");
 }
 
+#[test]
+fn tiny_c_matches_deepseeks_numerics() {
+    check_config("tiny-c");
+}
+
 /// The two modes differ (the quantisation is really applied), and official numerics stays
 /// batch invariant: a prompt fed whole, in chunks, or one token at a time gives every position
 /// the same bits, as a cached prefix must.
