@@ -237,10 +237,12 @@ mod tests {
 
     #[test]
     fn matches_a_direct_softmax_with_the_sink() {
-        // Head counts and widths around the vector paths' blocks (4 heads, 16 and 64
+        // On every kernel family the CPU has; head counts and widths around the vector paths' blocks (4 heads, 16 and 64
         // floats), with their tails.
-        for (heads, d, n) in [(3, 20, 7), (5, 136, 9), (16, 512, 3)] {
-            check(heads, d, n);
+        for family in crate::cpu::families() {
+            for (heads, d, n) in [(3, 20, 7), (5, 136, 9), (16, 512, 3)] {
+                crate::cpu::with_isa(family, || check(heads, d, n));
+            }
         }
     }
 

@@ -59,12 +59,42 @@ pub fn detected() -> Isa {
 /// The kernel family in use: [`detected`], capped by `DEEPINFER_ISA` if set.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
+    let family = *ISA.get_or_init(|| {
         let cap = match std::env::var("DEEPINFER_ISA").as_deref() {
             Ok("scalar") => Isa::Scalar,
             Ok("avx2") => Isa::Avx2,
             _ => Isa::Avx512,
         };
         detected().min(cap)
-    })
+    });
+    #[cfg(test)]
+    if let Some(cap) = TEST_CAP.get() {
+        return family.min(cap);
+    }
+    family
+}
+
+#[cfg(test)]
+thread_local! {
+    /// This thread's cap on [`isa`] while a test runs under [`with_isa`].
+    static TEST_CAP: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Every kernel family this CPU can run.
+#[cfg(test)]
+pub(crate) fn families() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&f| f <= detected())
+        .collect()
+}
+
+/// Runs `f` with [`isa`] capped at `family` on this thread: how the tests run the
+/// single-threaded kernels (attention, vector primitives) on every family the CPU has.
+#[cfg(test)]
+pub(crate) fn with_isa<R>(family: Isa, f: impl FnOnce() -> R) -> R {
+    let before = TEST_CAP.replace(Some(family));
+    let out = f();
+    TEST_CAP.set(before);
+    out
 }

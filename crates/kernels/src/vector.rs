@@ -218,8 +218,16 @@ pub(crate) mod avx2 {
 mod tests {
     use super::*;
 
+    use crate::cpu::{families, with_isa};
+
     #[test]
     fn exp_is_accurate_over_the_softmax_range() {
+        for family in families() {
+            with_isa(family, exp_is_accurate);
+        }
+    }
+
+    fn exp_is_accurate() {
         let mut x: Vec<f32> = (0..20001).map(|i| -87.0 + i as f32 * 0.0087).collect();
         x.extend([0.0, -0.0, 1e-8, -1e-8, 88.0]);
         let want: Vec<f64> = x.iter().map(|&v| (v as f64).exp()).collect();
@@ -234,6 +242,15 @@ mod tests {
 
     #[test]
     fn match_plain_loops_at_every_length() {
+        for family in families() {
+            with_isa(family, || {
+                assert_eq!(isa(), family, "the test runs the family it names");
+                match_plain_loops()
+            });
+        }
+    }
+
+    fn match_plain_loops() {
         for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 100, 512] {
             let a: Vec<f32> = (0..n).map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0).collect();
             let b: Vec<f32> = (0..n)

@@ -2,7 +2,6 @@
 //! hit every tail (rows, activation groups, chunk remainders) and every scale layout.
 
 use super::*;
-use crate::cpu::detected;
 use crate::formats::{f32_to_bf16, f32_to_e4m3};
 
 /// A small deterministic generator (no test-only dependency needed).
@@ -110,13 +109,7 @@ fn check(label: &str, got: &[f32], want: &[f64], mag: &[f64]) {
     }
 }
 
-/// Every kernel family this CPU can run.
-fn families() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|&f| f <= detected())
-        .collect()
-}
+use crate::cpu::families;
 
 #[test]
 fn every_format_matches_the_reference_on_ragged_shapes() {
