@@ -10,6 +10,7 @@ use deepinfer_engine::cache::{CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::ModelRunner;
 use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
 use deepinfer_model::kernels::topk::argmax;
+use deepinfer_model::numerics::Numerics;
 use deepinfer_model::v4::Model;
 
 const CONFIGS: [&str; 3] = ["tiny-a", "tiny-b", "tiny-c"];
@@ -57,9 +58,55 @@ fn mtp_pass(
     (logits, out)
 }
 
+/// What a check compares against: a golden file, the numerics that computes it, and the
+/// bounds (relative to the largest reference value, at least 1) on the streams and logits.
+struct Against {
+    golden: &'static str,
+    numerics: Numerics,
+    streams: f32,
+    logits: f32,
+    /// Argmax choices with a larger margin than this must agree.
+    margin: f64,
+    /// Positions whose MTP logits must agree to 1e-5 (relative), as a share of the prompt.
+    exact_share: f32,
+    /// Bound on the chained drafts' logits, which feed the block's own last output back.
+    chain: f32,
+}
+
+/// HF's modules in float32 (tools/make_mtp_golden.py); logits to `LOGIT_TOL` absolute.
+const HF: Against = Against {
+    golden: "mtp_golden",
+    numerics: Numerics::Reference,
+    streams: 1e-5,
+    logits: LOGIT_TOL,
+    margin: 1e-4,
+    exact_share: 0.0,
+    chain: LOGIT_TOL,
+};
+
+/// Our port of DeepSeek's code with its quantisation (tools/make_official_golden.py): most
+/// positions agree to f32 rounding, but an activation that lands on the other side of an FP8
+/// rounding step after a different summation order moves its position (and the window
+/// after it) by up to ~5e-3 (seen: 4.1e-3 at 5 of tiny-a's 37 positions).
+const OFFICIAL: Against = Against {
+    golden: "official_mtp_golden",
+    numerics: Numerics::Official,
+    streams: 1e-2,
+    logits: 1e-2,
+    margin: 1e-2,
+    exact_share: 0.8,
+    // A flipped rounding at the prompt's last position is carried into every draft.
+    chain: 5e-2,
+};
+
 fn check(config: &str, layout: &str, chunk: usize) {
-    let g = Golden::load_named(config, "mtp_golden");
-    let model = load(config, layout);
+    check_against(config, layout, chunk, &HF);
+}
+
+fn check_against(config: &str, layout: &str, chunk: usize, against: &Against) {
+    let g = Golden::load_named(config, against.golden);
+    let mut model = load(config, layout);
+    model.set_numerics(against.numerics).unwrap();
     assert!(model.has_mtp(), "{config}/{layout}: no MTP block loaded");
     let (hc, d, vocab) = (
         model.config.hc_mult,
@@ -88,7 +135,7 @@ fn check(config: &str, layout: &str, chunk: usize) {
     let want_hidden = g.f32s("hidden");
     let dh = relative_diff(&hidden, &want_hidden);
     assert!(
-        dh <= 1e-5,
+        dh <= against.streams,
         "{config}/{layout}: target streams differ by {dh}"
     );
 
@@ -110,21 +157,31 @@ fn check(config: &str, layout: &str, chunk: usize) {
         out.extend_from_slice(&o);
     }
     let want = g.f32s("mtp_logits");
-    let dl = max_abs_diff(&logits, &want);
+    let dl = relative_diff(&logits, &want);
     let dout = relative_diff(&out, &g.f32s("mtp_hidden"));
     eprintln!("{config}/{layout} chunk {chunk}: mtp logits {dl:.2e}, streams {dout:.2e}");
     assert!(
-        dl <= LOGIT_TOL,
+        dl <= against.logits,
         "{config}/{layout}: MTP logits differ by {dl}"
     );
     assert!(
-        dout <= 1e-5,
+        dout <= against.streams,
         "{config}/{layout}: MTP streams differ by {dout}"
+    );
+    let exact = (0..t)
+        .filter(|&i| {
+            let r = i * vocab..(i + 1) * vocab;
+            relative_diff(&logits[r.clone()], &want[r]) <= 1e-5
+        })
+        .count();
+    assert!(
+        exact as f32 >= against.exact_share * t as f32,
+        "{config}/{layout}: only {exact}/{t} positions agree to 1e-5"
     );
     let margins = g.meta["mtp_argmax_margins"].as_array().unwrap();
     let argmaxes = ids(&g.meta["mtp_argmax"]);
     for i in 0..t {
-        if margins[i].as_f64().unwrap() > 1e-4 {
+        if margins[i].as_f64().unwrap() > against.margin {
             assert_eq!(
                 argmax(&logits[i * vocab..(i + 1) * vocab]) as u32,
                 argmaxes[i]
@@ -139,16 +196,16 @@ fn check(config: &str, layout: &str, chunk: usize) {
     let mut draft = argmax(&logits[(t - 1) * vocab..]) as u32;
     let mut h = out[(t - 1) * width..].to_vec();
     for step in 0..chain.len() {
-        if chain_margins[step].as_f64().unwrap() > 1e-4 {
+        if chain_margins[step].as_f64().unwrap() > against.margin {
             assert_eq!(draft, chain[step], "{config}/{layout}: draft {step}");
         }
         if step + 1 == chain.len() {
             break;
         }
         let (l, o) = mtp_pass(model, &mut cache, seq, t + step, &[chain[step]], &h);
-        let d = max_abs_diff(&l.data, &want_chain[step * vocab..(step + 1) * vocab]);
+        let d = relative_diff(&l.data, &want_chain[step * vocab..(step + 1) * vocab]);
         assert!(
-            d <= LOGIT_TOL,
+            d <= against.chain,
             "{config}/{layout}: chained step {step} differs by {d}"
         );
         draft = argmax(&l.data) as u32;
@@ -163,6 +220,25 @@ fn mtp_block_matches_the_reference() {
             check(config, layout, usize::MAX);
         }
     }
+}
+
+/// Official numerics (FP8 inputs to e_proj/h_proj and to every FP8/FP4 projection of the
+/// block, FP8 KV) against our port of DeepSeek's MTPBlock, whole and chunked, on the configs
+/// whose golden has no near-tied choice or near-boundary rounding excess.
+#[test]
+fn mtp_block_matches_deepseeks_numerics() {
+    let mut checked = 0;
+    for config in CONFIGS {
+        let g = Golden::load_named(config, OFFICIAL.golden);
+        if !g.meta["tie_safe"].as_bool().unwrap() {
+            continue;
+        }
+        for chunk in [usize::MAX, 5] {
+            check_against(config, "official", chunk, &OFFICIAL);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 2, "only {checked} tie-safe official MTP goldens");
 }
 
 #[test]

@@ -39,6 +39,10 @@ Deliberate differences from DeepSeek's code, also stated in deepinfer's `numeric
     not multiples of 128/64); such a block is quantised with its own amax. model.py asserts
     whole blocks; V4's real shapes always have them, so real models are unaffected.
 
+For the MTP block (model.py's MTPBlock, its FP8 e_proj/h_proj included) it writes
+official_mtp_golden.safetensors/json on the HF MTP golden's prompt, in the same format as
+tools/make_mtp_golden.py (the target's streams, the block over the prompt, a chain of drafts).
+
 For every prompt of the config's HF golden.json it writes official_golden.safetensors/json:
 the logits of every prompt position (teacher-forced prefill), then GREEDY_STEPS greedy
 tokens decoded one at a time (model.py's decode path) with each step's top logits, and the
@@ -569,8 +573,8 @@ class MoE:
 
 
 class Block:
-    def __init__(self, c, raw, layer, max_len, gaps):
-        p = f"layers.{layer}"
+    def __init__(self, c, raw, layer, max_len, gaps, prefix=None):
+        p = prefix or f"layers.{layer}"
         self.c = c
         self.attn = Attention(c, raw, p + ".attn", layer, max_len, gaps)
         self.ffn = MoE(c, raw, p + ".ffn", layer, gaps)
@@ -599,27 +603,59 @@ class Block:
         return self.hc_post(f, r, post, comb)
 
 
+def head(h, hc_head, norm, weight, c):
+    """model.py's ParallelHead (hc_head, norm, f32 logits), at every position."""
+    fn, scale, base = hc_head
+    flat = h.flatten(1)
+    mixes = (flat @ fn.T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c["eps"])
+    pre = torch.sigmoid(mixes * scale + base) + c["hc_eps"]
+    y = (pre.unsqueeze(-1) * h).sum(1)
+    return rms_norm(y, norm, c["eps"]) @ weight.T
+
+
 class Model:
     def __init__(self, d, max_len):
         self.c = c = load_config(d)
-        raw = read_shards(d)
+        self.raw = raw = read_shards(d)
         self.gaps = {"router": float("inf"), "indexer": float("inf")}
         self.embed = tensor(raw, "embed.weight")
         self.blocks = [Block(c, raw, i, max_len, self.gaps) for i in range(c["layers"])]
         self.norm, self.head = tensor(raw, "norm.weight"), tensor(raw, "head.weight")
         self.hc_head = [tensor(raw, f"hc_head_{n}") for n in ["fn", "scale", "base"]]
 
-    def __call__(self, ids, start_pos):
-        c = self.c
-        h = self.embed[ids].unsqueeze(1).repeat(1, c["hc"], 1)
+    def streams(self, ids, start_pos):
+        """The final residual streams `[s, hc, D]` (what the MTP block reads)."""
+        h = self.embed[ids].unsqueeze(1).repeat(1, self.c["hc"], 1)
         for b in self.blocks:
             h = b(h, start_pos, ids)
-        fn, scale, base = self.hc_head
-        flat = h.flatten(1)
-        mixes = (flat @ fn.T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c["eps"])
-        pre = torch.sigmoid(mixes * scale + base) + c["hc_eps"]
-        y = (pre.unsqueeze(-1) * h).sum(1)
-        return rms_norm(y, self.norm, c["eps"]) @ self.head.T  # every position (model.py: the last)
+        return h
+
+    def __call__(self, ids, start_pos):
+        # Every position's logits (model.py computes the last one only).
+        return head(self.streams(ids, start_pos), self.hc_head, self.norm, self.head, self.c)
+
+
+class Mtp:
+    """model.py's MTPBlock: e = enorm(embed(next token)), x = hnorm(h) per stream,
+    x = e_proj(e) + h_proj(x) (both FP8 projections: quantised inputs), then a Block at layer
+    id n_layers (compress_ratios[n_layers] = 0: sliding window; a scored router), and the
+    shared embedding and head behind the block's own hc_head and norm."""
+
+    def __init__(self, model, max_len):
+        c, raw, p = model.c, model.raw, "mtp.0"
+        self.model, self.c = model, c
+        self.block = Block(c, raw, c["layers"], max_len, model.gaps, prefix=p)
+        self.e_proj, self.h_proj = tensor(raw, p + ".e_proj.weight"), tensor(raw, p + ".h_proj.weight")
+        self.enorm, self.hnorm = tensor(raw, p + ".enorm.weight"), tensor(raw, p + ".hnorm.weight")
+        self.norm = tensor(raw, p + ".norm.weight")
+        self.hc_head = [tensor(raw, f"{p}.hc_head_{n}") for n in ["fn", "scale", "base"]]
+
+    def __call__(self, h, start_pos, ids):
+        eps = self.c["eps"]
+        e = rms_norm(self.model.embed[ids], self.enorm, eps)
+        x = linear(e, self.e_proj, True).unsqueeze(1) + linear(rms_norm(h, self.hnorm, eps), self.h_proj, True)
+        x = self.block(x, start_pos, ids)
+        return x, head(x, self.hc_head, self.norm, self.model.head, self.c)
 
 
 # ---------------------------------------------------------------- goldens
@@ -676,6 +712,64 @@ def check_plain(cfg, d, hf):
         diff = float((got - ref).abs().max() / ref.abs().max().clamp_min(1.0))
         print(f"{cfg} p{p['index']} plain port vs HF: max relative diff {diff:.2e}")
         assert diff < 1e-4, "the port disagrees with HF without quantisation"
+    hf_mtp = read_shards(os.path.join(ROOT, cfg), only="mtp_golden.safetensors")
+    ids = [int(v) for v in tensor(hf_mtp, "prompt_ids")]
+    model = Model(d, len(ids) + 1)
+    with torch.no_grad():
+        h = model.streams(torch.tensor(ids), 0)
+        nxt = int(tensor(hf_mtp, "next_token")[0])
+        _, logits = Mtp(model, len(ids) + 1)(h, 0, torch.tensor(ids[1:] + [nxt]))
+    ref = tensor(hf_mtp, "mtp_logits")
+    diff = float((logits - ref).abs().max() / ref.abs().max().clamp_min(1.0))
+    print(f"{cfg} MTP block, plain port vs HF: max relative diff {diff:.2e}")
+    assert diff < 1e-4, "the MTP port disagrees with HF without quantisation"
+
+
+MTP_CHAIN = 4
+
+
+def mtp_golden(cfg, d):
+    """The MTP block on the HF MTP golden's prompt (see make_mtp_golden.py's FORMAT, whose
+    names this keeps): the target's streams, the block over the whole prompt, a chain."""
+    FRAGILE[0] = 0
+    ids = [int(v) for v in tensor(read_shards(os.path.join(ROOT, cfg), only="mtp_golden.safetensors"), "prompt_ids")]
+    t = len(ids)
+    model = Model(d, t + MTP_CHAIN + 1)
+    mtp = Mtp(model, t + MTP_CHAIN + 1)
+    margin = lambda l: float(l.topk(2).values[0] - l.topk(2).values[1])
+    with torch.no_grad():
+        h = model.streams(torch.tensor(ids), 0)
+        target = head(h[-1:], model.hc_head, model.norm, model.head, model.c)[0]
+        nxt = int(target.argmax())
+        out, logits = mtp(h, 0, torch.tensor(ids[1:] + [nxt]))
+        chain, chain_logits, margins = [int(logits[-1].argmax())], [], [margin(logits[-1])]
+        hh = out[-1:]
+        for i in range(MTP_CHAIN - 1):
+            hh, l = mtp(hh, t + i, torch.tensor([chain[-1]]))
+            chain_logits.append(l[0])
+            margins.append(margin(l[0]))
+            chain.append(int(l[0].argmax()))
+    arg_margins = [margin(l) for l in logits]
+    tensors = {
+        "prompt_ids": (np.array(ids, dtype=np.int64), "I64"),
+        "next_token": (np.array([nxt], dtype=np.int64), "I64"),
+        "hidden": (h.numpy().astype(np.float32), "F32"),
+        "mtp_logits": (logits.numpy().astype(np.float32), "F32"),
+        "mtp_hidden": (out.numpy().astype(np.float32), "F32"),
+        "chain_tokens": (np.array(chain, dtype=np.int64), "I64"),
+        "chain_logits": (torch.stack(chain_logits).numpy().astype(np.float32), "F32"),
+    }
+    write_safetensors(os.path.join(ROOT, cfg, "official_mtp_golden.safetensors"), tensors)
+    gaps = model.gaps
+    safe = (min(gaps["router"], gaps["indexer"]) >= TIE_GAP and FRAGILE[0] <= FRAGILE_MAX
+            and margin(target) >= TIE_GAP)
+    meta = dict(config=cfg, numerics="official", prompt_len=t, next_token=nxt, chain_tokens=chain,
+                chain_margins=margins, mtp_argmax=[int(l.argmax()) for l in logits],
+                mtp_argmax_margins=arg_margins, router_gap=min(gaps["router"], 1e9),
+                indexer_gap=min(gaps["indexer"], 1e9), fragile_roundings=FRAGILE[0], tie_safe=safe)
+    with open(os.path.join(ROOT, cfg, "official_mtp_golden.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"{cfg} mtp: prompt {t}, chain {chain}, fragile {FRAGILE[0]}, tie_safe {safe}", flush=True)
 
 
 def main():
@@ -714,6 +808,7 @@ def main():
                     tie_gap=TIE_GAP, prompts=prompts)
         with open(os.path.join(ROOT, cfg, "official_golden.json"), "w") as f:
             json.dump(meta, f, indent=1)
+        mtp_golden(cfg, d)
 
 
 if __name__ == "__main__":
