@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# deepinfer, llama.cpp and HF transformers side by side, on identical weights, in one run.
+# deepinfer, llama.cpp and HF transformers side by side, on the same weights, in one run.
 #
-# The weights: the `bench-bf16` synthetic checkpoint (the `bench` preset's V4-Flash shape with
-# BF16 dense projections and FP4 experts), which llama.cpp's converter packs losslessly into
-# its GGUF (FP4 experts become MXFP4, the same bits) and HF loads after an exact dequant.
+# Two pairings (PEER=fp8, the default, or PEER=bf16):
+#  - fp8: the `bench` preset as DeepSeek ships V4 (FP8 e4m3 dense with E8M0 block scales, FP4
+#    experts), deepinfer with --numerics official, against llama.cpp on the GGUF its users
+#    make of such a checkpoint: `convert_hf_to_gguf.py --outtype q8_0` (the FP8 projections
+#    dequantised and requantised to Q8_0, the FP4 experts repacked to MXFP4 — the same bits;
+#    head, embedding and compressors BF16). No HF run (its FP8 path is not a CPU one).
+#  - bf16: the `bench-bf16` preset (the same shape with BF16 dense projections), which the
+#    converter packs losslessly (`--outtype bf16`) and HF loads after an exact dequant;
+#    deepinfer in reference numerics; HF too unless SKIP_HF=1.
 # llama.cpp comes from the PyPI source distribution of llama-cpp-python (no GitHub needed).
 #
 # Run by hand, not in CI: it downloads torch + transformers (several GB), builds llama.cpp
 # (~6 min on 2 cores) and needs ~12 GB of RAM for the HF run. Everything lands in
 # $PEERS_DIR (default target/peers). Prints one table; the raw JSON stays in $PEERS_DIR.
 #
-#   tools/bench_peers.sh            # all three
-#   SKIP_HF=1 tools/bench_peers.sh  # deepinfer and llama.cpp only
+#   tools/bench_peers.sh                      # FP8 bench preset vs llama.cpp Q8_0 + MXFP4
+#   PEER=bf16 tools/bench_peers.sh            # BF16 preset: deepinfer, llama.cpp, HF
+#   PEER=bf16 SKIP_HF=1 tools/bench_peers.sh  # deepinfer and llama.cpp only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-2}
+PEER=${PEER:-fp8}
+case "$PEER" in
+    fp8) PRESET=bench OUTTYPE=q8_0 NUMERICS=official SKIP_HF=1 ;;
+    bf16) PRESET=bench-bf16 OUTTYPE=bf16 NUMERICS=reference ;;
+    *) echo "PEER is fp8 or bf16" >&2; exit 1 ;;
+esac
 mkdir -p "$P"
 
 # 1. Python for the converter and HF.
@@ -42,10 +55,10 @@ fi
 # 3. The weights, once in deepinfer's format and once converted for llama.cpp.
 cargo build --release --locked -p deepinfer-cli
 BIN=target/release/deepinfer
-MODEL="$P/bench-bf16"
-[ -f "$MODEL/config.json" ] || "$BIN" synth --preset bench-bf16 --out "$MODEL"
-GGUF="$P/bench-bf16.gguf"
-[ -f "$GGUF" ] || "$P/venv/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$MODEL" --outtype bf16 --outfile "$GGUF"
+MODEL="$P/$PRESET"
+[ -f "$MODEL/config.json" ] || "$BIN" synth --preset "$PRESET" --out "$MODEL"
+GGUF="$P/$PRESET-$OUTTYPE.gguf"
+[ -f "$GGUF" ] || "$P/venv/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$MODEL" --outtype "$OUTTYPE" --outfile "$GGUF"
 
 # 4. The runs, alternating engine by engine for $ROUNDS rounds: this machine is shared, and
 #    its bandwidth and FMA rate drift from one minute to the next, so each round's ratio
@@ -56,10 +69,10 @@ GGUF="$P/bench-bf16.gguf"
 #    deepinfer runs four times the repetitions (their median) to be as little at the mercy
 #    of one noisy moment.
 ROUNDS=${ROUNDS:-5}
-rm -f "$P"/deepinfer.*.json "$P"/llama.*.json
+rm -f "$P"/deepinfer.*.json "$P"/llama.*.json "$P/hf.json"
 for i in $(seq 1 "$ROUNDS"); do
-    "$BIN" bench model --model "$MODEL" --batch 1 --context 32 --prompt 128,512 -r "$((4 * REPS))" \
-        --json "$P/deepinfer.$i.json" >/dev/null
+    "$BIN" bench model --model "$MODEL" --numerics "$NUMERICS" --batch 1 --context 32 \
+        --prompt 128,512 -r "$((4 * REPS))" --json "$P/deepinfer.$i.json" >/dev/null
     "$LLAMA/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
         -o json > "$P/llama.$i.json"
 done
