@@ -13,6 +13,7 @@ use deepinfer_engine::request::{OutputSink, Request, RequestOutput};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
+use deepinfer_model::numerics::Numerics;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -63,7 +64,11 @@ impl OutputSink for CountingSink {
 /// Three requests decoding side by side, run to past their prefill, then `counted` steps
 /// with the allocator watched. Output lists grow by amortised doubling, so the counted
 /// window sits between two doublings (outputs 33..=63 tokens long).
-fn steady_steps_allocate_nothing(speculative: Option<SpeculativeConfig>, counted: usize) {
+fn steady_steps_allocate_nothing(
+    speculative: Option<SpeculativeConfig>,
+    numerics: Numerics,
+    counted: usize,
+) {
     // tiny-a has every layer kind (SWA, CSA with the indexer, HCA), both router kinds, and
     // an MTP block.
     let config = EngineConfig {
@@ -79,7 +84,9 @@ fn steady_steps_allocate_nothing(speculative: Option<SpeculativeConfig>, counted
         speculative,
     };
     let metrics = Arc::new(EngineMetrics::new("no_alloc"));
-    let mut core = EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap();
+    let mut model = load("tiny-a", "official");
+    model.set_numerics(numerics).unwrap();
+    let mut core = EngineCore::new(model, config, metrics).unwrap();
     let tokens = Arc::new(AtomicUsize::new(0));
     for s in 0..3u32 {
         let prompt = (0..40 + 9 * s).map(|i| (i * 37 + s * 11) % 300).collect();
@@ -122,13 +129,15 @@ fn steady_engine_steps_allocate_nothing() {
     // As the engine runs: inside its compute pool, the calling thread one of the workers.
     let pool = deepinfer_engine::engine::compute_pool().unwrap();
     pool.install(|| {
-        steady_steps_allocate_nothing(None, 10);
+        steady_steps_allocate_nothing(None, Numerics::Reference, 10);
+        // Official numerics: quantised projection inputs, packed cache records.
+        steady_steps_allocate_nothing(None, Numerics::Official, 10);
         // Speculation every step: verification, rollback, and the MTP drafter's passes.
         let spec = SpeculativeConfig::from_json(
             r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#,
             None,
         )
         .unwrap();
-        steady_steps_allocate_nothing(Some(spec), 8);
+        steady_steps_allocate_nothing(Some(spec), Numerics::Reference, 8);
     });
 }
