@@ -45,6 +45,26 @@ impl Numerics {
         }
     }
 
+    /// Floats a rounded copy of `n` activations needs ([`Self::projection_view`]): none in
+    /// reference numerics, which reads the activations as they are.
+    pub fn copy_len(self, n: usize) -> usize {
+        match self {
+            Numerics::Reference => 0,
+            Numerics::Official => n,
+        }
+    }
+
+    /// `x` as a projection reads it while other consumers read `x` itself: `x` in
+    /// reference numerics, else its rounded copy in `buf` (of [`Self::copy_len`] floats).
+    pub fn projection_view<'a>(self, x: &'a [f32], width: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        if self == Numerics::Reference {
+            return x;
+        }
+        buf.copy_from_slice(x);
+        self.projection_input(buf, width);
+        buf
+    }
+
     /// A window or compressed KV vector, `[nope | rope]` rows of `width`: the first
     /// `width − rope_dim` dims of each through FP8 in 64-blocks, the RoPE dims through bf16.
     /// What the cache then holds is exactly what the attention computed with.

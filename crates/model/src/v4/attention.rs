@@ -10,7 +10,6 @@ use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
-use crate::numerics::Numerics;
 use crate::parallel;
 use crate::profile::{self, scope, Op};
 use crate::record;
@@ -78,18 +77,8 @@ pub fn attention(
 
     // `wq_a` and `wkv` read `a` as a projection input; the BF16 compressor and indexer-weight
     // projections read it as it is.
-    let mut aq = ws.take(if c.numerics == Numerics::Reference {
-        0
-    } else {
-        a.len()
-    });
-    let a_proj = if aq.is_empty() {
-        a
-    } else {
-        aq.copy_from_slice(a);
-        c.numerics.projection_input(&mut aq, c.hidden_size);
-        &aq[..]
-    };
+    let mut aq = ws.take(c.numerics.copy_len(a.len()));
+    let a_proj = c.numerics.projection_view(a, c.hidden_size, &mut aq);
     // Every projection of `a` in one parallel pass.
     let mut qr = ws.take(n * w.wq_a.out_dim());
     let mut kv = ws.take(n * hd);
@@ -294,38 +283,13 @@ pub fn attention(
                 };
                 let heads = g * hg..(g + 1) * hg;
                 let n_keys = n_window + n_comp;
-                SCRATCH.with(|cell| {
-                    let (scores, key_at, decoded) = &mut *cell.borrow_mut();
-                    let qh = &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd];
-                    let sinks = &w.sink[heads];
-                    if !packed {
-                        let key = |j| key(j).1;
-                        sink_attention(
-                            qh,
-                            hd,
-                            n_keys,
-                            key,
-                            sinks,
-                            softmax_scale,
-                            scores,
-                            key_at,
-                            o,
-                        );
-                        return;
-                    }
-                    if decoded.len() < n_keys * hd {
-                        decoded.resize(n_keys * hd, 0.0);
-                    }
-                    for (j, out) in decoded.chunks_exact_mut(hd).take(n_keys).enumerate() {
-                        match key(j) {
-                            (true, rec) => record::load_kv(c, rec, out),
-                            (false, row) => out.copy_from_slice(row),
-                        }
-                    }
-                    let decoded = &decoded[..];
-                    let key = |j: usize| &decoded[j * hd..(j + 1) * hd];
-                    sink_attention(qh, hd, n_keys, key, sinks, softmax_scale, scores, key_at, o);
-                });
+                let qh = &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd];
+                let heads = Heads {
+                    q: qh,
+                    sinks: &w.sink[heads],
+                    softmax_scale,
+                };
+                SCRATCH.with(|cell| attend(c, &heads, n_keys, key, &mut cell.borrow_mut(), o));
                 let (cos, sin) = angles.row(i);
                 for head in o.chunks_exact_mut(hd) {
                     Rope::apply_with(head, cos, sin, true);
@@ -381,6 +345,46 @@ pub fn attention(
     ws.give_idx(picks);
     ws.give_idx(n_picks);
     res
+}
+
+/// One query row's heads for [`attend`].
+struct Heads<'a> {
+    /// `[heads, head_dim]`.
+    q: &'a [f32],
+    sinks: &'a [f32],
+    softmax_scale: f32,
+}
+
+/// Sink attention of `heads` over `n_keys` keys, `key(j)` giving key `j` as a row this step
+/// computed (`false`, f32) or a cache record (`true`); records the cache packs are decoded
+/// into the scratch's third buffer first, once per key.
+fn attend<'k>(
+    c: &ModelConfig,
+    heads: &Heads,
+    n_keys: usize,
+    key: impl Fn(usize) -> (bool, &'k [f32]),
+    scratch: &mut (Vec<f32>, Vec<usize>, Vec<f32>),
+    out: &mut [f32],
+) {
+    let (scores, key_at, decoded) = scratch;
+    let (hd, q, sinks, scale) = (c.head_dim, heads.q, heads.sinks, heads.softmax_scale);
+    if !c.numerics.packs_cache() {
+        let key = |j| key(j).1;
+        sink_attention(q, hd, n_keys, key, sinks, scale, scores, key_at, out);
+        return;
+    }
+    if decoded.len() < n_keys * hd {
+        decoded.resize(n_keys * hd, 0.0);
+    }
+    for (j, row) in decoded.chunks_exact_mut(hd).take(n_keys).enumerate() {
+        match key(j) {
+            (true, rec) => record::load_kv(c, rec, row),
+            (false, computed) => row.copy_from_slice(computed),
+        }
+    }
+    let decoded = &decoded[..];
+    let key = |j: usize| &decoded[j * hd..(j + 1) * hd];
+    sink_attention(q, hd, n_keys, key, sinks, scale, scores, key_at, out);
 }
 
 /// Tasks of about `work` multiply-adds each that one parallel task should at least take:

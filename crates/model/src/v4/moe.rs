@@ -206,18 +206,8 @@ pub fn moe(
     let mut wts = ws.take(t * k);
     route(w, c, x, token_ids, &mut ids, &mut wts, ws);
     // The router reads `x` as it is; every expert's `w1`/`w3` reads it as a projection input.
-    let mut xq = ws.take(if c.numerics == Numerics::Reference {
-        0
-    } else {
-        t * d
-    });
-    let x = if xq.is_empty() {
-        x
-    } else {
-        xq.copy_from_slice(x);
-        c.numerics.projection_input(&mut xq, d);
-        &xq[..]
-    };
+    let mut xq = ws.take(c.numerics.copy_len(x.len()));
+    let x = c.numerics.projection_view(x, d, &mut xq);
     let (whole, part) = match &w.shared {
         Some(SharedExpert::Whole(e)) => (Some(e), None),
         Some(SharedExpert::Part(p)) => (None, Some(p)),
