@@ -45,11 +45,24 @@ if [ ! -d "$LLAMA" ]; then
     tar xzf "$P/dl/llama_cpp_python-0.3.36.tar.gz" -C "$P"
 fi
 "$P/venv/bin/pip" install --quiet --disable-pip-version-check "$LLAMA/gguf-py"
-if [ ! -x "$LLAMA/build/bin/llama-bench" ]; then
+# On a CPU with AMX, this llama.cpp's AMX buffer type aborts on V4's graph
+# (`GGML_ASSERT(*cur_backend_id != -1)` in ggml-backend.cpp); built for AVX-512 without AMX,
+# its weight repacking (the faster path) works, so that is the peer there.
+if grep -q amx_tile /proc/cpuinfo; then
+    ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    LLAMA_BUILD="$LLAMA/build-noamx"
+else
+    ISA_FLAGS="-DGGML_NATIVE=ON"
+    LLAMA_BUILD="$LLAMA/build"
+fi
+if [ ! -x "$LLAMA_BUILD/bin/llama-bench" ]; then
     command -v cmake >/dev/null || { echo "cmake is needed (apt-get install -y cmake)" >&2; exit 1; }
-    cmake -S "$LLAMA" -B "$LLAMA/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    # shellcheck disable=SC2086
+    cmake -S "$LLAMA" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release $ISA_FLAGS \
         -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF >/dev/null
-    cmake --build "$LLAMA/build" -j"$THREADS" --target llama-bench >/dev/null
+    cmake --build "$LLAMA_BUILD" -j"$THREADS" --target llama-bench >/dev/null
 fi
 
 # 3. The weights, once in deepinfer's format and once converted for llama.cpp.
@@ -73,7 +86,7 @@ rm -f "$P"/deepinfer.*.json "$P"/llama.*.json "$P/hf.json"
 for i in $(seq 1 "$ROUNDS"); do
     "$BIN" bench model --model "$MODEL" --numerics "$NUMERICS" --batch 1 --context 32 \
         --prompt 128,512 -r "$((4 * REPS))" --json "$P/deepinfer.$i.json" >/dev/null
-    "$LLAMA/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
+    "$LLAMA_BUILD/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
         -o json > "$P/llama.$i.json"
 done
 if [ -z "${SKIP_HF:-}" ]; then
