@@ -14,14 +14,8 @@ use serde_json::Value;
 /// prompt position and of every greedy step, which must reproduce HF's choices.
 fn check_prompt(r: &mut TestRunner, g: &Golden, p: &Value, label: &str) -> Vec<f32> {
     let pi = p["index"].as_u64().unwrap();
-    let prompt = ids(&p["ids"]);
-    let greedy = ids(&p["greedy"]);
+    let (prompt, greedy, seq) = teacher_forced(p);
     let tie_safe = p["tie_safe"].as_bool().unwrap();
-    let seq: Vec<u32> = prompt
-        .iter()
-        .chain(&greedy[..greedy.len() - 1])
-        .copied()
-        .collect();
     let logits = chunked_logits(r, &seq, seq.len());
     let n = prompt.len();
 

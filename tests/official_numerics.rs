@@ -33,14 +33,8 @@ fn rel_diff(got: &[f32], want: &[f32]) -> f32 {
 /// argmax, the last prompt position's logits and every greedy step's top logits and choice.
 fn check_prompt(r: &mut TestRunner, g: &Golden, p: &Value, chunk: usize, label: &str) {
     let pi = p["index"].as_u64().unwrap();
-    let prompt = ids(&p["ids"]);
-    let greedy = ids(&p["greedy"]);
+    let (prompt, greedy, seq) = teacher_forced(p);
     let tie_safe = p["tie_safe"].as_bool().unwrap();
-    let seq: Vec<u32> = prompt
-        .iter()
-        .chain(&greedy[..greedy.len() - 1])
-        .copied()
-        .collect();
     let logits = chunked_logits(r, &seq, chunk);
     let n = prompt.len();
     let diff = rel_diff(&logits[n - 1], &g.f32s(&format!("p{pi}.last_logits")));

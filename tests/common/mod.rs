@@ -79,6 +79,19 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// A golden prompt's ids, its greedy tokens, and the sequence that feeds both in one pass
+/// (prompt + greedy tokens but the last): position `len(prompt) - 1 + s` predicts step `s`.
+pub fn teacher_forced(p: &Value) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let prompt = ids(&p["ids"]);
+    let greedy = ids(&p["greedy"]);
+    let seq = prompt
+        .iter()
+        .chain(&greedy[..greedy.len() - 1])
+        .copied()
+        .collect();
+    (prompt, greedy, seq)
+}
+
 /// prompt + greedy continuation of prompt `pi`: a sequence long enough to cross windows.
 pub fn long_sequence(g: &Golden, pi: usize) -> Vec<u32> {
     let p = &g.prompts()[pi];

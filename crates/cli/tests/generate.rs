@@ -222,38 +222,22 @@ fn split_run_failures_end_every_rank() {
         "1,2",
     ];
     // Several processes with nothing to split is refused on every rank.
-    let out = mpirun(2)
-        .args(base)
-        .args(["--tensor-parallel-size", "1"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("rank 0 of 2") && err.contains("--enable-expert-parallel"),
-        "{err}"
+    let refused = |flags: &[&str], needles: &[&str]| {
+        let out = mpirun(2).args(base).args(flags).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} was not refused");
+        assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+    };
+    refused(
+        &["--tensor-parallel-size", "1"],
+        &["rank 0 of 2", "--enable-expert-parallel"],
     );
     // Experts split by width stay resident: streaming them is refused.
-    let out = mpirun(2)
-        .args(base)
-        .args(["--expert-cache-mib", "0"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("stay resident"),
-        "{err}"
-    );
+    refused(&["--expert-cache-mib", "0"], &["stay resident"]);
     // A tensor-parallel size that does not match the processes, or one process asking for two.
-    let out = mpirun(2)
-        .args(base)
-        .args(["--enable-expert-parallel", "--tensor-parallel-size", "3"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--tensor-parallel-size 3 with 2"),
-        "{err}"
+    refused(
+        &["--enable-expert-parallel", "--tensor-parallel-size", "3"],
+        &["--tensor-parallel-size 3 with 2"],
     );
     let out = deepinfer(&[&base[..], &["--tensor-parallel-size", "2"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -262,15 +246,9 @@ fn split_run_failures_end_every_rank() {
         "{err}"
     );
     // Official numerics is not split yet.
-    let out = mpirun(2)
-        .args(base)
-        .args(["--numerics", "official"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--numerics official runs in one process"),
-        "{err}"
+    refused(
+        &["--numerics", "official"],
+        &["--numerics official runs in one process"],
     );
     // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself
     // and the tensor, while rank 0 (which loaded fine) waits for it.
