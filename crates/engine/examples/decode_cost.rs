@@ -12,7 +12,7 @@ use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::batch::SeqSpan;
 use deepinfer_model::v4::block::{block_forward, BlockCtx};
-use deepinfer_model::v4::model::{Angles, BatchRows};
+use deepinfer_model::v4::rows::{Angles, BatchRows};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
 use std::time::Instant;

@@ -5,7 +5,7 @@
 
 use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::IndexerQueries;
-use super::model::{Angles, BatchRows};
+use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
 use crate::cache::{CacheView, Stream};

@@ -3,8 +3,8 @@
 
 use super::attention::attention;
 use super::hyper::{hc_mix, hc_post};
-use super::model::{Angles, BatchRows};
 use super::moe::moe;
+use super::rows::{Angles, BatchRows};
 use super::workspace::Workspace;
 use crate::cache::CacheView;
 use crate::config::ModelConfig;

@@ -9,6 +9,7 @@ pub mod indexer;
 pub mod model;
 pub mod moe;
 pub mod mtp;
+pub mod rows;
 mod tensor_parallel;
 mod worker;
 pub mod workspace;

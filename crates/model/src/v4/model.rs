@@ -3,9 +3,10 @@
 
 use super::block::{block_forward, BlockCtx};
 use super::hyper::hc_head;
+use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::split_head;
 use super::workspace::Workspace;
-use crate::batch::{ForwardBatch, Logits, SeqSpan};
+use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
@@ -73,67 +74,6 @@ pub enum ModelError {
     NoMtpCache { layers: usize },
     #[error("the MTP block got {floats} floats of hidden state; the batch needs {expected}")]
     HiddenLength { floats: usize, expected: usize },
-}
-
-/// Where each flat row of a batch belongs: `(span index, the span's first position, the
-/// span's first row)`, plus the batch's positions and spans.
-pub struct BatchRows<'a> {
-    pub positions: &'a [usize],
-    pub spans: &'a [SeqSpan],
-    pub row_seq: Vec<(usize, usize, usize)>,
-    window_floor: &'a [usize],
-}
-
-impl<'a> BatchRows<'a> {
-    /// Rows of a batch whose windows reach back as far as they can (benchmarks that drive
-    /// single blocks).
-    pub fn new(
-        positions: &'a [usize],
-        spans: &'a [SeqSpan],
-        row_seq: Vec<(usize, usize, usize)>,
-    ) -> Self {
-        Self {
-            positions,
-            spans,
-            row_seq,
-            window_floor: &[],
-        }
-    }
-
-    /// The first position span `s`'s sliding window may reach back to.
-    pub fn window_floor(&self, s: usize) -> usize {
-        self.window_floor.get(s).copied().unwrap_or(0)
-    }
-}
-
-/// One rope table's `(cos, sin)` at every row's position, `[N, rd/2]` each: computed once
-/// per forward and shared by every head and layer that uses the table.
-pub struct Angles {
-    half: usize,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-}
-
-impl Angles {
-    pub fn new(rope: &Rope, positions: &[usize], ws: &mut Workspace) -> Self {
-        let half = rope.dim() / 2;
-        let (mut cos, mut sin) = (
-            ws.take(positions.len() * half),
-            ws.take(positions.len() * half),
-        );
-        rope.table(positions, &mut cos, &mut sin);
-        Self { half, cos, sin }
-    }
-
-    pub fn row(&self, i: usize) -> (&[f32], &[f32]) {
-        let r = i * self.half..(i + 1) * self.half;
-        (&self.cos[r.clone()], &self.sin[r])
-    }
-
-    pub fn recycle(self, ws: &mut Workspace) {
-        ws.give(self.cos);
-        ws.give(self.sin);
-    }
 }
 
 /// Scratch kept between forwards (see [`Workspace`]).
@@ -325,12 +265,12 @@ impl Model {
         self.check_rows(batch, cache)?;
         map_spans(batch, cache, &mut row_seq, paged)?;
         check_window_floors(batch)?;
-        Ok(BatchRows {
-            positions: &batch.positions,
-            spans: &batch.spans,
+        Ok(BatchRows::with_window_floors(
+            &batch.positions,
+            &batch.spans,
             row_seq,
-            window_floor: &batch.window_floor,
-        })
+            &batch.window_floor,
+        ))
     }
 
     /// Row-wise checks: one position per token, ids inside the vocabulary, logits rows

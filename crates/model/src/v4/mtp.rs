@@ -4,7 +4,8 @@
 //! the main model's unless the checkpoint ships different copies.
 
 use super::block::{block_forward, BlockCtx};
-use super::model::{embed_streams, Angles, Head, Model, ModelError};
+use super::model::{embed_streams, Head, Model, ModelError};
+use super::rows::Angles;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;

@@ -1,0 +1,83 @@
+//! What every layer reads about the batch besides its activations: where each flat row
+//! belongs ([`BatchRows`]) and the rope angles of every row ([`Angles`]). The model builds
+//! them once per forward; blocks, attention and the MTP block only read them.
+
+use super::workspace::Workspace;
+use crate::batch::SeqSpan;
+use deepinfer_kernels::rope::Rope;
+
+/// Where each flat row of a batch belongs: `(span index, the span's first position, the
+/// span's first row)`, plus the batch's positions and spans.
+pub struct BatchRows<'a> {
+    pub positions: &'a [usize],
+    pub spans: &'a [SeqSpan],
+    pub row_seq: Vec<(usize, usize, usize)>,
+    window_floor: &'a [usize],
+}
+
+impl<'a> BatchRows<'a> {
+    /// Rows of a batch whose windows reach back as far as they can (benchmarks that drive
+    /// single blocks).
+    pub fn new(
+        positions: &'a [usize],
+        spans: &'a [SeqSpan],
+        row_seq: Vec<(usize, usize, usize)>,
+    ) -> Self {
+        Self {
+            positions,
+            spans,
+            row_seq,
+            window_floor: &[],
+        }
+    }
+
+    /// Rows whose span `s` may reach back no further than `window_floor[s]`.
+    pub fn with_window_floors(
+        positions: &'a [usize],
+        spans: &'a [SeqSpan],
+        row_seq: Vec<(usize, usize, usize)>,
+        window_floor: &'a [usize],
+    ) -> Self {
+        Self {
+            positions,
+            spans,
+            row_seq,
+            window_floor,
+        }
+    }
+
+    /// The first position span `s`'s sliding window may reach back to.
+    pub fn window_floor(&self, s: usize) -> usize {
+        self.window_floor.get(s).copied().unwrap_or(0)
+    }
+}
+
+/// One rope table's `(cos, sin)` at every row's position, `[N, rd/2]` each: computed once
+/// per forward and shared by every head and layer that uses the table.
+pub struct Angles {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Angles {
+    pub fn new(rope: &Rope, positions: &[usize], ws: &mut Workspace) -> Self {
+        let half = rope.dim() / 2;
+        let (mut cos, mut sin) = (
+            ws.take(positions.len() * half),
+            ws.take(positions.len() * half),
+        );
+        rope.table(positions, &mut cos, &mut sin);
+        Self { half, cos, sin }
+    }
+
+    pub fn row(&self, i: usize) -> (&[f32], &[f32]) {
+        let r = i * self.half..(i + 1) * self.half;
+        (&self.cos[r.clone()], &self.sin[r])
+    }
+
+    pub fn recycle(self, ws: &mut Workspace) {
+        ws.give(self.cos);
+        ws.give(self.sin);
+    }
+}
