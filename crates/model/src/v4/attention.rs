@@ -70,16 +70,95 @@ pub fn attention(
     angles: &Angles,
     ws: &mut Workspace,
 ) -> Vec<f32> {
-    let n = rows.positions.len();
-    let (h, hd) = (c.num_attention_heads, c.head_dim);
-    let eps = c.rms_norm_eps;
-    let positions = rows.positions;
+    let st = Step {
+        w,
+        c,
+        layer,
+        rows,
+        angles,
+    };
+    let mut p = project(&st, a, ws);
+    norm_and_rotate(&st, &mut p);
+    // Compressed state first: entries closed by this batch's tokens are visible to them.
+    compress(&st, &p, cache, rope, ws);
+    let (picks, n_picks) = select(&st, &mut p, &*cache, ws);
+    let mut out = attend_rows(&st, &p, (&picks, &n_picks), &*cache, ws);
+    // Only now overwrite the ring: earlier queries of a long chunk still read old slots.
+    store_window(&st, &p.kv, cache, ws);
+    let res = output(&st, &mut out, ws);
+    p.give(ws);
+    ws.give(out);
+    ws.give_idx(picks);
+    ws.give_idx(n_picks);
+    res
+}
 
+/// What every step of one layer's attention reads: its weights, the layer, the batch.
+struct Step<'a> {
+    w: &'a AttentionWeights,
+    c: &'a ModelConfig,
+    layer: usize,
+    rows: &'a BatchRows<'a>,
+    angles: &'a Angles,
+}
+
+impl Step<'_> {
+    fn n(&self) -> usize {
+        self.rows.positions.len()
+    }
+
+    /// Tokens per compressed entry (0 for a sliding layer).
+    fn ratio(&self) -> usize {
+        self.w.compressor.as_ref().map_or(0, |cw| cw.ratio)
+    }
+}
+
+/// The projections of one step's input (workspace buffers; [`Projected::give`] returns
+/// them): `q` `[N, H·hd]`, the latent `kv` `[N, hd]`, the q-LoRA `qr`, the compressors'
+/// `[K | Z]` halves (`ck`/`cz`, the indexer's `ik`/`iz`), the indexer's queries `iq` and
+/// head weights `iwt`, and `aq`, the input rounded for the projections that take it so.
+struct Projected {
+    aq: Vec<f32>,
+    qr: Vec<f32>,
+    kv: Vec<f32>,
+    ck: Vec<f32>,
+    cz: Vec<f32>,
+    ik: Vec<f32>,
+    iz: Vec<f32>,
+    iwt: Vec<f32>,
+    q: Vec<f32>,
+    iq: Vec<f32>,
+}
+
+impl Projected {
+    fn give(self, ws: &mut Workspace) {
+        let Projected {
+            aq,
+            qr,
+            kv,
+            ck,
+            cz,
+            ik,
+            iz,
+            iwt,
+            q,
+            iq,
+        } = self;
+        for v in [aq, qr, kv, ck, cz, ik, iz, iwt, q, iq] {
+            ws.give(v);
+        }
+    }
+}
+
+/// Every projection of `a` in one parallel pass, the q-LoRA norm, then every projection of
+/// the q-LoRA activations (split over ranks, the heads' part here and the rest gathered).
+fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
+    let (w, c, n) = (st.w, st.c, st.n());
+    let hd = c.head_dim;
     // `wq_a` and `wkv` read `a` as a projection input; the BF16 compressor and indexer-weight
     // projections read it as it is.
     let mut aq = ws.take(c.numerics.copy_len(a.len()));
     let a_proj = c.numerics.projection_view(a, c.hidden_size, &mut aq);
-    // Every projection of `a` in one parallel pass.
     let mut qr = ws.take(n * w.wq_a.out_dim());
     let mut kv = ws.take(n * hd);
     let comp = w.compressor.as_ref();
@@ -106,11 +185,10 @@ pub fn attention(
     }
     {
         let _p = scope(Op::NormRope);
-        rms_norm_rows(&mut qr, &w.q_norm, eps);
+        rms_norm_rows(&mut qr, &w.q_norm, c.rms_norm_eps);
         c.numerics.projection_input(&mut qr, c.q_lora_rank);
     }
-    // Then every projection of the q-LoRA activations.
-    let mut q = ws.take(n * h * hd);
+    let mut q = ws.take(n * c.num_attention_heads * hd);
     let mut iq = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.wq_b.out_dim()));
     match &w.heads {
         HeadProjections::Whole { wq_b, .. } => {
@@ -133,177 +211,228 @@ pub fn attention(
             ws.give(mine);
         }
     }
-    {
-        let _p = scope(Op::NormRope);
-        for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
-            let (cos, sin) = angles.row(i);
-            for head in row.chunks_exact_mut(hd) {
-                rms_norm_unweighted(head, eps);
-                Rope::apply_with(head, cos, sin, false);
-            }
-        }
-        rms_norm_rows(&mut kv, &w.kv_norm, eps);
-        for (i, row) in kv.chunks_exact_mut(hd).enumerate() {
-            let (cos, sin) = angles.row(i);
-            Rope::apply_with(row, cos, sin, false);
-        }
-        c.numerics.kv(&mut kv, hd, c.qk_rope_head_dim);
+    Projected {
+        aq,
+        qr,
+        kv,
+        ck,
+        cz,
+        ik,
+        iz,
+        iwt,
+        q,
+        iq,
     }
+}
 
-    // Compressed state first: entries closed by this batch's tokens are visible to them.
-    {
-        let _p = scope(Op::Compressor);
-        let pairs = [
-            (comp, &ck, &cz, Stream::Attn),
-            (icomp, &ik, &iz, Stream::Indexer),
-        ];
-        for (cw, k, z, stream) in pairs {
-            let Some(cw) = cw else { continue };
-            let width = 2 * cw.wkv.out_dim();
-            let mut pending = ws.take(n * width);
-            pending_rows(cw, k, z, positions, &mut pending);
-            let mut scratch = ws.take(scratch_len(cw.dim));
-            for (s, span) in rows.spans.iter().enumerate() {
-                let chunk = &pending[span.start * width..(span.start + span.len) * width];
-                let p0 = positions[span.start];
-                absorb(
-                    cw,
-                    chunk,
-                    p0,
-                    cache,
-                    s,
-                    layer,
-                    stream,
-                    rope,
-                    c,
-                    &mut scratch,
-                );
-            }
-            ws.give(scratch);
-            ws.give(pending);
+/// The per-head q RMS and RoPE, the latent's norm and RoPE, and its rounding as the cache
+/// will keep it.
+fn norm_and_rotate(st: &Step, p: &mut Projected) {
+    let _p = scope(Op::NormRope);
+    let (c, eps) = (st.c, st.c.rms_norm_eps);
+    let (h, hd) = (c.num_attention_heads, c.head_dim);
+    for (i, row) in p.q.chunks_exact_mut(h * hd).enumerate() {
+        let (cos, sin) = st.angles.row(i);
+        for head in row.chunks_exact_mut(hd) {
+            rms_norm_unweighted(head, eps);
+            Rope::apply_with(head, cos, sin, false);
         }
     }
-    let ratio = comp.map_or(0, |cw| cw.ratio);
+    rms_norm_rows(&mut p.kv, &st.w.kv_norm, eps);
+    for (i, row) in p.kv.chunks_exact_mut(hd).enumerate() {
+        let (cos, sin) = st.angles.row(i);
+        Rope::apply_with(row, cos, sin, false);
+    }
+    c.numerics.kv(&mut p.kv, hd, c.qk_rope_head_dim);
+}
+
+/// Every sequence's pending rows into the cache, and every entry they close, for the
+/// attention's compressor and the indexer's.
+fn compress(st: &Step, p: &Projected, cache: &mut dyn CacheView, rope: &Rope, ws: &mut Workspace) {
+    let _p = scope(Op::Compressor);
+    let (w, rows, n) = (st.w, st.rows, st.n());
+    let positions = rows.positions;
+    let pairs = [
+        (w.compressor.as_ref(), &p.ck, &p.cz, Stream::Attn),
+        (
+            w.indexer.as_ref().map(|iw| &iw.compressor),
+            &p.ik,
+            &p.iz,
+            Stream::Indexer,
+        ),
+    ];
+    for (cw, k, z, stream) in pairs {
+        let Some(cw) = cw else { continue };
+        let width = 2 * cw.wkv.out_dim();
+        let mut pending = ws.take(n * width);
+        pending_rows(cw, k, z, positions, &mut pending);
+        let mut scratch = ws.take(scratch_len(cw.dim));
+        for (s, span) in rows.spans.iter().enumerate() {
+            let chunk = &pending[span.start * width..(span.start + span.len) * width];
+            let p0 = positions[span.start];
+            absorb(
+                cw,
+                chunk,
+                p0,
+                cache,
+                s,
+                st.layer,
+                stream,
+                rope,
+                st.c,
+                &mut scratch,
+            );
+        }
+        ws.give(scratch);
+        ws.give(pending);
+    }
+}
+
+/// The indexer's picks for every CSA query, `[N, topk]`, with a count per row (both empty
+/// for a layer without an indexer).
+fn select(
+    st: &Step,
+    p: &mut Projected,
+    cache: &dyn CacheView,
+    ws: &mut Workspace,
+) -> (Vec<usize>, Vec<usize>) {
+    let (c, rows, n, ratio) = (st.c, st.rows, st.n(), st.ratio());
     let topk = c.index_topk;
-
-    // The indexer's picks for every CSA query, `[N, topk]` with a count per row.
-    let mut picks = ws.take_idx(if w.indexer.is_some() { n * topk } else { 0 });
+    let mut picks = ws.take_idx(if st.w.indexer.is_some() { n * topk } else { 0 });
     let mut n_picks = ws.take_idx(n);
-    if let Some(iw) = &w.indexer {
-        let _p = scope(Op::Indexer);
-        let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
-        for (i, row) in iq.chunks_exact_mut(ih * ihd).enumerate() {
-            let (cos, sin) = angles.row(i);
-            for head in row.chunks_exact_mut(ihd) {
-                Rope::apply_with(head, cos, sin, false);
-            }
+    let Some(iw) = &st.w.indexer else {
+        return (picks, n_picks);
+    };
+    let _p = scope(Op::Indexer);
+    let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
+    for (i, row) in p.iq.chunks_exact_mut(ih * ihd).enumerate() {
+        let (cos, sin) = st.angles.row(i);
+        for head in row.chunks_exact_mut(ihd) {
+            Rope::apply_with(head, cos, sin, false);
         }
-        c.numerics.indexer(&mut iq, ihd);
-        let wscale = (ih as f32).powf(-0.5);
-        iwt.iter_mut().for_each(|v| *v *= wscale);
-        let queries = IndexerQueries {
-            config: c,
-            heads: ih,
-            head_dim: ihd,
-            q: &iq,
-            weights: &iwt,
-        };
-        let cache: &dyn CacheView = &*cache;
-        let most_visible = positions.iter().map(|p| (p + 1) / ratio).max().unwrap_or(0);
-        picks
-            .par_chunks_mut(topk)
-            .zip(n_picks.par_iter_mut())
-            .with_min_len(min_len(most_visible * ih * ihd))
-            .enumerate()
-            .for_each(|(i, (out, count))| {
-                let (s, _, _) = rows.row_seq[i];
-                let visible = (positions[i] + 1) / ratio;
-                SCRATCH.with(|cell| {
-                    let (scores, picked, key) = &mut *cell.borrow_mut();
-                    let scratch = (scores, key);
-                    queries.select(i, cache, s, layer, visible, topk, scratch, picked);
-                    out[..picked.len()].copy_from_slice(picked);
-                    *count = picked.len();
-                });
+    }
+    c.numerics.indexer(&mut p.iq, ihd);
+    let wscale = (ih as f32).powf(-0.5);
+    p.iwt.iter_mut().for_each(|v| *v *= wscale);
+    let queries = IndexerQueries {
+        config: c,
+        heads: ih,
+        head_dim: ihd,
+        q: &p.iq,
+        weights: &p.iwt,
+    };
+    let positions = rows.positions;
+    let most_visible = positions.iter().map(|p| (p + 1) / ratio).max().unwrap_or(0);
+    picks
+        .par_chunks_mut(topk)
+        .zip(n_picks.par_iter_mut())
+        .with_min_len(min_len(most_visible * ih * ihd))
+        .enumerate()
+        .for_each(|(i, (out, count))| {
+            let (s, _, _) = rows.row_seq[i];
+            let visible = (positions[i] + 1) / ratio;
+            SCRATCH.with(|cell| {
+                let (scores, picked, key) = &mut *cell.borrow_mut();
+                let scratch = (scores, key);
+                queries.select(i, cache, s, st.layer, visible, topk, scratch, picked);
+                out[..picked.len()].copy_from_slice(picked);
+                *count = picked.len();
             });
-    }
+        });
+    (picks, n_picks)
+}
 
-    let window = c.sliding_window;
-    let ring = cache.window_slots();
+/// The attention core: every row's heads over its index set (its window, then its
+/// compressed entries), de-rotated at the query's position; `[N, H·hd]`.
+fn attend_rows(
+    st: &Step,
+    p: &Projected,
+    (picks, n_picks): (&[usize], &[usize]),
+    cache: &dyn CacheView,
+    ws: &mut Workspace,
+) -> Vec<f32> {
+    let _p = scope(Op::Attention);
+    let (w, c, rows, layer, n) = (st.w, st.c, st.rows, st.layer, st.n());
+    let (h, hd, ratio, topk) = (c.num_attention_heads, c.head_dim, st.ratio(), c.index_topk);
+    let (window, ring) = (c.sliding_window, cache.window_slots());
+    let positions = rows.positions;
     let softmax_scale = (hd as f32).powf(-0.5);
-    let (packed, kv_words) = (c.numerics.packs_cache(), record::kv_words(c));
+    let kv_words = record::kv_words(c);
     let mut out = ws.take(n * h * hd);
-    {
-        let _p = scope(Op::Attention);
-        // Small batches split each row's heads in two so both cores work on a decode step.
-        let head_groups = if n < 4 && h.is_multiple_of(2) { 2 } else { 1 };
-        let hg = h / head_groups;
-        let cache: &dyn CacheView = &*cache;
-        let (kv, q, picks, n_picks) = (&kv, &q, &picks, &n_picks);
-        let most = positions.iter().max().map_or(0, |p| p + 1);
-        // At most: the window and every visible entry (an upper bound for CSA, exact for HCA).
-        let keys = window + most.checked_div(ratio).unwrap_or(0);
-        let read: usize = out
-            .par_chunks_mut(hg * hd)
-            .with_min_len(min_len(2 * hg * keys * hd))
-            .enumerate()
-            .map(|(t, o)| {
-                let (i, g) = (t / head_groups, t % head_groups);
-                let (s, p0, start) = rows.row_seq[i];
-                let p = positions[i];
-                let lo = p.saturating_sub(window - 1).max(rows.window_floor(s));
-                let n_window = p + 1 - lo;
-                // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
-                let n_comp = match (ratio, w.indexer.is_some()) {
-                    (0, _) => 0,
-                    (_, true) => n_picks[i],
-                    (m, false) => (p + 1) / m,
-                };
-                // The index set: the window (own token included) — this batch's rows for its
-                // own chunk, the ring for earlier positions — then the compressed entries;
-                // `true` for a cache record.
-                let key = |j: usize| -> (bool, &[f32]) {
-                    if j < n_window {
-                        let pos = lo + j;
-                        if pos >= p0 {
-                            let r = start + pos - p0;
-                            (false, &kv[r * hd..(r + 1) * hd])
-                        } else {
-                            (true, cache.window(s, layer, pos % ring))
-                        }
+    // Small batches split each row's heads in two so both cores work on a decode step.
+    let head_groups = if n < 4 && h.is_multiple_of(2) { 2 } else { 1 };
+    let hg = h / head_groups;
+    let (kv, q) = (&p.kv, &p.q);
+    let most = positions.iter().max().map_or(0, |p| p + 1);
+    // At most: the window and every visible entry (an upper bound for CSA, exact for HCA).
+    let keys = window + most.checked_div(ratio).unwrap_or(0);
+    let read: usize = out
+        .par_chunks_mut(hg * hd)
+        .with_min_len(min_len(2 * hg * keys * hd))
+        .enumerate()
+        .map(|(t, o)| {
+            let (i, g) = (t / head_groups, t % head_groups);
+            let (s, p0, start) = rows.row_seq[i];
+            let p = positions[i];
+            let lo = p.saturating_sub(window - 1).max(rows.window_floor(s));
+            let n_window = p + 1 - lo;
+            // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
+            let n_comp = match (ratio, w.indexer.is_some()) {
+                (0, _) => 0,
+                (_, true) => n_picks[i],
+                (m, false) => (p + 1) / m,
+            };
+            // The index set: the window (own token included) — this batch's rows for its
+            // own chunk, the ring for earlier positions — then the compressed entries;
+            // `true` for a cache record.
+            let key = |j: usize| -> (bool, &[f32]) {
+                if j < n_window {
+                    let pos = lo + j;
+                    if pos >= p0 {
+                        let r = start + pos - p0;
+                        (false, &kv[r * hd..(r + 1) * hd])
                     } else {
-                        let e = j - n_window;
-                        let e = if w.indexer.is_some() {
-                            picks[i * topk + e]
-                        } else {
-                            e
-                        };
-                        (true, cache.entry(s, layer, Stream::Attn, e))
+                        (true, cache.window(s, layer, pos % ring))
                     }
-                };
-                let heads = g * hg..(g + 1) * hg;
-                let n_keys = n_window + n_comp;
-                let qh = &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd];
-                let heads = Heads {
-                    q: qh,
-                    sinks: &w.sink[heads],
-                    softmax_scale,
-                };
-                SCRATCH.with(|cell| attend(c, &heads, n_keys, key, &mut cell.borrow_mut(), o));
-                let (cos, sin) = angles.row(i);
-                for head in o.chunks_exact_mut(hd) {
-                    Rope::apply_with(head, cos, sin, true);
-                }
-                if g == 0 {
-                    n_keys * kv_words * 4
                 } else {
-                    0
+                    let e = j - n_window;
+                    let e = if w.indexer.is_some() {
+                        picks[i * topk + e]
+                    } else {
+                        e
+                    };
+                    (true, cache.entry(s, layer, Stream::Attn, e))
                 }
-            })
-            .sum();
-        profile::cache_read(read);
-    }
-    // Only now overwrite the ring: earlier queries of a long chunk still read old slots.
+            };
+            let heads = g * hg..(g + 1) * hg;
+            let n_keys = n_window + n_comp;
+            let heads = Heads {
+                q: &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd],
+                sinks: &w.sink[heads],
+                softmax_scale,
+            };
+            SCRATCH.with(|cell| attend(c, &heads, n_keys, key, &mut cell.borrow_mut(), o));
+            let (cos, sin) = st.angles.row(i);
+            for head in o.chunks_exact_mut(hd) {
+                Rope::apply_with(head, cos, sin, true);
+            }
+            if g == 0 {
+                n_keys * kv_words * 4
+            } else {
+                0
+            }
+        })
+        .sum();
+    profile::cache_read(read);
+    out
+}
+
+/// This batch's latents into the window ring (the last `ring` of each sequence's rows), as
+/// the cache stores them, and every row to the owner's snapshots.
+fn store_window(st: &Step, kv: &[f32], cache: &mut dyn CacheView, ws: &mut Workspace) {
+    let (c, rows, layer, n) = (st.c, st.rows, st.layer, st.n());
+    let (hd, ring) = (c.head_dim, cache.window_slots());
+    let (packed, kv_words) = (c.numerics.packs_cache(), record::kv_words(c));
     let mut packed_kv = ws.take(if packed { n * kv_words } else { 0 });
     let stored: &[f32] = if packed {
         for (row, rec) in kv
@@ -314,10 +443,10 @@ pub fn attention(
         }
         &packed_kv
     } else {
-        &kv
+        kv
     };
     for (s, span) in rows.spans.iter().enumerate() {
-        let p0 = positions[span.start];
+        let p0 = rows.positions[span.start];
         let recs = &stored[span.start * kv_words..(span.start + span.len) * kv_words];
         for j in span.len.saturating_sub(ring)..span.len {
             cache
@@ -327,24 +456,23 @@ pub fn attention(
         cache.keep_window(s, layer, p0, recs);
     }
     ws.give(packed_kv);
-    let res = match &w.heads {
+}
+
+/// The grouped low-rank output projection of the heads' output `out`; `[N, D]` (split over
+/// ranks: this rank's groups, reduced).
+fn output(st: &Step, out: &mut [f32], ws: &mut Workspace) -> Vec<f32> {
+    let (c, n) = (st.c, st.n());
+    match &st.w.heads {
         HeadProjections::Whole { wo_a, wo_b, .. } => {
-            let z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, &out, n, ws);
-            let mut z = z;
+            let mut z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, out, n, ws);
             c.numerics.projection_input(&mut z, wo_b.in_dim());
             let mut res = ws.take(n * wo_b.out_dim());
             wo_b.forward_into(&z, n, &mut res);
             ws.give(z);
             res
         }
-        HeadProjections::Split { part, link } => split_out(link, part, c, &mut out, n, ws),
-    };
-    for v in [aq, qr, kv, ck, cz, ik, iz, iwt, q, iq, out] {
-        ws.give(v);
+        HeadProjections::Split { part, link } => split_out(link, part, c, out, n, ws),
     }
-    ws.give_idx(picks);
-    ws.give_idx(n_picks);
-    res
 }
 
 /// One query row's heads for [`attend`].
