@@ -95,20 +95,17 @@ impl LoadArgs {
             }
             return Ok(model);
         };
-        if self.numerics != Numerics::Reference {
-            bail!(
-                "--numerics {} runs in one process only for now (a rank's part of a split \
-                 projection is not a whole quantisation block)",
-                self.numerics
-            );
-        }
         if placement.comm.rank() != 0 {
-            run_worker(dir, &plan, placement);
+            run_worker(dir, &plan, placement, self.numerics);
         }
         let comm = Arc::clone(&placement.comm);
         let (size, by_id) = (comm.size(), placement.experts_whole());
-        let model = Model::load_split(dir, &plan, placement, progress)
+        let mut model = Model::load_split(dir, &plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
+        // A refusal here ends the job: the other ranks wait in their first collective.
+        if let Err(e) = model.set_numerics(self.numerics) {
+            comm.abort(&format!("error: {e}"));
+        }
         eprintln!("memory plan: {}", model.memory_plan());
         ranks::report_memory(&*comm);
         if by_id && model.config.n_routed_experts < size {
@@ -156,12 +153,13 @@ impl LoadArgs {
 
 /// A rank other than 0: loads its part, serves rank 0 until told to stop, and ends the
 /// process; an error ends the whole job.
-fn run_worker(dir: &Path, plan: &MemoryPlan, placement: Placement) -> ! {
+fn run_worker(dir: &Path, plan: &MemoryPlan, placement: Placement, numerics: Numerics) -> ! {
     let comm = Arc::clone(&placement.comm);
     let mut worker = match Worker::load(dir, plan, placement) {
         Ok(worker) => worker,
         Err(e) => comm.abort(&format!("cannot load {}: {e}", dir.display())),
     };
+    worker.set_numerics(numerics);
     eprintln!("memory plan: {}", worker.memory_plan());
     ranks::report_memory(&*comm);
     if let Err(e) = worker.run() {

@@ -209,6 +209,23 @@ fn split_runs_reproduce_golden_greedy_tokens() {
     check_launched(mpirun(3), "tiny-c", "official", &[ep, alone[0], alone[1]]);
     check_launched(mpirun(2), "tiny-a", "official", &[]);
     check_launched(mpirun(3), "tiny-b", "hf", &["--prefill-chunk", "5"]);
+    // Official numerics with the experts split whole: the other ranks round their experts'
+    // w2 inputs as one process does.
+    let official = ["--numerics", "official", ep, alone[0], alone[1]];
+    check_launched_against(
+        mpirun(2),
+        "tiny-a",
+        "official",
+        "official_golden",
+        &official,
+    );
+    check_launched_against(
+        mpirun(3),
+        "tiny-c",
+        "official",
+        "official_golden",
+        &official,
+    );
 }
 
 #[test]
@@ -245,10 +262,15 @@ fn split_run_failures_end_every_rank() {
         !out.status.success() && err.contains("mpirun -n 2"),
         "{err}"
     );
-    // Official numerics is not split yet.
+    // Official numerics with tensor parallel parts that cut quantisation blocks (tiny-a's
+    // 48-row output groups).
     refused(
         &["--numerics", "official"],
-        &["--numerics official runs in one process"],
+        &[
+            "rank 0 of 2",
+            "not whole 128-value",
+            "--enable-expert-parallel",
+        ],
     );
     // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself
     // and the tensor, while rank 0 (which loaded fine) waits for it.

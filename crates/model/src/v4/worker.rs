@@ -10,6 +10,7 @@ use super::ModelError;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::experts::{MemoryPlan, StoredBytes};
+use crate::numerics::Numerics;
 use crate::parallel::{receive_header, Collectives, MoeMessage, Op, Placement};
 use crate::weights::RankWeights;
 use std::path::Path;
@@ -30,6 +31,12 @@ pub struct Worker {
 impl Worker {
     /// Loads this rank's part of the checkpoint in `dir`, the experts held as `memory`
     /// decides for the part's bytes.
+    /// Computes with `numerics` (what rank 0 runs with: [`super::Model::set_numerics`]
+    /// checks the split allows it).
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.config.numerics = numerics;
+    }
+
     pub fn load(dir: &Path, memory: &MemoryPlan, placement: Placement) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
