@@ -74,9 +74,9 @@ QUANTISE = True
 # boundary: a different summation order upstream (ours is not torch's) can send such a value
 # the other way, one FP8/FP4 step, and a long prompt has many. Counted per prompt; a prompt
 # with more than FRAGILE_MAX is compared loosely, like one with a near-tied selection
-# (measured: prompts of up to 130 tokens, with up to ~50 such roundings, agree with deepinfer
-# to 3e-4; the 600- and 700-token ones, with 100+, drift by up to 3e-2 once a flipped
-# rounding tips a router or indexer choice).
+# (measured: prompts with up to ~50 such roundings, up to 200 tokens here, agree with
+# deepinfer to 3e-4; the 600- and 700-token ones, with 100+, drift by up to 3.4e-2 once a
+# flipped rounding tips a router or indexer choice).
 FRAGILE_REL = 1e-6
 FRAGILE_MAX = 64
 FRAGILE = [0]
