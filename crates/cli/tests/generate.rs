@@ -262,13 +262,12 @@ fn split_run_failures_end_every_rank() {
         !out.status.success() && err.contains("mpirun -n 2"),
         "{err}"
     );
-    // Official numerics with tensor parallel parts that cut quantisation blocks (tiny-a's
-    // 48-row output groups).
+    // Official numerics with tensor parallelism.
     refused(
         &["--numerics", "official"],
         &[
             "rank 0 of 2",
-            "not whole 128-value",
+            "tensor parallelism",
             "--enable-expert-parallel",
         ],
     );

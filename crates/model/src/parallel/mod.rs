@@ -102,31 +102,6 @@ impl Placement {
         self.expert_parallel || !self.tensor
     }
 
-    /// Whether every rank's part of a split projection input is made of whole blocks of
-    /// `block` values — its output groups' rows of `wo_b`'s input, its share of the shared
-    /// expert's width (and of every routed expert's, split by width) in `w2`'s — so that
-    /// rounding its part rounds exactly what rounding the whole input would (official
-    /// numerics). Always so without tensor parallelism: experts split whole are whole.
-    pub fn parts_whole_blocks(&self, c: &crate::config::ModelConfig, block: usize) -> bool {
-        if !self.tensor {
-            return true;
-        }
-        let size = self.comm.size();
-        let inter = [
-            c.moe_intermediate_size * c.n_shared_experts,
-            c.moe_intermediate_size,
-        ];
-        (0..size).all(|r| {
-            let groups = share(c.o_groups, r, size);
-            let rows = [groups.start * c.o_lora_rank, groups.end * c.o_lora_rank];
-            let widths = inter.iter().flat_map(|&n| {
-                let w = share(n, r, size);
-                [w.start, w.end]
-            });
-            rows.into_iter().chain(widths).all(|v| v % block == 0)
-        })
-    }
-
     /// The link a split layer uses to reach the other ranks.
     pub fn link(&self, layer: usize) -> LayerLink {
         LayerLink {

@@ -11,7 +11,7 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
-use crate::numerics::{Numerics, ACT_BLOCK};
+use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
 use crate::weights::{HeadWeights, Linear, ModelWeights, Routing};
@@ -107,9 +107,8 @@ pub struct Model {
     memory_plan: String,
     /// Split over ranks (this is rank 0): tells the others to stop when the model goes.
     _split: Option<SplitGuard>,
-    /// Split over ranks with parts of a projection input that are not whole quantisation
-    /// blocks ([`Placement::parts_whole_blocks`]): official numerics cannot run.
-    split_blocks_cut: bool,
+    /// Split over ranks with tensor parallelism, which official numerics does not run on.
+    split_tensor: bool,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -134,7 +133,7 @@ impl Model {
             scratch: Scratch::default(),
             memory_plan: "every weight resident".into(),
             _split: None,
-            split_blocks_cut: false,
+            split_tensor: false,
         }
     }
 
@@ -197,9 +196,7 @@ impl Model {
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
         let mut model = Self::new(config, weights);
         model.memory_plan = why;
-        model.split_blocks_cut = placement
-            .as_ref()
-            .is_some_and(|pl| !pl.parts_whole_blocks(&model.config, ACT_BLOCK));
+        model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
         Ok(model)
     }
@@ -232,17 +229,18 @@ impl Model {
     /// Computes with `numerics` from the next step on ([`Numerics`]); on a split model, rank
     /// 0's half of the choice (the other ranks take theirs with
     /// [`Worker::set_numerics`](super::Worker::set_numerics)). Official numerics needs a
-    /// power-of-two indexer head (its Hadamard rotation) and, split by tensor parallelism,
-    /// parts that are whole quantisation blocks (V4's real shapes are).
+    /// power-of-two indexer head (its Hadamard rotation), and runs split with the experts
+    /// whole only: under tensor parallelism each rank would round its part of `wo_b`'s and
+    /// `w2`'s inputs, which equals rounding the whole only where parts are whole blocks, and
+    /// that path is neither written for `wo_b` nor tested.
     pub fn set_numerics(&mut self, numerics: Numerics) -> Result<(), ModelError> {
         let c = &self.config;
         if numerics == Numerics::Official {
             let csa = c.layer_types.contains(&AttnKind::Csa);
-            let reason = if self.split_blocks_cut {
+            let reason = if self.split_tensor {
                 Some(
-                    "a rank's part of a tensor-parallel projection input is not whole 128-value \
-                     blocks (output groups · o_lora_rank, expert widths): run with \
-                     --enable-expert-parallel --tensor-parallel-size 1",
+                    "not supported with tensor parallelism yet: split the experts alone \
+                     (--enable-expert-parallel --tensor-parallel-size 1)",
                 )
             } else if csa && !c.index_head_dim.is_power_of_two() {
                 Some("the indexer's Hadamard rotation needs a power-of-two `index_head_dim`")
