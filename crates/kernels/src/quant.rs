@@ -5,7 +5,7 @@
 //! Because `s` is a power of two, `q · s` is exact in f32: a round trip (quantise, then
 //! write back `q · s`) is all a consumer that computes in f32 needs to see.
 
-use crate::formats::{e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_MAX};
+use crate::formats::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_MAX};
 
 /// Largest FP4 e2m1 magnitude.
 pub const E2M1_MAX: f32 = 6.0;
@@ -53,12 +53,22 @@ fn amax(block: &[f32]) -> f32 {
     block.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
+/// The E8M0 byte of an FP8 block's scale (from its amax, floor 1e-4).
+pub fn fp8_block_scale(block: &[f32]) -> u8 {
+    pow2_scale_byte(amax(block), FP8_AMAX_FLOOR, E4M3_MAX)
+}
+
+/// The E8M0 byte of an FP4 block's scale (from its amax).
+pub fn fp4_block_scale(block: &[f32]) -> u8 {
+    pow2_scale_byte(amax(block), FP4_AMAX_FLOOR, E2M1_MAX)
+}
+
 /// FP8 e4m3 round trip of `x` in blocks of `block` (the last one may be shorter: V4's real
 /// widths are whole blocks, the tiny test models' are not, and a short block is quantised
 /// with its own amax like any other).
 pub fn fp8_round_trip(x: &mut [f32], block: usize) {
     for b in x.chunks_mut(block) {
-        let s = e8m0_to_f32(pow2_scale_byte(amax(b), FP8_AMAX_FLOOR, E4M3_MAX));
+        let s = e8m0_to_f32(fp8_block_scale(b));
         for v in b {
             // `/ s` and `· s` are exact (s is a power of two); only the e4m3 cast rounds.
             *v = e4m3_to_f32(f32_to_e4m3(*v / s)) * s;
@@ -68,13 +78,10 @@ pub fn fp8_round_trip(x: &mut [f32], block: usize) {
 
 /// FP4 e2m1 round trip of `x` in blocks of `block` (the last one may be shorter).
 pub fn fp4_round_trip(x: &mut [f32], block: usize) {
-    const GRID: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     for b in x.chunks_mut(block) {
-        let s = e8m0_to_f32(pow2_scale_byte(amax(b), FP4_AMAX_FLOOR, E2M1_MAX));
+        let s = e8m0_to_f32(fp4_block_scale(b));
         for v in b {
-            let code = f32_to_e2m1(*v / s);
-            let m = GRID[(code & 7) as usize] * s;
-            *v = if code & 8 != 0 { -m } else { m };
+            *v = e2m1_to_f32(f32_to_e2m1(*v / s)) * s;
         }
     }
 }

@@ -18,9 +18,7 @@ use crate::numerics::{Numerics, INDEXER_BLOCK, KV_BLOCK};
 use deepinfer_kernels::formats::{
     bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_bf16, f32_to_e4m3,
 };
-use deepinfer_kernels::quant::{
-    f32_to_e2m1, pow2_scale_byte, E2M1_MAX, FP4_AMAX_FLOOR, FP8_AMAX_FLOOR,
-};
+use deepinfer_kernels::quant::{f32_to_e2m1, fp4_block_scale, fp8_block_scale};
 
 fn words(bytes: usize) -> usize {
     bytes.div_ceil(size_of::<f32>())
@@ -56,10 +54,6 @@ pub fn key_words(c: &ModelConfig) -> usize {
     }
 }
 
-fn amax(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-}
-
 /// Stores the KV vector `row` (`head_dim` floats) into `rec` ([`kv_words`] words).
 pub fn store_kv(c: &ModelConfig, row: &[f32], rec: &mut [f32]) {
     if !packed(c) {
@@ -76,7 +70,7 @@ pub fn store_kv(c: &ModelConfig, row: &[f32], rec: &mut [f32]) {
         .zip(codes.chunks_mut(KV_BLOCK))
         .zip(scales.iter_mut())
     {
-        *scale = pow2_scale_byte(amax(block), FP8_AMAX_FLOOR, 448.0);
+        *scale = fp8_block_scale(block);
         let s = e8m0_to_f32(*scale);
         for (o, &v) in out.iter_mut().zip(block) {
             *o = f32_to_e4m3(v / s);
@@ -123,7 +117,7 @@ pub fn store_key(c: &ModelConfig, row: &[f32], rec: &mut [f32]) {
     let (codes, scales) = bytes.split_at_mut(row.len().div_ceil(2));
     codes.fill(0);
     for (b, block) in row.chunks(INDEXER_BLOCK).enumerate() {
-        scales[b] = pow2_scale_byte(amax(block), FP4_AMAX_FLOOR, E2M1_MAX);
+        scales[b] = fp4_block_scale(block);
         let s = e8m0_to_f32(scales[b]);
         for (i, &v) in block.iter().enumerate() {
             let k = b * INDEXER_BLOCK + i;

@@ -3,9 +3,7 @@
 //! E8M0), then round-to-nearest-even onto FP8 e4m3 or FP4 e2m1.
 
 use deepinfer_kernels::formats::{e8m0_to_f32, f32_to_e4m3, E4M3_MAX};
-use deepinfer_kernels::quant::{
-    f32_to_e2m1, pow2_scale_byte, E2M1_MAX, FP4_AMAX_FLOOR, FP8_AMAX_FLOOR,
-};
+use deepinfer_kernels::quant::{f32_to_e2m1, fp4_block_scale, pow2_scale_byte, FP8_AMAX_FLOOR};
 
 /// FP8 blocks are 128×128 in every shipped V4-Flash/Pro checkpoint.
 pub(super) const FP8_BLOCK: usize = 128;
@@ -46,8 +44,7 @@ pub(super) fn fp8_rows(x: &[f32], cols: usize, codes: &mut Vec<u8>, scales: &mut
 pub(super) fn fp4_rows(x: &[f32], cols: usize, packed: &mut Vec<u8>, scales: &mut Vec<u8>) {
     for row in x.chunks_exact(cols) {
         for group in row.chunks(FP4_GROUP) {
-            let amax = group.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let b = pow2_scale_byte(amax, FP4_AMAX_FLOOR, E2M1_MAX);
+            let b = fp4_block_scale(group);
             let inv = 1.0 / e8m0_to_f32(b);
             scales.push(b);
             packed.extend(

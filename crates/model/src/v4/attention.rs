@@ -132,19 +132,8 @@ struct Projected {
 
 impl Projected {
     fn give(self, ws: &mut Workspace) {
-        let Projected {
-            aq,
-            qr,
-            kv,
-            ck,
-            cz,
-            ik,
-            iz,
-            iwt,
-            q,
-            iq,
-        } = self;
-        for v in [aq, qr, kv, ck, cz, ik, iz, iwt, q, iq] {
+        let p = self;
+        for v in [p.aq, p.qr, p.kv, p.ck, p.cz, p.ik, p.iz, p.iwt, p.q, p.iq] {
             ws.give(v);
         }
     }
