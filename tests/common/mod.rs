@@ -7,6 +7,7 @@ use deepinfer_engine::request::{FinishReason, RequestOutput};
 use deepinfer_engine::runner::{ModelRunner, RunnerError};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_model::batch::Logits;
+use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::v4::Model;
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -81,7 +82,7 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 /// A golden prompt's ids, its greedy tokens, and the sequence that feeds both in one pass
 /// (prompt + greedy tokens but the last): position `len(prompt) - 1 + s` predicts step `s`.
-pub fn teacher_forced(p: &Value) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+fn teacher_forced(p: &Value) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let prompt = ids(&p["ids"]);
     let greedy = ids(&p["greedy"]);
     let seq = prompt
@@ -90,6 +91,100 @@ pub fn teacher_forced(p: &Value) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
         .copied()
         .collect();
     (prompt, greedy, seq)
+}
+
+/// How [`check_teacher_forced`] bounds logits.
+pub enum LogitTol {
+    /// Every compared logit within this of the reference's.
+    Absolute(f32),
+    /// Within this times the larger of 1 and the row's largest |logit| (the reference's for
+    /// the last prompt position, ours for a greedy step).
+    Relative(f32),
+}
+
+impl LogitTol {
+    fn diff(&self, got: &[f32], want: &[f32], scale_row: &[f32]) -> f32 {
+        match self {
+            LogitTol::Absolute(_) => max_abs_diff(got, want),
+            LogitTol::Relative(_) => {
+                let scale = scale_row.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                max_abs_diff(got, want) / scale
+            }
+        }
+    }
+
+    fn bound(&self) -> f32 {
+        match self {
+            LogitTol::Absolute(t) | LogitTol::Relative(t) => *t,
+        }
+    }
+}
+
+/// Golden prompt `p` with its greedy tokens fed teacher-forced in chunks of `chunk`: the
+/// prompt positions' argmax, the last prompt position's logits, and every greedy step's
+/// choice and top logits against `g`. Tie-safe prompts must agree everywhere within `tol`;
+/// the others (a near-tied choice may go either way) on at least 90 % of the positions'
+/// argmax, so that a real bug cannot hide behind the flag. Returns the last prompt
+/// position's logits.
+pub fn check_teacher_forced(
+    r: &mut TestRunner,
+    g: &Golden,
+    p: &Value,
+    chunk: usize,
+    tol: LogitTol,
+    label: &str,
+) -> Vec<f32> {
+    let pi = p["index"].as_u64().unwrap();
+    let (prompt, greedy, seq) = teacher_forced(p);
+    let tie_safe = p["tie_safe"].as_bool().unwrap();
+    let logits = chunked_logits(r, &seq, chunk);
+    let n = prompt.len();
+    let last = &logits[n - 1];
+    let want_last = g.f32s(&format!("p{pi}.last_logits"));
+    let diff = tol.diff(last, &want_last, &want_last);
+    let argmax_want = g.i64s(&format!("p{pi}.argmax"));
+    let agree = (0..n)
+        .filter(|&i| argmax(&logits[i]) as i64 == argmax_want[i])
+        .count();
+    let top_ids = g.i64s(&format!("p{pi}.top_ids"));
+    let top_logits = g.f32s(&format!("p{pi}.top_logits"));
+    let k = top_ids.len() / greedy.len();
+    let (mut step_diff, mut greedy_agree) = (0.0f32, 0);
+    for (s, &tok) in greedy.iter().enumerate() {
+        let row = &logits[n - 1 + s];
+        greedy_agree += usize::from(argmax(row) as u32 == tok);
+        let got: Vec<f32> = (0..k).map(|j| row[top_ids[s * k + j] as usize]).collect();
+        let want = &top_logits[s * k..(s + 1) * k];
+        step_diff = step_diff.max(tol.diff(&got, want, row));
+    }
+    eprintln!(
+        "{label} p{pi} len {n}: last-logit diff {diff:.2e}, step diff {step_diff:.2e}, \
+         argmax {agree}/{n}, greedy {greedy_agree}/{}, tie_safe {tie_safe}",
+        greedy.len()
+    );
+    if tie_safe {
+        let bound = tol.bound();
+        assert!(
+            diff <= bound,
+            "{label} p{pi}: last-position logits differ by {diff}"
+        );
+        assert_eq!(agree, n, "{label} p{pi}: per-position argmax differs");
+        assert_eq!(
+            greedy_agree,
+            greedy.len(),
+            "{label} p{pi}: greedy tokens differ"
+        );
+        assert!(
+            step_diff <= bound,
+            "{label} p{pi}: per-step top logits differ by {step_diff}"
+        );
+    } else {
+        assert!(
+            agree * 10 >= n * 9,
+            "{label} p{pi}: only {agree}/{n} argmax agree"
+        );
+    }
+    last.to_vec()
 }
 
 /// prompt + greedy continuation of prompt `pi`: a sequence long enough to cross windows.
