@@ -15,11 +15,6 @@ use deepinfer_model::v4::Model;
 
 const CONFIGS: [&str; 3] = ["tiny-a", "tiny-b", "tiny-c"];
 
-fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    max_abs_diff(got, want) / scale
-}
-
 /// A cache with the MTP block's window ring (one draft layer).
 fn mtp_cache(model: &Model) -> CacheManager {
     let cfg = CacheConfig {

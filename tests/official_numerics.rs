@@ -22,11 +22,6 @@ fn official(config: &str) -> Model {
     m
 }
 
-fn rel_diff(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    max_abs_diff(got, want) / scale
-}
-
 fn check_config(config: &str) {
     let g = Golden::load_named(config, "official_golden");
     assert_eq!(g.meta["numerics"], "official");
@@ -66,7 +61,7 @@ fn official_numerics_is_applied_and_chunking_changes_no_bit() {
     let plain = chunked_logits(&mut reference, &seq, usize::MAX);
     let mut r = runner(official("tiny-a"), 1, 0);
     let whole = chunked_logits(&mut r, &seq, usize::MAX);
-    let d = rel_diff(&whole[seq.len() - 1], &plain[seq.len() - 1]);
+    let d = relative_diff(&whole[seq.len() - 1], &plain[seq.len() - 1]);
     assert!(d > 1e-3, "official and reference logits differ by only {d}");
     for chunk in [1, 7] {
         let parts = chunked_logits(&mut r, &seq, chunk);

@@ -107,8 +107,7 @@ impl LogitTol {
         match self {
             LogitTol::Absolute(_) => max_abs_diff(got, want),
             LogitTol::Relative(_) => {
-                let scale = scale_row.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-                max_abs_diff(got, want) / scale
+                max_abs_diff(got, want) / scale_row.iter().fold(1.0f32, |m, v| m.max(v.abs()))
             }
         }
     }
@@ -199,6 +198,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// [`max_abs_diff`] over the larger of 1 and the reference `want`'s largest |value|.
+pub fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
+    max_abs_diff(got, want) / want.iter().fold(1.0f32, |m, v| m.max(v.abs()))
 }
 
 pub fn load(config: &str, layout: &str) -> Model {
