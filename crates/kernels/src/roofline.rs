@@ -195,6 +195,63 @@ pub fn fma_peak(threads: usize, reps: usize) -> f64 {
     flops / best / 1e9
 }
 
+/// Throughput of AVX-512 BF16's `vdpbf16ps` (512-bit) in GFLOP/s (4 flops per lane: two
+/// products and their sums), measured as [`fma_peak`] is, or `None` where the CPU lacks it.
+/// It says on this machine whether kernels multiplying bf16 pairs could beat the f32 FMA
+/// ones: the instruction does twice the products of an FMA, but its issue rate varies by
+/// core (a quarter of the FMA's on the Intel Xeon of PERFORMANCE.md's official-numerics
+/// section, so half the flops).
+pub fn bf16_dot_peak(threads: usize, reps: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16") {
+        const ITERS: u64 = 10_000_000;
+        let mut best = f64::INFINITY;
+        let mut flops = 0.0;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            let per_thread: Vec<f64> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads.max(1))
+                    // SAFETY: the CPU has AVX-512 BF16 (checked above).
+                    .map(|_| s.spawn(|| unsafe { bf16_dot_loop(ITERS) }))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("bf16 dot"))
+                    .collect()
+            });
+            best = best.min(t.elapsed().as_secs_f64());
+            flops = per_thread.iter().sum();
+        }
+        return Some(flops / best / 1e9);
+    }
+    let _ = (threads, reps);
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn bf16_dot_loop(iters: u64) -> f64 {
+    use std::arch::x86_64::*;
+    // Normal bf16 values (a denormal operand is flushed, never slow, but keep it honest).
+    let pair = |bits: u32| -> __m512bh {
+        // SAFETY: a vector of 32 bf16 values is a vector of 16 u32 pairs.
+        unsafe { std::mem::transmute(_mm512_set1_epi32(std::hint::black_box(bits) as i32)) }
+    };
+    let (a, b) = (pair(0x3F80_3F80), pair(0x2F80_2F80));
+    // 24 chains: more than latency × issue rate on any core we know.
+    let mut acc = [_mm512_setzero_ps(); 24];
+    for _ in 0..iters {
+        for x in &mut acc {
+            *x = _mm512_dpbf16_ps(*x, a, b);
+        }
+    }
+    let mut total = _mm512_setzero_ps();
+    for x in acc {
+        total = _mm512_add_ps(total, x);
+    }
+    std::hint::black_box(total);
+    (iters * 24 * 16 * 4) as f64
+}
+
 /// Runs `iters` rounds of independent FMA chains; returns the flops done.
 fn fma_loop(iters: u64) -> f64 {
     #[cfg(target_arch = "x86_64")]
@@ -289,6 +346,9 @@ mod tests {
         let bw = read_bandwidth(1 << 20, 2, 1);
         assert!(bw.is_finite() && bw > 0.0);
         let f = fma_peak(1, 1);
+        if let Some(b) = bf16_dot_peak(1, 1) {
+            assert!(b.is_finite() && b > 0.0, "bf16 dot peak {b}");
+        }
         assert!(f.is_finite() && f > 0.0);
     }
 }

@@ -12,7 +12,7 @@ use deepinfer_model::kernels::cpu::isa;
 use deepinfer_model::kernels::formats::f32_to_bf16;
 use deepinfer_model::kernels::linear::matmul;
 use deepinfer_model::kernels::matrix::QMatrix;
-use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
+use deepinfer_model::kernels::roofline::{bf16_dot_peak, fma_peak, read_bandwidth};
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -136,6 +136,11 @@ pub fn run(args: KernelArgs) {
         bw_probe(),
         fma_probe()
     );
+    if let Some(b) = bf16_dot_peak(threads, 1) {
+        // What kernels on bf16 pairs could reach here (official numerics' activations are
+        // exact in bf16), beside the f32 FMA peak the kernels use.
+        println!("bf16 dot-product peak (vdpbf16ps) {b:.1} GFLOP/s");
+    }
     println!();
     println!(
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",
