@@ -1,6 +1,6 @@
-//! The AVX2 + FMA inner loops (eight f32 lanes): dots of `R` weight rows, decoded from their
-//! stored format in registers, with `M` activation rows; and the same decodes writing f32
-//! rows to a buffer.
+//! The AVX2 + FMA family (eight f32 lanes): its vector operations and the decodes of each
+//! stored format in registers, run by the loops of [`super::simd`] (the fused dots of
+//! weight rows with activation rows, the row decode, the GEMM micro-kernel).
 //!
 //! Decoding avoids lookups into memory and lane-crossing shuffles (on Zen 2 the vector
 //! shift/shuffle pipe is what binds); each format's trick leaves the lanes in a strided
@@ -21,10 +21,8 @@
 //! same order whatever `R` and `M` are, so a row's result never depends on the rest of the
 //! batch.
 
-use super::{
-    prefetch, prefetch_lines, Extra, Fp4Scales, Kernels, Prefetch, RowFormat, SUB_ROWS, X_BLOCK,
-};
-use crate::vector::avx2::hsum;
+use super::simd::{self, kernel_entries, Simd};
+use super::{Fp4Scales, Kernels, Prefetch, RowFormat};
 use std::arch::x86_64::*;
 
 /// `2^90 · 2^(b-127)` for every E8M0 byte `b` in the fast range (others never looked up):
@@ -112,159 +110,6 @@ unsafe fn scale_vector(s: &Fp4Scales, r: usize, c: usize) -> __m256 {
     _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1)
 }
 
-/// Every dot kernel's shape: `R` weight rows of `chunks` 32-element chunks (64 for FP4), `M`
-/// activation rows laid out for the format.
-macro_rules! dot_kernel {
-    ($name:ident, $rows:ident, $ptr:ty, $extra:ty, $elems:expr, $bytes:expr, |$w:ident, $r:ident, $c:ident, $e:ident| $decode:expr) => {
-        /// Adds chunks `c0..c1` of `R` weight rows times `M` activation rows to `acc` (two
-        /// accumulators per pair, the even and the odd vectors of a chunk).
-        ///
-        /// # Safety
-        /// Each `w[r]` points at row `r` (chunks `c0..c1` inside it), each `x[m]` at an
-        /// activation row in the format's layout, and the extra arguments cover those rows.
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $name<const R: usize, const M: usize>(
-            $w: [$ptr; R],
-            x: [*const f32; M],
-            (c0, c1): (usize, usize),
-            $e: &$extra,
-            acc: &mut [[[__m256; 2]; M]; R],
-        ) {
-            for $c in c0..c1 {
-                for $r in 0..R {
-                    // SAFETY: chunk c lies inside row r (the caller's contract).
-                    let f = unsafe { $decode };
-                    for (m, a) in acc[$r].iter_mut().enumerate() {
-                        for (p, fp) in f.iter().enumerate() {
-                            // SAFETY: as above, for the activation row.
-                            let xv = unsafe { _mm256_loadu_ps(x[m].add($elems * $c + 8 * p)) };
-                            a[p % 2] = _mm256_fmadd_ps(*fp, xv, a[p % 2]);
-                        }
-                    }
-                }
-            }
-        }
-
-        /// [`Kernels`]' row loop over `$name`: rows in groups of [`SUB_ROWS`], and within a
-        /// group the inner dimension in blocks whose activations stay in L1 while every row
-        /// of the group passes over them (their partial sums wait in `acc`); each
-        /// (row, activation row) still accumulates every product in the same order.
-        ///
-        /// # Safety
-        /// As [`Kernels::fp8_rows`].
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $rows<const M: usize>(
-            w: $ptr,
-            ldw: usize,
-            n: usize,
-            x: [*const f32; M],
-            chunks: usize,
-            e: &$extra,
-            (out, ldo): (*mut f32, usize),
-        ) {
-            let block = (X_BLOCK / (4 * M * $elems)).max(1);
-            let pairs = M <= Avx2::PAIRS_UP_TO;
-            let mut acc = [[[_mm256_setzero_ps(); 2]; M]; SUB_ROWS];
-            for s0 in (0..n).step_by(SUB_ROWS) {
-                let sn = SUB_ROWS.min(n - s0);
-                acc[..sn].iter_mut().for_each(|a| *a = [[_mm256_setzero_ps(); 2]; M]);
-                for c0 in (0..chunks).step_by(block) {
-                    let c1 = (c0 + block).min(chunks);
-                    if block < chunks {
-                        // The next group's share of this block, into L2 meanwhile (its
-                        // rows are read a block at a time, which the per-row stream
-                        // prefetch does not foresee).
-                        for row in (s0 + SUB_ROWS..s0 + 2 * SUB_ROWS).take_while(|&r| r < n) {
-                            let at = w.wrapping_add(row * ldw).cast::<u8>();
-                            prefetch_lines(at.wrapping_add(c0 * $bytes), (c1 - c0) * $bytes);
-                        }
-                    }
-                    let mut r = 0;
-                    // SAFETY (every call): rows below n lie in the matrix.
-                    while r < sn {
-                        let row = s0 + r;
-                        if pairs && r + 1 < sn {
-                            let a: &mut [_; 2] = (&mut acc[r..r + 2]).try_into().expect("two rows");
-                            let w2 = unsafe { [w.add(row * ldw), w.add((row + 1) * ldw)] };
-                            unsafe { $name::<2, M>(w2, x, (c0, c1), &e.at_row(row), a) };
-                            r += 2;
-                        } else {
-                            let a: &mut [_; 1] = (&mut acc[r..r + 1]).try_into().expect("one row");
-                            let w1 = unsafe { [w.add(row * ldw)] };
-                            unsafe { $name::<1, M>(w1, x, (c0, c1), &e.at_row(row), a) };
-                            r += 1;
-                        }
-                    }
-                }
-                for (r, a) in acc[..sn].iter().enumerate() {
-                    for (m, [a0, a1]) in a.iter().enumerate() {
-                        // SAFETY: row s0 + r's results lie in `out`.
-                        unsafe { *out.add((s0 + r) * ldo + m) = hsum(_mm256_add_ps(*a0, *a1)) };
-                    }
-                }
-            }
-        }
-    };
-}
-
-dot_kernel!(fp8_dots, fp8_rows, *const u8, (), 32, 32, |w, r, c, _e| {
-    if c % 2 == 0 {
-        prefetch(w[r].wrapping_add(32 * c), 64);
-    }
-    e4m3_vectors(_mm256_loadu_si256(w[r].add(32 * c).cast()))
-});
-
-dot_kernel!(
-    bf16_dots,
-    bf16_rows,
-    *const u16,
-    (),
-    32,
-    64,
-    |w, r, c, _e| {
-        prefetch(w[r].wrapping_add(32 * c), 64);
-        bf16_vectors(w[r].add(32 * c))
-    }
-);
-
-dot_kernel!(
-    f32_dots,
-    f32_rows,
-    *const f32,
-    (),
-    32,
-    128,
-    |w, r, c, _e| {
-        prefetch(w[r].wrapping_add(32 * c), 128);
-        let p = w[r].add(32 * c);
-        [
-            _mm256_loadu_ps(p),
-            _mm256_loadu_ps(p.add(8)),
-            _mm256_loadu_ps(p.add(16)),
-            _mm256_loadu_ps(p.add(24)),
-        ]
-    }
-);
-
-dot_kernel!(
-    fp4_dots,
-    fp4_rows,
-    *const u8,
-    Fp4Scales,
-    64,
-    32,
-    |w, r, c, e| {
-        if c % 2 == 0 {
-            prefetch(w[r].wrapping_add(32 * c), 64);
-        }
-        e2m1_vectors(
-            _mm256_loadu_si256(w[r].add(32 * c).cast()),
-            scale_vector(e, r, c),
-        )
-    }
-);
-
 /// The four f32 vectors of 32 BF16 values: per 16, the even elements then the odd ones.
 ///
 /// # Safety
@@ -288,109 +133,85 @@ unsafe fn bf16_vectors(p: *const u16) -> [__m256; 4] {
     ]
 }
 
-/// Decodes the `chunks` whole chunks of one row into f32 in kernel order (as the dot
-/// kernels see them), for the decode-once path.
-///
-/// # Safety
-/// `w` points at the row, `out` has room for the chunks' elements, `scales` (FP4) covers
-/// the row as its row 0.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn decode_row(format: RowFormat, chunks: usize, out: *mut f32) {
-    // SAFETY (every arm): in bounds by the contract.
-    unsafe {
-        match format {
-            RowFormat::Fp8(w) => {
-                for c in 0..chunks {
-                    let f = e4m3_vectors(_mm256_loadu_si256(w.add(32 * c).cast()));
-                    store(out.add(32 * c), &f);
-                }
-            }
-            RowFormat::Fp8Scaled(w, scales, bc) => {
-                for c in 0..chunks {
-                    let sc = _mm256_set1_ps(*scales.add(32 * c / bc) * 2f32.powi(64));
-                    let f = e4m3_vectors(_mm256_loadu_si256(w.add(32 * c).cast()));
-                    store(out.add(32 * c), &f.map(|v| _mm256_mul_ps(v, sc)));
-                }
-            }
-            RowFormat::Bf16(w) => {
-                for c in 0..chunks {
-                    store(out.add(32 * c), &bf16_vectors(w.add(32 * c)));
-                }
-            }
-            RowFormat::Fp4(w, s) => {
-                for c in 0..chunks {
-                    let v = _mm256_loadu_si256(w.add(32 * c).cast());
-                    store(out.add(64 * c), &e2m1_vectors(v, scale_vector(&s, 0, c)));
-                }
-            }
+/// The AVX2 + FMA family.
+pub(crate) struct Avx2;
+
+impl Simd for Avx2 {
+    type F = __m256;
+    const LANES: usize = 8;
+    // SAFETY (every method): the trait's contract (AVX2 + FMA present, pointers valid).
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        unsafe { crate::vector::avx2::hsum(v) }
+    }
+    #[inline(always)]
+    unsafe fn fp8(w: *const u8) -> [__m256; 4] {
+        unsafe { e4m3_vectors(_mm256_loadu_si256(w.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn bf16(w: *const u16) -> [__m256; 4] {
+        unsafe { bf16_vectors(w) }
+    }
+    #[inline(always)]
+    unsafe fn fp4(w: *const u8, s: &Fp4Scales, r: usize, c: usize) -> [__m256; 8] {
+        unsafe {
+            e2m1_vectors(
+                _mm256_loadu_si256(w.add(32 * c).cast()),
+                scale_vector(s, r, c),
+            )
         }
     }
 }
 
-/// # Safety
-/// `out` has room for `8 · N` floats.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn store<const N: usize>(out: *mut f32, v: &[__m256; N]) {
-    for (p, vp) in v.iter().enumerate() {
-        // SAFETY: by the contract.
-        unsafe { _mm256_storeu_ps(out.add(8 * p), *vp) };
-    }
-}
-
-/// The GEMM micro-kernel: a panel of `NW` weight rows (`[kc][NW]`, broadcast) times `V` vectors
-/// of activation columns of the transposed activations (`xt`, one strip of `8 · V`
-/// columns a row), summed over `kc`, into `out[n][0..8 · V]`.
+/// The GEMM micro-kernel on `8 · V` columns.
 ///
 /// # Safety
-/// The panel holds `kc · NW` floats, `xt` `kc` rows of `8 · V` floats, `out` room for
-/// `NW · 8 · V` floats.
+/// As [`simd::gemm_micro`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm_micro<const NW: usize, const V: usize>(
     panel: *const f32,
     xt: *const f32,
-    (kc, stride): (usize, usize),
+    kc: (usize, usize),
     out: *mut f32,
     next: Prefetch,
     adds: &[*const f32],
 ) {
-    let mut acc = [[_mm256_setzero_ps(); V]; NW];
-    for kk in 0..kc {
-        if kk % 8 == 0 {
-            next.step(kk / 8, kc.div_ceil(8));
-        }
-        // SAFETY (every block): in bounds by the contract.
-        let x: [_; V] =
-            std::array::from_fn(|v| unsafe { _mm256_loadu_ps(xt.add((kk * V + v) * 8)) });
-        for (n, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_set1_ps(unsafe { *panel.add(kk * stride * NW + n) });
-            for (av, xv) in a.iter_mut().zip(&x) {
-                *av = _mm256_fmadd_ps(wv, *xv, *av);
-            }
-        }
-    }
-    for &p in adds {
-        for (n, a) in acc.iter_mut().enumerate() {
-            for (v, av) in a.iter_mut().enumerate() {
-                *av = _mm256_add_ps(*av, unsafe { _mm256_loadu_ps(p.add((n * V + v) * 8)) });
-            }
-        }
-    }
-    for (n, a) in acc.iter().enumerate() {
-        for (v, av) in a.iter().enumerate() {
-            unsafe { _mm256_storeu_ps(out.add((n * V + v) * 8), *av) };
-        }
-    }
+    // SAFETY: by the contract.
+    unsafe { simd::gemm_micro::<Avx2, NW, V>(panel, xt, kc, out, next, adds) }
 }
-
-/// The AVX2 + FMA family.
-pub(crate) struct Avx2;
 
 impl Kernels for Avx2 {
     const ISA: crate::cpu::Isa = crate::cpu::Isa::Avx2;
     const M_GROUP: usize = 4;
     const PAIRS_UP_TO: usize = 2;
-    const LANES: usize = 8;
     const GEMM_NW: [usize; 2] = [12, 6];
 
     unsafe fn gemm(
@@ -409,72 +230,17 @@ impl Kernels for Avx2 {
                 by_width!(
                     nw,
                     [1 2 3 4 5 6 7 8 9 10 11] 12,
-                    gemm_micro::<_, 1>(panel, xt, kc, out, next, adds)
+                    |N| gemm_micro::<N, 1>(panel, xt, kc, out, next, adds)
                 )
             } else {
                 by_width!(
                     nw,
                     [1 2 3 4 5] 6,
-                    gemm_micro::<_, 2>(panel, xt, kc, out, next, adds)
+                    |N| gemm_micro::<N, 2>(panel, xt, kc, out, next, adds)
                 )
             }
         }
     }
 
-    unsafe fn fp8_rows<const M: usize>(
-        w: *const u8,
-        ldw: usize,
-        n: usize,
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-        out: (*mut f32, usize),
-    ) {
-        // SAFETY: the trait's contract is the loop's.
-        unsafe { fp8_rows(w, ldw, n, x, chunks, e, out) }
-    }
-
-    unsafe fn bf16_rows<const M: usize>(
-        w: *const u16,
-        ldw: usize,
-        n: usize,
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-        out: (*mut f32, usize),
-    ) {
-        // SAFETY: as above.
-        unsafe { bf16_rows(w, ldw, n, x, chunks, e, out) }
-    }
-
-    unsafe fn f32_rows<const M: usize>(
-        w: *const f32,
-        ldw: usize,
-        n: usize,
-        x: [*const f32; M],
-        chunks: usize,
-        e: &(),
-        out: (*mut f32, usize),
-    ) {
-        // SAFETY: as above.
-        unsafe { f32_rows(w, ldw, n, x, chunks, e, out) }
-    }
-
-    unsafe fn fp4_rows<const M: usize>(
-        w: *const u8,
-        ldw: usize,
-        n: usize,
-        x: [*const f32; M],
-        chunks: usize,
-        e: &Fp4Scales,
-        out: (*mut f32, usize),
-    ) {
-        // SAFETY: as above.
-        unsafe { fp4_rows(w, ldw, n, x, chunks, e, out) }
-    }
-
-    unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32) {
-        // SAFETY: as above.
-        unsafe { decode_row(format, chunks, out) }
-    }
+    kernel_entries!("avx2,fma");
 }

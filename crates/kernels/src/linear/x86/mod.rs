@@ -11,20 +11,20 @@
 //! * from there on, the GEMM of [`gemm`] (prefill, and the dense products of a batched
 //!   decode step).
 
-/// `$f::<N>(args)` (or `$f::<N, C>(args)`) for the run-time width `$nw`: one arm per
-/// listed width, the last width for anything larger. How each family picks the GEMM
-/// micro-kernel of a panel's width, written once.
+/// `$call` with `$n` a constant equal to the run-time width `$nw`: one arm per listed
+/// width, the last width for anything larger. How each family picks the GEMM micro-kernel
+/// of a panel's width, written once.
 macro_rules! by_width {
-    ($nw:expr, [$($n:literal)*] $last:literal, $f:ident::<_> $args:tt) => {
+    ($nw:expr, [$($w:literal)*] $last:literal, |$n:ident| $call:expr) => {
         match $nw {
-            $($n => $f::<$n> $args,)*
-            _ => $f::<$last> $args,
-        }
-    };
-    ($nw:expr, [$($n:literal)*] $last:literal, $f:ident::<_, $c:literal> $args:tt) => {
-        match $nw {
-            $($n => $f::<$n, $c> $args,)*
-            _ => $f::<$last, $c> $args,
+            $($w => {
+                const $n: usize = $w;
+                $call
+            })*
+            _ => {
+                const $n: usize = $last;
+                $call
+            }
         }
     };
 }
@@ -32,6 +32,7 @@ macro_rules! by_width {
 mod avx2;
 mod avx512;
 mod gemm;
+mod simd;
 
 pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
@@ -41,15 +42,16 @@ use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
 use crate::matrix::Data;
 use std::ops::Range;
 
-/// A kernel family: the dot kernels of every format and the row decode, for vectors of
-/// `LANES` f32. A chunk (one decode step) is `4 · LANES` elements, `8 · LANES` for FP4.
+/// A kernel family's entry points: the dot kernels of every format, the row decode and the
+/// GEMM micro-kernel, for vectors of [`simd::Simd::LANES`] f32, each the one body of
+/// [`simd`] compiled with the family's target features. A chunk (one decode step) is
+/// `4 · LANES` elements, `8 · LANES` for FP4.
 ///
 /// # Safety (every method)
 /// The CPU supports the family; each `w[r]` points at `chunks` whole chunks of its row,
 /// each `x[m]` at as many activations in the family's layout, `e` covers the rows.
-pub(super) trait Kernels {
+pub(super) trait Kernels: simd::Simd {
     const ISA: crate::cpu::Isa;
-    const LANES: usize;
     /// Activation rows up to which the fused kernels take two weight rows at once (each
     /// activation load then feeds two FMAs): as many as the registers hold both rows'
     /// accumulators for.
