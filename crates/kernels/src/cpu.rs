@@ -2,8 +2,10 @@
 //!
 //! Binaries are built for the baseline x86-64 (or any other) target so one build runs
 //! everywhere; the fast kernels are compiled with `#[target_feature]` and chosen here.
-//! `DEEPINFER_ISA=scalar|avx2` caps the choice, which is how benchmarks compare the
-//! families and how a suspected SIMD bug is ruled out.
+//! `DEEPINFER_ISA=scalar|avx2` caps the choice, which is how benchmarks compare the families
+//! and how a suspected SIMD bug is ruled out; `DEEPINFER_ISA=amx` adds the AMX-BF16 tiles
+//! to AVX-512 for the products whose activations are exact in bf16 (official numerics),
+//! which prefill faster and decode small batches slower (PERFORMANCE.md), hence a choice.
 
 use std::sync::OnceLock;
 
@@ -54,6 +56,52 @@ pub fn detected() -> Isa {
         }
     }
     Isa::Scalar
+}
+
+/// Whether the AMX-BF16 tiles run (the products whose activations are exact in bf16 use
+/// them, beside the AVX-512 family): `DEEPINFER_ISA=amx` asks for them and
+/// [`amx_detected`].
+pub fn amx() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| std::env::var("DEEPINFER_ISA").as_deref() == Ok("amx") && amx_detected())
+}
+
+/// Whether this process can run AMX-BF16: the CPU has it, the OS saves the tile state
+/// (XCR0 bits 17–18) and Linux granted this process the tile data (`arch_prctl`).
+#[cfg(target_arch = "x86_64")]
+pub fn amx_detected() -> bool {
+    static DETECTED: OnceLock<bool> = OnceLock::new();
+    *DETECTED.get_or_init(amx_probe)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_probe() -> bool {
+    use std::arch::x86_64::{__cpuid_count, _xgetbv};
+    let (leaf1, leaf7) = (__cpuid_count(1, 0), __cpuid_count(7, 0));
+    let osxsave = leaf1.ecx & (1 << 27) != 0;
+    let (bf16, tile) = (leaf7.edx & (1 << 22) != 0, leaf7.edx & (1 << 24) != 0);
+    if !(osxsave && bf16 && tile) || detected() < Isa::Avx512 {
+        return false;
+    }
+    // SAFETY: XGETBV with ECX = 0 is valid once the OS has set OSXSAVE.
+    if unsafe { _xgetbv(0) } & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a system call with integer arguments only.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn amx_detected() -> bool {
+    false
 }
 
 /// The kernel family in use: [`detected`], capped by `DEEPINFER_ISA` if set.

@@ -45,6 +45,13 @@ impl Numerics {
         }
     }
 
+    /// Whether [`Self::projection_input`] leaves its values exact in bf16 (an FP8 value times
+    /// a power of two), so the kernels may multiply them in bf16 without loss
+    /// ([`deepinfer_kernels::linear::Matmul::with_bf16_x`]).
+    pub fn bf16_exact_inputs(self) -> bool {
+        self == Numerics::Official
+    }
+
     /// Floats a rounded copy of `n` activations needs ([`Self::projection_view`]): none in
     /// reference numerics, which reads the activations as they are.
     pub fn copy_len(self, n: usize) -> usize {

@@ -8,11 +8,12 @@
 //! roof.
 
 use clap::Args;
-use deepinfer_model::kernels::cpu::isa;
+use deepinfer_model::kernels::cpu::{amx, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
-use deepinfer_model::kernels::linear::matmul;
+use deepinfer_model::kernels::linear::{matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
 use deepinfer_model::kernels::roofline::{bf16_dot_peak, fma_peak, read_bandwidth};
+use deepinfer_model::numerics::Numerics;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -29,6 +30,11 @@ pub struct KernelArgs {
     /// Activation rows for the prefill (compute-bound) rows.
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prefill_m: Vec<usize>,
+    /// Whose activations the products see: `official` marks them exact in bf16, as official
+    /// numerics' FP8-rounded projection inputs are (FP8 and FP4 products then run on AMX
+    /// tiles where the CPU has them); the activations here are exact either way.
+    #[arg(long, default_value_t = Numerics::Reference)]
+    numerics: Numerics,
 }
 
 /// A cheap deterministic byte stream (the bytes only need to be varied, not random).
@@ -124,7 +130,16 @@ fn paired(
 
 pub fn run(args: KernelArgs) {
     let threads = rayon::current_num_threads();
-    println!("kernels: {} ({threads} threads)", isa().name());
+    let tiles = if args.numerics.bf16_exact_inputs() && amx() {
+        ", FP8/FP4 on AMX tiles"
+    } else {
+        ""
+    };
+    println!(
+        "kernels: {}{tiles} ({threads} threads), {} numerics",
+        isa().name(),
+        args.numerics
+    );
     // Decode rows are compared with the read roof, prefill rows with the FMA peak, each
     // measured again just before every timed pass (the "% of" columns are medians of those
     // pairs; the roofs printed here are only a first reading).
@@ -160,6 +175,10 @@ pub fn run(args: KernelArgs) {
             .map(|i| make(format, rows, cols, i as u64 + 2))
             .collect();
         let shape = format!("{rows}x{cols}");
+        let exact = args.numerics.bf16_exact_inputs();
+        let matmul = |w, x: &[f32], m, y: &mut [f32]| {
+            matmuls(&mut [Matmul::new(w, x, m, y).with_bf16_x(exact)])
+        };
         let line = |m: usize,
                     secs: f64,
                     bytes: f64,

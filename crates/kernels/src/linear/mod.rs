@@ -62,6 +62,9 @@ pub struct Matmul<'a> {
     pub x: &'a [f32],
     pub m: usize,
     pub y: &'a mut [f32],
+    /// Whether every activation is exact in bf16 (official numerics' FP8-rounded inputs):
+    /// where the CPU has AMX-BF16, FP8 and FP4 products then run on its tiles.
+    pub bf16_x: bool,
 }
 
 impl<'a> Matmul<'a> {
@@ -73,6 +76,15 @@ impl<'a> Matmul<'a> {
             x,
             m,
             y,
+            bf16_x: false,
+        }
+    }
+
+    /// The same product, its activations promised exact in bf16 when `exact`.
+    pub fn with_bf16_x(self, exact: bool) -> Self {
+        Self {
+            bf16_x: exact,
+            ..self
         }
     }
 }
@@ -121,6 +133,11 @@ pub(crate) struct Plan {
     family: Isa,
     /// Whether the GEMM path sums in the fused kernels' streams (batch invariance).
     pub(crate) invariant: bool,
+    /// Whether this product runs on AMX tiles, its activations laid out at `pairs` (see
+    /// `x86::amx`; filled by the transposition pass, by the plan that owns `xt_owner`).
+    amx: bool,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pairs: *const u32,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -187,6 +204,12 @@ impl Plan {
         let (rt, part) = (t % row_tiles, t / row_tiles);
         let r0 = self.row0 + rt * self.tile_rows;
         let rows = r0..(r0 + self.tile_rows).min(self.row0 + self.n);
+        #[cfg(target_arch = "x86_64")]
+        if self.amx {
+            // SAFETY: AMX plans are only made where it is available, for matrices it runs,
+            // their activations laid out before any tile runs; tile `t` is run once.
+            return unsafe { x86::amx::tile(self, rows) };
+        }
         match self.family {
             // SAFETY (both arms): a family is only chosen when the CPU has it; the plan is
             // valid for the call, laid out for that family, and tile `t` is run once.
@@ -203,6 +226,8 @@ impl Plan {
 struct CallScratch {
     prepared: AlignedVec,
     transposed: AlignedVec,
+    /// The AMX plans' activations (`u32` pairs of bf16, as f32-sized words).
+    pairs: AlignedVec,
     plans: Vec<Plan>,
 }
 
@@ -216,11 +241,29 @@ impl Plan {
     /// block of columns across all rows instead jumps a page per row, and the TLB misses
     /// made the pass several times slower).
     fn transpose_tasks(&self) -> usize {
-        if self.xt.is_null() || !self.xt_owner {
+        if !self.xt_owner {
             0
+        } else if self.amx {
+            self.m.div_ceil(16)
         } else {
             self.m.div_ceil(self.xw)
         }
+    }
+
+    /// Task `b` of the transposition pass, on whichever path the plan takes.
+    fn transpose_task(&self, b: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.amx {
+            let len = x86::amx::pairs_len(16, self.k);
+            // SAFETY: the plan's pairs buffer holds `m.div_ceil(16)` blocks of `len`; task b
+            // alone writes block b; nothing reads it before the pass ends.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(self.pairs.cast_mut().add(b * len), len) };
+            // SAFETY: `src` is the call's activations, `m` rows of `k`.
+            let x = unsafe { std::slice::from_raw_parts(self.src, self.m * self.k) };
+            return x86::amx::lay_out_block(self.w().format(), x, (self.m, self.k), b, out);
+        }
+        self.transpose_strip(b)
     }
 
     /// Strip `s` of `xt`: `xt[s][kk][i - s · xw] = x'[i][kk]`, `x'` the activations in the
@@ -434,11 +477,18 @@ pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
-    matmuls_on(jobs, isa())
+    matmuls_with(jobs, isa(), crate::cpu::amx())
 }
 
 /// [`matmuls`] on a given kernel family (tests compare the two).
+#[cfg(test)]
 pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
+    matmuls_with(jobs, isa, crate::cpu::amx())
+}
+
+/// [`matmuls`] on a given kernel family, with or without the AMX tiles (`amx`: they run the
+/// products they can; see [`crate::cpu::amx`]).
+pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool) {
     for j in jobs.iter() {
         let k = j.w.cols;
         assert!(
@@ -451,7 +501,7 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
         assert_eq!(j.y.len(), j.m * j.rows.len(), "matmul: y is not [m, rows]");
     }
     let mut run = |s: &mut CallScratch| {
-        plan(jobs, isa, s);
+        plan(jobs, (isa, amx), s);
         let total: usize = s.plans.last().map_or(0, |p| p.tiles_before + p.tiles());
         let work: usize = jobs.iter().map(|j| j.m * j.rows.len() * j.w.cols).sum();
         let plans = &s.plans;
@@ -462,7 +512,7 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
             let task = |mut b: usize| {
                 for p in plans.iter() {
                     if b < p.transpose_tasks() {
-                        return p.transpose_strip(b);
+                        return p.transpose_task(b);
                     }
                     b -= p.transpose_tasks();
                 }
@@ -497,15 +547,31 @@ fn x_stride(k: usize, m: usize) -> usize {
     }
 }
 
+/// Whether `j` runs on AMX tiles: they are in use (`amx`, with the AVX-512 family), its
+/// activations are exact in bf16 and the tiles run its matrix (see `x86::amx`).
+fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx && j.bf16_x && j.m > 0 && isa == Isa::Avx512 && x86::amx::runs(j.w)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (j, isa, amx);
+        false
+    }
+}
+
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
-fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
+fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch) {
     s.plans.clear();
     let invariant = BATCH_INVARIANT.with(|c| c.get());
+    let amx = |j: &Matmul| on_amx(j, isa, tiles);
     let lanes = |f: Isa| if f == Isa::Avx512 { 16 } else { 8 };
     // Activations in the kernels' layout: a permuted copy for the fused and decode-once
     // paths (made here), the transposition pass's own for the GEMM path.
-    let laid_out =
-        |j: &Matmul| family(j.w, isa) != Isa::Scalar && j.w.format() != Format::F32 && j.m > 0;
+    let laid_out = |j: &Matmul| {
+        family(j.w, isa) != Isa::Scalar && j.w.format() != Format::F32 && j.m > 0 && !amx(j)
+    };
     // F32 weights need no layout, but several activation rows still get a copy whose rows
     // are padded apart (see `x_stride`).
     let needs_prep = |j: &Matmul| {
@@ -514,6 +580,7 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             && j.m > 0
             && j.m < gemm_from(f)
             && (j.w.format() != Format::F32 || j.m > 1)
+            && !amx(j)
     };
     // Each product's copy starts on a cache line.
     let prep_len: usize = jobs
@@ -544,13 +611,20 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             _ => xw,
         };
         let cols = j.m - rem + if rem == 0 { 0 } else { last };
-        (j.m >= gemm_from(f)).then_some((cols, xw, last))
+        (j.m >= gemm_from(f) && !amx(j)).then_some((cols, xw, last))
     };
     let t_len: usize = jobs
         .iter()
         .filter_map(|j| gemm_cols(j).map(|(c, _, _)| (c * j.w.cols).next_multiple_of(16)))
         .sum();
     s.transposed.grow(t_len);
+    #[cfg(target_arch = "x86_64")]
+    let pairs_len = |j: &Matmul| x86::amx::pairs_len(j.m, j.w.cols);
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs_len = |_: &Matmul| 0;
+    let p_len: usize = jobs.iter().filter(|j| amx(j)).map(pairs_len).sum();
+    s.pairs.grow(p_len);
+    let mut p_offset = 0;
     let mut t_offset = 0;
     let mut offset = 0;
     let mut tiles_before = 0;
@@ -568,9 +642,10 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
                     && p.k == k
                     && p.family == fam
                     && p.w().format() == j.w.format()
+                    && p.amx == amx(j)
             })
-            .map(|p| (p.x, p.ldx, p.xt, p.xw, p.xw_last));
-        let (x, ldx) = if let Some((x, ldx, _, _, _)) = twin {
+            .map(|p| (p.x, p.ldx, p.xt, p.xw, p.xw_last, p.pairs));
+        let (x, ldx) = if let Some((x, ldx, ..)) = twin {
             (x, ldx)
         } else if needs_prep(j) {
             let format = j.w.format();
@@ -601,13 +676,24 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             (format, lanes(fam), mult)
         });
         let (xt, xw, xw_last, xt_owner) = match (gemm_cols(j), twin) {
-            (Some(_), Some((_, _, xt, xw, last))) => (xt, xw, last, false),
+            (Some(_), Some((_, _, xt, xw, last, _))) => (xt, xw, last, false),
             (Some((cols, xw, last)), None) => {
                 let t = &mut s.transposed[t_offset..t_offset + cols * k];
                 t_offset += (cols * k).next_multiple_of(16);
                 (t.as_ptr(), xw, last, true)
             }
             (None, _) => (std::ptr::null(), 0, 0, false),
+        };
+        // The AMX path's activations, laid out by the transposition pass (or a twin's).
+        let (pairs, pairs_owner) = match twin {
+            _ if !amx(j) => (std::ptr::null(), false),
+            Some((.., pairs)) => (pairs, false),
+            None => {
+                let len = pairs_len(j);
+                let t = &mut s.pairs[p_offset..p_offset + len];
+                p_offset += len;
+                (t.as_ptr().cast::<u32>(), true)
+            }
         };
         let p = Plan {
             w: j.w,
@@ -618,17 +704,23 @@ fn plan(jobs: &mut [Matmul<'_>], isa: Isa, s: &mut CallScratch) {
             xw,
             xw_last,
             xt_layout,
-            xt_owner,
+            xt_owner: xt_owner || pairs_owner,
             src: j.x.as_ptr(),
             m: j.m,
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
-            tile_rows: tile_rows(j.w, j.m, fam),
+            tile_rows: if amx(j) {
+                tile_rows(j.w, j.m, fam).next_multiple_of(2 * 16)
+            } else {
+                tile_rows(j.w, j.m, fam)
+            },
             m_parts: 1,
             tiles_before,
             family: fam,
             invariant,
+            amx: amx(j),
+            pairs,
         };
         let mut p = p;
         if !p.xt.is_null() {

@@ -175,6 +175,7 @@ fn row_ranges_and_several_products_in_one_pass() {
             x: &x,
             m,
             y,
+            bf16_x: false,
         });
     }
     matmuls(&mut jobs);
@@ -245,6 +246,71 @@ fn a_row_does_not_depend_on_the_rest_of_the_batch() {
                     assert!(same, "{name} {isa:?}: row {i} of a batch of {m}");
                 }
             }
+        }
+    }
+}
+
+/// The AMX tiles, where the CPU has them (products whose activations are exact in bf16):
+/// every FP8 layout with power-of-two scales and every FP4 one against the reference,
+/// whole and for a range of rows, each row the same bits alone as in any batch; what the
+/// tiles cannot run exactly (FP8 scales that are not powers of two) stays on the vector
+/// kernels.
+#[test]
+fn amx_tiles_match_the_reference_and_keep_rows_independent() {
+    fn exact<'a>(w: &'a QMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> Matmul<'a> {
+        Matmul::new(w, x, m, y).with_bf16_x(true)
+    }
+    if !crate::cpu::amx_detected() {
+        eprintln!("this CPU has no AMX tiles: nothing to test");
+        return;
+    }
+    let mut rng = Lcg(17);
+    for (n, k) in [(70, 1024), (33, 256), (130, 2048)] {
+        let most = 40;
+        // Exact in bf16, as official numerics' FP8-rounded inputs are.
+        let x: Vec<f32> = (0..most * k)
+            .map(|_| crate::formats::bf16_to_f32(f32_to_bf16(rng.next() * 3.0)))
+            .collect();
+        for (name, w) in matrices(n, k, &mut rng) {
+            let runs =
+                name.starts_with("fp4") || name.contains("128x128") || name.contains("64x256");
+            assert_eq!(
+                on_amx(&exact(&w, &x[..k], 1, &mut [0.0; 0][..]), Isa::Avx512, true),
+                runs,
+                "{name}: AMX path"
+            );
+            if !runs {
+                continue;
+            }
+            let mut solo = vec![0.0; most * n];
+            for i in 0..most {
+                let y = &mut solo[i * n..(i + 1) * n];
+                matmuls_with(
+                    &mut [exact(&w, &x[i * k..(i + 1) * k], 1, y)],
+                    Isa::Avx512,
+                    true,
+                );
+            }
+            for m in [1, 2, 5, 15, 16, 17, 31, 33, 40] {
+                let mut y = vec![f32::NAN; m * n];
+                matmuls_with(&mut [exact(&w, &x[..m * k], m, &mut y)], Isa::Avx512, true);
+                let (want, mag) = reference(&w, 0..n, &x[..m * k], m);
+                check(&format!("{name} AMX m={m} n={n} k={k}"), &y, &want, &mag);
+                for (i, (got, want)) in y.chunks(n).zip(solo.chunks(n)).enumerate() {
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{name} AMX: row {i} of a batch of {m}");
+                }
+            }
+            let (rows, m) = (n / 3..n - 1, 17);
+            let mut y = vec![f32::NAN; m * rows.len()];
+            let mut ranged = exact(&w, &x[..m * k], m, &mut y);
+            ranged.rows = rows.clone();
+            matmuls_with(&mut [ranged], Isa::Avx512, true);
+            let (want, mag) = reference(&w, rows.clone(), &x[..m * k], m);
+            check(&format!("{name} AMX rows {rows:?}"), &y, &want, &mag);
         }
     }
 }

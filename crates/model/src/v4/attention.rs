@@ -159,8 +159,9 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     let mut iwt = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.weights_proj.out_dim()));
     {
         let mut jobs: SmallVec<[Matmul; 8]> = SmallVec::new();
-        jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr));
-        jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv));
+        let exact = c.numerics.bf16_exact_inputs();
+        jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr).with_bf16_x(exact));
+        jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv).with_bf16_x(exact));
         if let Some(cw) = comp {
             jobs.push(Matmul::new(&cw.wkv.w, a, n, &mut ck));
             jobs.push(Matmul::new(&cw.wgate.w, a, n, &mut cz));
@@ -182,9 +183,10 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     match &w.heads {
         HeadProjections::Whole { wq_b, .. } => {
             let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
-            jobs.push(Matmul::new(&wq_b.w, &qr, n, &mut q));
+            let exact = c.numerics.bf16_exact_inputs();
+            jobs.push(Matmul::new(&wq_b.w, &qr, n, &mut q).with_bf16_x(exact));
             if let Some(iw) = &w.indexer {
-                jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+                jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq).with_bf16_x(exact));
             }
             profile::matmuls(&mut jobs);
         }
@@ -456,7 +458,8 @@ fn output(st: &Step, out: &mut [f32], ws: &mut Workspace) -> Vec<f32> {
             let mut z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, out, n, ws);
             c.numerics.projection_input(&mut z, wo_b.in_dim());
             let mut res = ws.take(n * wo_b.out_dim());
-            wo_b.forward_into(&z, n, &mut res);
+            let exact = c.numerics.bf16_exact_inputs();
+            profile::matmuls(&mut [Matmul::new(&wo_b.w, &z, n, &mut res).with_bf16_x(exact)]);
             ws.give(z);
             res
         }
@@ -548,6 +551,7 @@ pub(super) fn grouped_output(
                 x,
                 m: t,
                 y,
+                bf16_x: false,
             });
         }
         profile::matmuls(&mut jobs);

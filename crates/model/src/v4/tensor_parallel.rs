@@ -21,6 +21,7 @@ fn rows_job<'a>(p: &'a SubMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> M
         x,
         m,
         y,
+        bf16_x: false,
     }
 }
 

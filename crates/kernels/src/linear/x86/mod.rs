@@ -29,6 +29,7 @@ macro_rules! by_width {
     };
 }
 
+pub(crate) mod amx;
 mod avx2;
 mod avx512;
 mod gemm;
