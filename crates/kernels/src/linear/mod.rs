@@ -63,7 +63,8 @@ pub struct Matmul<'a> {
     pub m: usize,
     pub y: &'a mut [f32],
     /// Whether every activation is exact in bf16 (official numerics' FP8-rounded inputs):
-    /// where the CPU has AMX-BF16, FP8 and FP4 products then run on its tiles.
+    /// FP8 and FP4 products may then run on the AMX tiles where they are in use
+    /// ([`crate::cpu::amx`]). A promise broken here costs precision, not safety.
     pub bf16_x: bool,
 }
 
@@ -561,6 +562,17 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
     }
 }
 
+/// The weight rows a tile's row count is a multiple of: the AMX path's row step (two
+/// tiles of 16) or any.
+fn row_step(amx: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if amx {
+        return x86::amx::ROW_STEP;
+    }
+    let _ = amx;
+    1
+}
+
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
 fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch) {
     s.plans.clear();
@@ -710,11 +722,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch)
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
-            tile_rows: if amx(j) {
-                tile_rows(j.w, j.m, fam).next_multiple_of(2 * 16)
-            } else {
-                tile_rows(j.w, j.m, fam)
-            },
+            tile_rows: tile_rows(j.w, j.m, fam).next_multiple_of(row_step(amx(j))),
             m_parts: 1,
             tiles_before,
             family: fam,

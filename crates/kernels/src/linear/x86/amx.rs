@@ -3,12 +3,15 @@
 //! scales) and whose weights are FP8 with power-of-two block scales or FP4: every operand
 //! is then exact in bf16, each bf16 × bf16 product exact in f32, and only the order of the
 //! f32 sums differs from the f32 kernels. One `tdpbf16ps` does 16 × 16 × 32 multiply-adds;
-//! on the Xeon of PERFORMANCE.md a core runs about ten times its f32 FMA peak that way.
+//! on the Xeon of PERFORMANCE.md a core runs about ten times its f32 FMA peak that way, but
+//! a tile load costs about 20 ns a KiB there, so at one or two activation rows the weights'
+//! decode, store and reload cost more than the f32 kernels' fused decode: the tiles are a
+//! choice (`DEEPINFER_ISA=amx`, [`crate::cpu::amx`]), for prefill-heavy work.
 //!
-//! The weights are the tile's A operand, 16 rows a tile: each row decoded by the AVX-512
-//! family ([`Kernels::decode`], its element order) and cut to bf16, so a row needs no
-//! transposition. The activations are the B operand, laid out once per call
-//! ([`lay_out_block`]) in that same element order as 16-column blocks of bf16 pairs. A C
+//! The weights are the tile's A operand, 16 rows a tile: each row decoded straight to bf16
+//! ([`fp8_row_bf16`], [`decode_row_bf16`] for FP4), so a row needs no transposition. The
+//! activations are the B operand, laid out once per call ([`lay_out_block`]) in the same
+//! element order as 16-column blocks of bf16 pairs. A C
 //! tile accumulates one (16 weight rows, 16 activation rows) block over the whole inner
 //! dimension, 32 elements a step; every element of C depends only on its A row and B
 //! column, so a row's result is the same bits whatever batch it is in (as
@@ -55,9 +58,9 @@ pub(crate) fn pairs_len(m: usize, k: usize) -> usize {
 }
 
 /// Block `b` of the activations as a B operand: `[k / 2][16]` pairs, pair `(p, n)` holding
-/// elements `2p` (low half) and `2p + 1` of row `16b + n` in the AVX-512 decode's element
-/// order of `format`, as bf16 (the top halves of the f32s, exact in bf16 by the caller's
-/// promise); rows past `m` zero.
+/// elements `2p` (low half) and `2p + 1` of row `16b + n` in the weights' decoded order
+/// (FP8: as stored; FP4: the AVX-512 family's), as bf16 (the top halves of the f32s, exact
+/// in bf16 by the caller's promise); rows past `m` zero.
 pub(crate) fn lay_out_block(
     format: Format,
     x: &[f32],
@@ -343,15 +346,11 @@ unsafe fn decode_row_bf16(format: RowFormat, chunks: Range<usize>, dst: *mut u16
     }
 }
 
-/// Inner-dimension elements a weight-row step decodes at once when the activations are
-/// one or two blocks (decode-sized batches): the step's 32 rows of them (32 KiB of bf16)
-/// stay in L1 while the tiles read them, and the sums stay in the tiles across the pieces.
-const K_PIECE: usize = 512;
-
 /// Runs one tile (`rows` of the plan's matrix) against every activation row: per 32 weight
-/// rows, the rows decoded to bf16 (whole, or piece by piece for at most two activation
-/// blocks), then every pair of activation blocks summed over the whole inner dimension in
-/// the same steps, so a row's sums never depend on how the work was cut.
+/// rows, the rows decoded to bf16, then every pair of activation blocks summed over the
+/// whole inner dimension in the same steps, so a row's sums never depend on the batch.
+/// (Decoding the rows piece by piece, to keep them in L1 for small batches, measured
+/// slower: a tile load costs the same from L1 or L2 here.)
 ///
 /// # Safety
 /// AMX is available ([`crate::cpu::amx`]), the plan's matrix [`runs`] here, its laid-out
@@ -359,47 +358,26 @@ const K_PIECE: usize = 512;
 pub(crate) unsafe fn tile(plan: &Plan, rows: Range<usize>) {
     let w = plan.w();
     let (k, blocks) = (w.cols, plan.m.div_ceil(T));
-    let chunk = prepare::chunk(w.format(), 16);
+    let chunks = k / prepare::chunk(w.format(), 16);
     let block = |b: usize| plan.pairs.wrapping_add(b * T * k / 2);
-    let post = 1.0;
     let mut c = [[0.0f32; T * T]; 4];
     // SAFETY: CONFIG is a valid palette-1 configuration.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack)) };
-    let piece = if blocks <= 2 {
-        K_PIECE.max(chunk).min(k)
-    } else {
-        k
-    };
-    with_scratch2(ROW_STEP * piece / 2, |abuf| {
+    with_scratch2(ROW_STEP * k / 2, |abuf| {
         let a: &mut [u16] = bytemuck::cast_slice_mut(abuf);
         for r0 in rows.clone().step_by(ROW_STEP) {
-            let base = a.as_ptr();
-            let steps_a = |len: usize| (base, base.wrapping_add(T * len), 2 * len);
-            // SAFETY (every call below): as the function's; A holds ROW_STEP rows of the
-            // decoded part, B `blocks` blocks of k / 2 rows (the plan's).
-            if piece < k {
-                let b1 = (blocks == 2).then(|| block(1));
-                unsafe { zero_sums() };
-                for k0 in (0..k).step_by(piece) {
-                    let len = piece.min(k - k0);
-                    let chunks = k0 / chunk..(k0 + len) / chunk;
-                    unsafe { decode_rows(plan, (r0, rows.end), chunks, &mut a[..ROW_STEP * len]) };
-                    let at = |b: *const u32| b.wrapping_add(k0 / 2 * T);
-                    unsafe { add_products(steps_a(len), (at(block(0)), b1.map(at)), len / K_STEP) };
-                }
-                unsafe { read_sums(&mut c, b1.is_some()) };
-                store(plan, (r0, rows.end), 0, (b1.is_some(), post), &c);
-                continue;
-            }
-            unsafe { decode_rows(plan, (r0, rows.end), 0..k / chunk, a) };
+            // SAFETY (every call below): as the function's; A holds ROW_STEP rows of k, B
+            // `blocks` blocks of k / 2 rows (the plan's).
+            unsafe { decode_rows(plan, (r0, rows.end), 0..chunks, a) };
+            let a_rows = (a.as_ptr(), a[T * k..].as_ptr(), 2 * k);
             for b in (0..blocks).step_by(2) {
                 let b1 = (b + 1 < blocks).then(|| block(b + 1));
                 unsafe {
                     zero_sums();
-                    add_products(steps_a(k), (block(b), b1), k / K_STEP);
+                    add_products(a_rows, (block(b), b1), k / K_STEP);
                     read_sums(&mut c, b1.is_some());
                 }
-                store(plan, (r0, rows.end), b, (b1.is_some(), post), &c);
+                store(plan, (r0, rows.end), b, b1.is_some(), &c);
             }
         }
     });
@@ -408,14 +386,8 @@ pub(crate) unsafe fn tile(plan: &Plan, rows: Range<usize>) {
 }
 
 /// Writes the C tiles of weight rows `r0..` (below `end`) and activation blocks `b`
-/// (and `b + 1` when `two`) into the plan's outputs, times `post`.
-fn store(
-    plan: &Plan,
-    (r0, end): (usize, usize),
-    b: usize,
-    (two, post): (bool, f32),
-    c: &[[f32; T * T]; 4],
-) {
+/// (and `b + 1` when `two`) into the plan's outputs.
+fn store(plan: &Plan, (r0, end): (usize, usize), b: usize, two: bool, c: &[[f32; T * T]; 4]) {
     for (q, tile) in c.iter().enumerate().take(if two { 4 } else { 2 }) {
         let (row0, col0) = (r0 + (q % 2) * T, (b + q / 2) * T);
         let rows = T.min(end.saturating_sub(row0));
@@ -430,7 +402,7 @@ fn store(
                 )
             };
             for (r, v) in y.iter_mut().enumerate() {
-                *v = tile[r * T + n] * post;
+                *v = tile[r * T + n];
             }
         }
     }
