@@ -178,16 +178,19 @@ fn sum_words(part: &[u8]) -> u64 {
 /// much lower roof, honestly reported), so kernels are always measured against the peak of
 /// the instructions they use.
 pub fn fma_peak(threads: usize, reps: usize) -> f64 {
-    const ITERS: u64 = 20_000_000;
+    best_rate(threads, reps, || fma_loop(20_000_000))
+}
+
+/// GFLOP/s of `work` (which returns the flops it did) on `threads` threads at once, best of
+/// `reps` runs.
+fn best_rate(threads: usize, reps: usize, work: impl Fn() -> f64 + Sync) -> f64 {
     let mut best = f64::INFINITY;
     let mut flops = 0.0;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
         let per_thread: Vec<f64> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads.max(1))
-                .map(|_| s.spawn(|| fma_loop(ITERS)))
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("fma")).collect()
+            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(&work)).collect();
+            hs.into_iter().map(|h| h.join().expect("peak")).collect()
         });
         best = best.min(t.elapsed().as_secs_f64());
         flops = per_thread.iter().sum();
@@ -204,24 +207,10 @@ pub fn fma_peak(threads: usize, reps: usize) -> f64 {
 pub fn bf16_dot_peak(threads: usize, reps: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512bf16") {
-        const ITERS: u64 = 10_000_000;
-        let mut best = f64::INFINITY;
-        let mut flops = 0.0;
-        for _ in 0..reps.max(1) {
-            let t = Instant::now();
-            let per_thread: Vec<f64> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..threads.max(1))
-                    // SAFETY: the CPU has AVX-512 BF16 (checked above).
-                    .map(|_| s.spawn(|| unsafe { bf16_dot_loop(ITERS) }))
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().expect("bf16 dot"))
-                    .collect()
-            });
-            best = best.min(t.elapsed().as_secs_f64());
-            flops = per_thread.iter().sum();
-        }
-        return Some(flops / best / 1e9);
+        // SAFETY: the CPU has AVX-512 BF16 (checked above).
+        return Some(best_rate(threads, reps, || unsafe {
+            bf16_dot_loop(10_000_000)
+        }));
     }
     let _ = (threads, reps);
     None

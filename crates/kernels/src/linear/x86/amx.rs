@@ -241,17 +241,10 @@ unsafe fn decode_rows(
                 packed,
                 scales,
                 group,
-            } => {
-                let groups = k.div_ceil(*group);
-                RowFormat::Fp4(
-                    packed.as_bytes()[r * k / 2..].as_ptr(),
-                    super::Fp4Scales {
-                        base: scales[r * groups..].as_ptr(),
-                        stride: groups,
-                        group_shift: group.trailing_zeros(),
-                    },
-                )
-            }
+            } => RowFormat::Fp4(
+                packed.as_bytes()[r * k / 2..].as_ptr(),
+                super::Fp4Scales::from_row(scales, k, *group, r),
+            ),
             Data::F32(_) | Data::Bf16(_) => unreachable!("AMX runs FP8 and FP4 only"),
         };
         // SAFETY: the chunks lie in the row (the contract), `dst` holds their values.

@@ -137,6 +137,16 @@ pub(super) struct Fp4Scales {
 }
 
 impl Fp4Scales {
+    /// The scales of a `k`-wide FP4 matrix with groups of `group`, from its row `r0` on.
+    pub fn from_row(scales: &[u8], k: usize, group: usize, r0: usize) -> Self {
+        let groups = k.div_ceil(group);
+        Fp4Scales {
+            base: scales.as_ptr().wrapping_add(r0 * groups),
+            stride: groups,
+            group_shift: group.trailing_zeros(),
+        }
+    }
+
     /// The scale of element `j` of row `r`.
     ///
     /// # Safety
@@ -482,11 +492,7 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
             let (wb, groups) = (packed.as_bytes(), k.div_ceil(*group));
             let main64 = k / (2 * chunk);
             let row = |r: usize| wb[r * k / 2..].as_ptr();
-            let scales_of = |r0: usize| Fp4Scales {
-                base: scales.as_ptr().wrapping_add(r0 * groups),
-                stride: groups,
-                group_shift: group.trailing_zeros(),
-            };
+            let scales_of = |r0: usize| Fp4Scales::from_row(scales, k, *group, r0);
             let how = Rows {
                 fused: &|r, mg, xs, out| unsafe {
                     fused!(
