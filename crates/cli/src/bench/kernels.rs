@@ -31,8 +31,9 @@ pub struct KernelArgs {
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prefill_m: Vec<usize>,
     /// Whose activations the products see: `official` marks them exact in bf16, as official
-    /// numerics' FP8-rounded projection inputs are (FP8 and FP4 products then run on AMX
-    /// tiles where the CPU has them); the activations here are exact either way.
+    /// numerics' FP8-rounded projection inputs are (FP8 and FP4 products then run on the AMX
+    /// tiles where they are in use, `DEEPINFER_ISA=amx`); the activations here are exact
+    /// either way.
     #[arg(long, default_value_t = Numerics::Reference)]
     numerics: Numerics,
 }
