@@ -216,6 +216,33 @@ pub fn bf16_dot_peak(threads: usize, reps: usize) -> Option<f64> {
     None
 }
 
+/// The AMX-BF16 tiles' rates where the process may use them ([`crate::cpu::amx_detected`]),
+/// else `None`: GFLOP/s of `tdpbf16ps` on independent sums and GB/s of tile loads from L1,
+/// each summed over `threads` threads running at once, best of `reps`. The first is the
+/// tiles' compute roof; the second bounds a product that loads every weight into a tile,
+/// as the AMX path does at small batches.
+pub fn amx_rates(threads: usize, reps: usize) -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::amx_detected() {
+        let mut best = (0.0f64, 0.0f64);
+        for _ in 0..reps.max(1) {
+            let per_thread: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads.max(1))
+                    // SAFETY: the process may use AMX (checked above).
+                    .map(|_| s.spawn(|| unsafe { crate::linear::amx_probe(200_000) }))
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("amx")).collect()
+            });
+            let compute: f64 = per_thread.iter().map(|&((f, s), _)| f / s).sum();
+            let loads: f64 = per_thread.iter().map(|&(_, (b, s))| b / s).sum();
+            best = (best.0.max(compute / 1e9), best.1.max(loads / 1e9));
+        }
+        return Some(best);
+    }
+    let _ = (threads, reps);
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn bf16_dot_loop(iters: u64) -> f64 {
@@ -335,6 +362,12 @@ mod tests {
         let bw = read_bandwidth(1 << 20, 2, 1);
         assert!(bw.is_finite() && bw > 0.0);
         let f = fma_peak(1, 1);
+        if let Some((f, b)) = amx_rates(1, 1) {
+            assert!(
+                f > 0.0 && b > 0.0 && f.is_finite() && b.is_finite(),
+                "amx {f} {b}"
+            );
+        }
         if let Some(b) = bf16_dot_peak(1, 1) {
             assert!(b.is_finite() && b > 0.0, "bf16 dot peak {b}");
         }

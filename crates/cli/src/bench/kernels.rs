@@ -12,7 +12,7 @@ use deepinfer_model::kernels::cpu::{amx, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
 use deepinfer_model::kernels::linear::{matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
-use deepinfer_model::kernels::roofline::{bf16_dot_peak, fma_peak, read_bandwidth};
+use deepinfer_model::kernels::roofline::{amx_rates, bf16_dot_peak, fma_peak, read_bandwidth};
 use deepinfer_model::numerics::Numerics;
 use std::time::Instant;
 
@@ -156,6 +156,11 @@ pub fn run(args: KernelArgs) {
         // What kernels on bf16 pairs could reach here (official numerics' activations are
         // exact in bf16), beside the f32 FMA peak the kernels use.
         println!("bf16 dot-product peak (vdpbf16ps) {b:.1} GFLOP/s");
+    }
+    if let Some((flops, loads)) = amx_rates(threads, 1) {
+        // The tiles' compute roof, and how fast whole tiles load (what bounds the AMX
+        // products at small batches, which load every weight into a tile).
+        println!("AMX-BF16 tiles: tdpbf16ps {flops:.1} GFLOP/s, tile loads {loads:.1} GB/s");
     }
     println!();
     println!(

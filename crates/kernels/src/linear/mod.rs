@@ -19,6 +19,8 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::amx::probe as amx_probe;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use x86::PREFETCH;
 
 use crate::cpu::{isa, Isa};

@@ -4,7 +4,7 @@
 //! is then exact in bf16, each bf16 × bf16 product exact in f32, and only the order of the
 //! f32 sums differs from the f32 kernels. One `tdpbf16ps` does 16 × 16 × 32 multiply-adds;
 //! on the Xeon of PERFORMANCE.md a core runs about ten times its f32 FMA peak that way, but
-//! a tile load costs about 20 ns a KiB there, so at one or two activation rows the weights'
+//! a tile load costs about 23 ns a KiB there ([`crate::roofline::amx_rates`]), so at one or two activation rows the weights'
 //! decode, store and reload cost more than the f32 kernels' fused decode: the tiles are a
 //! choice (`DEEPINFER_ISA=amx`, [`crate::cpu::amx`]), for prefill-heavy work.
 //!
@@ -100,6 +100,70 @@ const CONFIG: TileConfig = {
     }
     TileConfig(c)
 };
+
+/// One thread's share of the roofline's AMX probe ([`crate::roofline::amx_rates`]): `iters`
+/// rounds of four `tdpbf16ps` on independent sums, then `iters` rounds of three tile loads
+/// from L1 (as a 32-row step loads two A tiles and one B tile); returns the flops and the
+/// bytes loaded, and the seconds each part took.
+///
+/// # Safety
+/// AMX is available ([`crate::cpu::amx_detected`]).
+pub(crate) unsafe fn probe(iters: usize) -> ((f64, f64), (f64, f64)) {
+    let ones = [0x3F80_3F80u32; 3 * T * T];
+    let at = |t: usize| ones[t * T * T..].as_ptr();
+    let ld = 4 * T;
+    // SAFETY (every asm block): CONFIG is valid; each load reads one 1 KiB tile of `ones`.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack));
+        zero_sums();
+        asm!(
+            "tileloadd tmm4, [{a} + {ld}*1]",
+            "tileloadd tmm5, [{a} + {ld}*1]",
+            "tileloadd tmm6, [{b} + {ld}*1]",
+            "tileloadd tmm7, [{b} + {ld}*1]",
+            a = in(reg) at(0),
+            b = in(reg) at(1),
+            ld = in(reg) ld,
+            options(nostack),
+        );
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        // SAFETY: as above.
+        unsafe {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack)
+            )
+        };
+    }
+    let compute = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        // SAFETY: as above.
+        unsafe {
+            asm!(
+                "tileloadd tmm4, [{a0} + {ld}*1]",
+                "tileloadd tmm5, [{a1} + {ld}*1]",
+                "tileloadd tmm6, [{b} + {ld}*1]",
+                a0 = in(reg) at(0),
+                a1 = in(reg) at(1),
+                b = in(reg) at(2),
+                ld = in(reg) ld,
+                options(nostack),
+            )
+        };
+    }
+    let loads = t.elapsed().as_secs_f64();
+    // SAFETY: releases this thread's tile state.
+    unsafe { asm!("tilerelease", options(nostack)) };
+    let flops = (iters * 4 * T * T * K_STEP * 2) as f64;
+    let bytes = (iters * 3 * T * T * 4) as f64;
+    ((flops, compute), (bytes, loads))
+}
 
 /// Zeroes the four C tiles.
 ///
