@@ -81,6 +81,11 @@ pub struct QMatrix {
     /// Whether every scale keeps the fast kernels' rescaled products inside f32's normal
     /// range (always true for real checkpoints); if not, the scalar path is used.
     pub(crate) fast_ok: bool,
+    /// Whether every weight times its scale is exact in bf16 (a short significand times a
+    /// power of two): BF16, FP4, and FP8 whose block scales are powers of two (as V4's
+    /// E8M0 scales are). What lets the AMX tiles multiply the weights in bf16; decided
+    /// once here rather than by scanning the scales at every product.
+    pub(crate) exact_bf16: bool,
 }
 
 fn check_len(
@@ -125,6 +130,7 @@ impl QMatrix {
             cols,
             data: Data::F32(WeightBytes::copy_from(bytemuck::cast_slice(values))),
             fast_ok: true,
+            exact_bf16: false,
         })
     }
 
@@ -141,6 +147,7 @@ impl QMatrix {
             cols,
             data: Data::F32(bytes),
             fast_ok: true,
+            exact_bf16: false,
         })
     }
 
@@ -157,6 +164,7 @@ impl QMatrix {
             cols,
             data: Data::Bf16(bytes),
             fast_ok: true,
+            exact_bf16: true,
         })
     }
 
@@ -203,6 +211,7 @@ impl QMatrix {
             });
         }
         let fast_ok = scales.iter().all(|&s| fp8_scale_fast(s));
+        let exact_bf16 = scales.iter().all(|s| s.to_bits() & 0x807F_FFFF == 0);
         Ok(Self {
             rows,
             cols,
@@ -214,6 +223,7 @@ impl QMatrix {
                 bc: bc.max(1),
             },
             fast_ok,
+            exact_bf16,
         })
     }
 
@@ -274,6 +284,7 @@ impl QMatrix {
                 group,
             },
             fast_ok,
+            exact_bf16: true,
         })
     }
 

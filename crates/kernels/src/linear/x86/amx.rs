@@ -9,7 +9,7 @@
 //! choice (`DEEPINFER_ISA=amx`, [`crate::cpu::amx`]), for prefill-heavy work.
 //!
 //! The weights are the tile's A operand, 16 rows a tile: each row decoded straight to bf16
-//! ([`fp8_row_bf16`], [`decode_row_bf16`] for FP4), so a row needs no transposition. The
+//! ([`fp8_row_bf16`], [`fp4_row_bf16`]), so a row needs no transposition. The
 //! activations are the B operand, laid out once per call ([`lay_out_block`]) in the same
 //! element order as 16-column blocks of bf16 pairs. A C
 //! tile accumulates one (16 weight rows, 16 activation rows) block over the whole inner
@@ -22,7 +22,7 @@
 
 use super::avx512::Avx512;
 use super::simd::Simd;
-use super::RowFormat;
+use super::Fp4Scales;
 use crate::linear::{prepare, with_scratch, with_scratch2, Plan};
 use crate::matrix::{Data, Format, QMatrix};
 use std::arch::asm;
@@ -44,9 +44,7 @@ pub(crate) fn runs(w: &QMatrix) -> bool {
         return false;
     }
     match &w.data {
-        Data::Fp8 { scales, bc, .. } => {
-            bc.is_multiple_of(chunk) && scales.iter().all(|s| s.to_bits() & 0x807F_FFFF == 0)
-        }
+        Data::Fp8 { bc, .. } => w.exact_bf16 && bc.is_multiple_of(chunk),
         Data::Fp4 { group, .. } => *group >= K_STEP && group.is_power_of_two(),
         Data::F32(_) | Data::Bf16(_) => false,
     }
@@ -259,60 +257,52 @@ unsafe fn read_sums(c: &mut [[f32; T * T]; 4], two: bool) {
     }
 }
 
-/// Chunks `chunks` of weight rows `first..first + ROW_STEP` (rows past `end` zero)
-/// decoded, scaled and cut to bf16 into `a` (`ROW_STEP` rows of those chunks' values).
+/// Weight rows `first..first + ROW_STEP` (rows past `end` zero) decoded, scaled and cut to
+/// bf16 into `a` (`ROW_STEP` rows of `k`).
 ///
 /// # Safety
-/// The CPU has AVX-512; the plan's matrix [`runs`] here; the chunks lie in its rows.
-unsafe fn decode_rows(
-    plan: &Plan,
-    (first, end): (usize, usize),
-    chunks: Range<usize>,
-    a: &mut [u16],
-) {
+/// The CPU has AVX-512; the plan's matrix [`runs`] here.
+unsafe fn decode_rows(plan: &Plan, (first, end): (usize, usize), a: &mut [u16]) {
     let w = plan.w();
     let k = w.cols;
-    let chunk = prepare::chunk(w.format(), 16);
-    let len = chunks.len() * chunk;
-    for (t, dst) in a.chunks_exact_mut(len).enumerate() {
+    for (t, dst) in a.chunks_exact_mut(k).enumerate() {
         let r = first + t;
         if r >= end {
             dst.fill(0);
             continue;
         }
-        let format = match &w.data {
+        // SAFETY (both arms): row r is whole chunks (`runs`), `dst` holds its k values.
+        match &w.data {
             Data::Fp8 {
                 codes,
                 scales,
                 scale_cols,
                 br,
                 bc,
-            } => {
-                let (row, scales) = (&codes.as_bytes()[r * k..], &scales[(r / br) * scale_cols..]);
-                let elems = chunks.start * chunk..chunks.end * chunk;
-                // SAFETY: the elements lie in the row (the contract), `dst` holds them.
-                unsafe {
-                    fp8_row_bf16(
-                        row.as_ptr(),
-                        (scales.as_ptr(), *bc),
-                        elems,
-                        dst.as_mut_ptr(),
-                    )
-                };
-                continue;
-            }
+            } => unsafe {
+                let scales = scales[(r / br) * scale_cols..].as_ptr();
+                fp8_row_bf16(
+                    codes.as_bytes()[r * k..].as_ptr(),
+                    (scales, *bc),
+                    k,
+                    dst.as_mut_ptr(),
+                )
+            },
             Data::Fp4 {
                 packed,
                 scales,
                 group,
-            } => RowFormat::Fp4(
-                packed.as_bytes()[r * k / 2..].as_ptr(),
-                super::Fp4Scales::from_row(scales, k, *group, r),
-            ),
+            } => unsafe {
+                let s = Fp4Scales::from_row(scales, k, *group, r);
+                fp4_row_bf16(
+                    packed.as_bytes()[r * k / 2..].as_ptr(),
+                    s,
+                    k / prepare::chunk(Format::Fp4, 16),
+                    dst.as_mut_ptr(),
+                )
+            },
             Data::F32(_) | Data::Bf16(_) => unreachable!("AMX runs FP8 and FP4 only"),
-        };
-        // SAFETY: the chunks lie in the row (the contract), `dst` holds their values.
-        unsafe { decode_row_bf16(format, chunks.clone(), dst.as_mut_ptr()) };
+        }
     }
 }
 
@@ -331,7 +321,7 @@ const E4M3_LOW: [u16; 32] = {
     t
 };
 
-/// Elements `elems` (whole 32s) of one FP8 row as bf16 in their own order, each times its
+/// The first `k` elements (whole 32s) of one FP8 row as bf16 in their own order, each times its
 /// block's scale (a power of two: added to the exponent field of every nonzero value):
 /// in 16-bit lanes, a normal E4M3 magnitude `0eeeemmm` is the bf16 `(mag << 4) + (120 << 7)`
 /// and the eight below 8 come from [`E4M3_LOW`], so every value, subnormals included, is
@@ -340,20 +330,15 @@ const E4M3_LOW: [u16; 32] = {
 /// # Safety
 /// The CPU has AVX-512 F + BW; `w` holds the elements, `scales` (every `bc` elements one,
 /// powers of two keeping every value a normal bf16, as [`runs`] checks) covers them, `dst`
-/// has room for `elems.len()` values.
+/// has room for `k` values.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn fp8_row_bf16(
-    w: *const u8,
-    (scales, bc): (*const f32, usize),
-    elems: Range<usize>,
-    dst: *mut u16,
-) {
+unsafe fn fp8_row_bf16(w: *const u8, (scales, bc): (*const f32, usize), k: usize, dst: *mut u16) {
     use std::arch::x86_64::*;
     // SAFETY: the table is 64 bytes.
     let low = unsafe { _mm512_loadu_si512(E4M3_LOW.as_ptr().cast()) };
     let (mag_bits, bias) = (_mm512_set1_epi16(0x7F), _mm512_set1_epi16(120 << 7));
     let sign_bit = _mm512_set1_epi16(0x8000u16 as i16);
-    for (i, j) in elems.step_by(K_STEP).enumerate() {
+    for j in (0..k).step_by(K_STEP) {
         // SAFETY (every access): in bounds by the contract.
         unsafe {
             if j % 64 == 0 {
@@ -368,37 +353,28 @@ unsafe fn fp8_row_bf16(
             let nonzero = _mm512_test_epi16_mask(mag, mag);
             let v = _mm512_mask_add_epi16(v, nonzero, v, _mm512_set1_epi16(t << 7));
             let sign = _mm512_and_si512(_mm512_slli_epi16::<8>(b), sign_bit);
-            _mm512_storeu_si512(dst.add(K_STEP * i).cast(), _mm512_or_si512(v, sign));
+            _mm512_storeu_si512(dst.add(j).cast(), _mm512_or_si512(v, sign));
         }
     }
 }
 
-/// Chunks `chunks` of one FP4 row decoded by the AVX-512 family (its element order, times
-/// the group scales) and cut to bf16 in registers: the top half of each f32, exact since
-/// every such value is a short significand times a power of two.
+/// One FP4 row's `chunks` whole chunks decoded by the AVX-512 family (its element order,
+/// times the group scales) and cut to bf16 in registers: the top half of each f32, exact
+/// since every such value is a short significand times a power of two.
 ///
 /// # Safety
-/// The CPU has AVX-512 F + BW; the row holds the chunks, `dst` room for their values.
+/// The CPU has AVX-512 F + BW; the row holds the chunks, `s` its scales, `dst` room for
+/// their values.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn decode_row_bf16(format: RowFormat, chunks: Range<usize>, dst: *mut u16) {
+unsafe fn fp4_row_bf16(w: *const u8, s: Fp4Scales, chunks: usize, dst: *mut u16) {
     use std::arch::x86_64::*;
-    let put = |p: *mut u16, v: __m512| {
-        let top = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)));
-        // SAFETY: 16 values inside `dst` (the contract).
-        unsafe { _mm256_storeu_si256(p.cast(), top) };
-    };
-    // SAFETY (both arms): every chunk lies inside the row and `dst` (the contract).
-    unsafe {
-        match format {
-            RowFormat::Fp4(w, s) => {
-                for (i, c) in chunks.enumerate() {
-                    super::prefetch(w.add(64 * c), 64);
-                    for (q, v) in Avx512::fp4(w, &s, 0, c).into_iter().enumerate() {
-                        put(dst.add(128 * i + 16 * q), v);
-                    }
-                }
-            }
-            _ => unreachable!("FP4 rows only"),
+    for c in 0..chunks {
+        // SAFETY (all three): chunk c lies inside the row and `dst` (the contract).
+        unsafe { super::prefetch(w.add(64 * c), 64) };
+        let vs = unsafe { Avx512::fp4(w, &s, 0, c) };
+        for (q, v) in vs.into_iter().enumerate() {
+            let top = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)));
+            unsafe { _mm256_storeu_si256(dst.add(128 * c + 16 * q).cast(), top) };
         }
     }
 }
@@ -415,7 +391,6 @@ unsafe fn decode_row_bf16(format: RowFormat, chunks: Range<usize>, dst: *mut u16
 pub(crate) unsafe fn tile(plan: &Plan, rows: Range<usize>) {
     let w = plan.w();
     let (k, blocks) = (w.cols, plan.m.div_ceil(T));
-    let chunks = k / prepare::chunk(w.format(), 16);
     let block = |b: usize| plan.pairs.wrapping_add(b * T * k / 2);
     let mut c = [[0.0f32; T * T]; 4];
     // SAFETY: CONFIG is a valid palette-1 configuration.
@@ -425,7 +400,7 @@ pub(crate) unsafe fn tile(plan: &Plan, rows: Range<usize>) {
         for r0 in rows.clone().step_by(ROW_STEP) {
             // SAFETY (every call below): as the function's; A holds ROW_STEP rows of k, B
             // `blocks` blocks of k / 2 rows (the plan's).
-            unsafe { decode_rows(plan, (r0, rows.end), 0..chunks, a) };
+            unsafe { decode_rows(plan, (r0, rows.end), a) };
             let a_rows = (a.as_ptr(), a[T * k..].as_ptr(), 2 * k);
             for b in (0..blocks).step_by(2) {
                 let b1 = (b + 1 < blocks).then(|| block(b + 1));
