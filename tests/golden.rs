@@ -4,9 +4,7 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::CacheManager;
 use deepinfer_model::batch::ForwardBatch;
-use deepinfer_model::v4::Model;
 
 fn check_config(config: &str) {
     let g = Golden::load(config);
@@ -99,10 +97,6 @@ fn tiny_b_layer_outputs_match_hf() {
 #[test]
 fn tiny_c_layer_outputs_match_hf() {
     check_intermediates("tiny-c");
-}
-
-fn cache_for(model: &Model, max_seqs: usize) -> CacheManager {
-    CacheManager::new(&model.config, cache_config(64 << 20, max_seqs, 0)).unwrap()
 }
 
 /// Several prompts of different lengths in one flat batch give each exactly what it gives

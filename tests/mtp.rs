@@ -39,7 +39,7 @@ fn mtp_pass(
         positions: (start..start + n).collect(),
         spans: vec![SeqSpan { start: 0, len: n }],
         logits_rows: (0..n).collect(),
-        window_floor: Vec::new(),
+        ..ForwardBatch::default()
     };
     let mut logits = Logits {
         vocab: 0,

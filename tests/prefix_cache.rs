@@ -65,6 +65,7 @@ fn run(
             c.ensure_capacity(ids[i], done[i] + n).unwrap();
             c.begin_capture(ids[i], done[i], done[i] + n).unwrap();
             r.add(ids[i], done[i], t[done[i]..done[i] + n].iter().copied(), n);
+            r.add_lookback(t[..done[i]].iter().copied());
             who.push((i, n));
         }
         r.run(c, false).unwrap();
@@ -111,7 +112,14 @@ fn assert_rows_equal(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
 
 #[test]
 fn a_cached_prefix_gives_the_cold_logits_bit_for_bit() {
-    for (config, pi) in [("tiny-a", 2), ("tiny-b", 1), ("tiny-c", 3)] {
+    // V4.1's too: shared compressed entries and keys, Engram n-grams across the boundary.
+    for (config, pi) in [
+        ("tiny-a", 2),
+        ("tiny-b", 1),
+        ("tiny-c", 3),
+        ("tiny-v41-a", 2),
+        ("tiny-v41-b", 2),
+    ] {
         let g = Golden::load(config);
         let base: Vec<u32> = long_sequence(&g, pi).into_iter().take(160).collect();
         let mut r = ModelRunner::new(load(config, "official"));

@@ -238,11 +238,11 @@ pub fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
 }
 
 /// The model runner and a cache, driven directly (no scheduler): the harness keeps each
-/// sequence's length, as the engine's `Sequence` does.
+/// sequence's tokens, as the engine's `Sequence` does.
 pub struct TestRunner {
     pub runner: ModelRunner,
     pub cache: CacheManager,
-    lens: HashMap<SeqId, usize>,
+    seqs: HashMap<SeqId, Vec<u32>>,
 }
 
 /// Tokens to append to one sequence in a step; logits of every one or of the last.
@@ -263,7 +263,7 @@ impl TestRunner {
 
     pub fn add_sequence(&mut self) -> Result<SeqId, CacheError> {
         let s = self.cache.add_seq()?;
-        self.lens.insert(s, 0);
+        self.seqs.insert(s, Vec::new());
         Ok(s)
     }
 
@@ -271,37 +271,47 @@ impl TestRunner {
     pub fn step(&mut self, feeds: &[Feed<'_>]) -> Result<&Logits, RunnerError> {
         self.runner.clear();
         for f in feeds {
-            let len = self.lens[&f.seq];
+            let history = &self.seqs[&f.seq];
+            let len = history.len();
             self.cache.ensure_capacity(f.seq, len + f.tokens.len())?;
             let n = if f.all_logits { f.tokens.len() } else { 1 };
             self.runner.add(f.seq, len, f.tokens.iter().copied(), n);
+            self.runner.add_lookback(history.iter().copied());
         }
         self.runner.run(&mut self.cache, false)?;
         for f in feeds {
-            *self.lens.get_mut(&f.seq).unwrap() += f.tokens.len();
+            self.seqs
+                .get_mut(&f.seq)
+                .unwrap()
+                .extend_from_slice(f.tokens);
         }
         Ok(self.runner.logits())
     }
 
     pub fn truncate(&mut self, seq: SeqId, to: usize) -> Result<(), CacheError> {
         self.cache.truncate(seq, to)?;
-        self.lens.insert(seq, to);
+        self.seqs.get_mut(&seq).unwrap().truncate(to);
         Ok(())
     }
 
     pub fn free(&mut self, seq: SeqId) -> Result<(), CacheError> {
-        self.lens.remove(&seq);
+        self.seqs.remove(&seq);
         self.cache.free_seq(seq)
     }
 }
 
 /// A runner over `model` with room for `max_seqs` sequences and `slack` tokens of rollback.
+/// A cache for `max_seqs` sequences of `model`, no rollback slack.
+pub fn cache_for(model: &Model, max_seqs: usize) -> CacheManager {
+    CacheManager::new(&model.config, cache_config(64 << 20, max_seqs, 0)).unwrap()
+}
+
 pub fn runner(model: Model, max_seqs: usize, slack: usize) -> TestRunner {
     let cache = CacheManager::new(&model.config, cache_config(256 << 20, max_seqs, slack)).unwrap();
     TestRunner {
         runner: ModelRunner::new(model),
         cache,
-        lens: HashMap::new(),
+        seqs: HashMap::new(),
     }
 }
 

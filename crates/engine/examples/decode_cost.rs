@@ -12,6 +12,7 @@ use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::batch::SeqSpan;
 use deepinfer_model::v4::block::{block_forward, BlockCtx};
+use deepinfer_model::v4::carry::Carry;
 use deepinfer_model::v4::rows::{Angles, BatchRows};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
@@ -78,6 +79,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 start: i * 512,
                 tokens: part,
                 num_logits: 1,
+                history: &tokens[..i * 512],
             };
             runner.step(&mut cache, &[work])?;
         }
@@ -87,6 +89,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             start: ctx,
             tokens: &tokens[ctx..ctx + 1],
             num_logits: 1,
+            history: &tokens[..ctx],
         };
         let t0 = Instant::now();
         for _ in 0..REPS {
@@ -140,7 +143,9 @@ fn time_layers(
         };
         let t0 = Instant::now();
         for _ in 0..REPS {
-            block_forward(lw, &ctx_l, &mut x, &mut view, &mut ws)?;
+            let mut carry = Carry::default();
+            block_forward(lw, &ctx_l, &mut x, &mut view, &mut carry, &mut ws)?;
+            carry.recycle(&mut ws);
         }
         out.push(t0.elapsed().as_secs_f64() * 1e6 / REPS as f64);
         angles.recycle(&mut ws);

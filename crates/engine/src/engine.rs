@@ -577,6 +577,8 @@ impl EngineCore {
             self.cache
                 .begin_capture(cache, start, start + s.num_tokens)?;
             self.runner.add(cache, start, tokens, s.num_logits);
+            let back = start.saturating_sub(deepinfer_model::batch::LOOKBACK)..start;
+            self.runner.add_lookback(back.map(|i| seq.token(i)));
         }
         let keep_hidden = self.spec.as_ref().is_some_and(Speculator::needs_hidden);
         self.runner.run(&mut self.cache, keep_hidden)?;

@@ -19,12 +19,14 @@ pub enum RunnerError {
 }
 
 /// One sequence's part of a step: `tokens` appended at positions `start..`, logits for the
-/// last `num_logits` of them.
+/// last `num_logits` of them; `history`: the sequence's tokens before `start` (the last few
+/// suffice, see [`ModelRunner::add_lookback`]).
 pub struct SeqWork<'a> {
     pub seq: SeqId,
     pub start: usize,
     pub tokens: &'a [u32],
     pub num_logits: usize,
+    pub history: &'a [u32],
 }
 
 pub struct ModelRunner {
@@ -83,6 +85,13 @@ impl ModelRunner {
         self.ids.push(seq);
     }
 
+    /// Gives the sequence just added the tokens before its `start` (oldest first; the last
+    /// [`LOOKBACK`](deepinfer_model::batch::LOOKBACK) suffice): V4.1's Engram hashes n-grams
+    /// across the step's boundary.
+    pub fn add_lookback(&mut self, history: impl IntoIterator<Item = u32>) {
+        self.batch.push_lookback(history);
+    }
+
     /// Runs the batch built since [`Self::clear`] and returns the logits asked for, in
     /// batch order (valid until the next step). `keep_hidden`: also keep every row's final
     /// streams (see [`Self::hidden`]). On error no cache row is trusted to have been written.
@@ -111,6 +120,7 @@ impl ModelRunner {
         self.clear();
         for w in work {
             self.add(w.seq, w.start, w.tokens.iter().copied(), w.num_logits);
+            self.add_lookback(w.history.iter().copied());
         }
         self.run(cache, false)
     }

@@ -21,7 +21,16 @@ pub struct ForwardBatch {
     /// Per span, the first position its sliding window may reach back to (the MTP block
     /// restarting its context after a pause); empty: 0 for every span.
     pub window_floor: Vec<usize>,
+    /// The tokens just before each span, oldest first, flat: span `s` has
+    /// `lookback[lookback_ends[s-1]..lookback_ends[s]]` ([`Self::lookback`]). What a model
+    /// that hashes n-grams across chunk boundaries (V4.1's Engram) reads.
+    pub lookback: Vec<u32>,
+    pub lookback_ends: Vec<usize>,
 }
+
+/// Tokens before a span that [`ForwardBatch::push_lookback`] keeps: V4.1's longest n-gram
+/// reads 3 back; configs may ask for up to 7.
+pub const LOOKBACK: usize = 7;
 
 impl ForwardBatch {
     /// Whole prompts from position 0, asking for the last position of each (or every
@@ -50,6 +59,30 @@ impl ForwardBatch {
         self.spans.push(SeqSpan { start: first, len });
         self.logits_rows
             .extend(first + len - num_logits.min(len)..first + len);
+        self.lookback_ends.push(self.lookback.len());
+    }
+
+    /// Gives the span just pushed the tokens before it (its sequence's history, oldest
+    /// first); only the last [`LOOKBACK`] are kept.
+    pub fn push_lookback(&mut self, history: impl IntoIterator<Item = u32>) {
+        let from = self.lookback_ends.iter().rev().nth(1).copied().unwrap_or(0);
+        self.lookback.extend(history);
+        let extra = (self.lookback.len() - from).saturating_sub(LOOKBACK);
+        self.lookback.drain(from..from + extra);
+        if let Some(end) = self.lookback_ends.last_mut() {
+            *end = self.lookback.len();
+        }
+    }
+
+    /// The tokens before span `s` given with [`Self::push_lookback`] (empty when none were).
+    pub fn lookback(&self, s: usize) -> &[u32] {
+        let start = if s == 0 {
+            0
+        } else {
+            self.lookback_ends.get(s - 1).copied().unwrap_or(0)
+        };
+        let end = self.lookback_ends.get(s).copied().unwrap_or(start);
+        &self.lookback[start.min(end)..end]
     }
 
     /// Empties the batch, keeping its buffers.
@@ -59,6 +92,8 @@ impl ForwardBatch {
         self.spans.clear();
         self.logits_rows.clear();
         self.window_floor.clear();
+        self.lookback.clear();
+        self.lookback_ends.clear();
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod engram;
 pub mod experts;
 pub mod numerics;
 pub mod parallel;

@@ -68,17 +68,32 @@ pub struct CompressorWeights {
     /// Output width `c` of one entry.
     pub dim: usize,
     pub wkv: Linear,
-    pub wgate: Linear,
-    /// `[m, coff·c]`, added to the gate logits of slot `pos mod m`.
+    /// The gate logits' projection; V4.1's ratio-1 compressor pools single tokens and has
+    /// none (its logits are zero: the pool is the token's own row).
+    pub wgate: Option<Linear>,
+    /// `[m, coff·c]`, added to the gate logits of slot `pos mod m` (zeros for V4.1, which
+    /// has no `ape`).
     pub ape: Vec<f32>,
     pub norm: Vec<f32>,
+    /// V4.1's indexer keys, made from each entry's latent before its RoPE (spec §8.5): the
+    /// kv source's indexer owns them.
+    pub keys: Option<IndexKeyWeights>,
+}
+
+/// `key = k_norm(wk · latent)`, then RoPE like the entry.
+#[derive(Debug)]
+pub struct IndexKeyWeights {
+    pub wk: Linear,
+    pub k_norm: Vec<f32>,
 }
 
 #[derive(Debug)]
 pub struct IndexerWeights {
     pub wq_b: Linear,
     pub weights_proj: Linear,
-    pub compressor: CompressorWeights,
+    /// V4's indexer compresses its own keys; V4.1's reads the kv source's
+    /// ([`CompressorWeights::keys`]).
+    pub compressor: Option<CompressorWeights>,
 }
 
 #[derive(Debug)]
@@ -190,6 +205,8 @@ pub struct LayerWeights {
     pub hc_ffn: HyperWeights,
     pub attn: AttentionWeights,
     pub ffn: MoeWeights,
+    /// V4.1's n-gram memory on the layers that have it.
+    pub engram: Option<crate::v4::engram::EngramWeights>,
 }
 
 #[derive(Debug)]
@@ -198,14 +215,34 @@ pub struct ModelWeights {
     pub embed: QMatrix,
     pub head: HeadWeights,
     pub norm: Vec<f32>,
-    pub hc_head_fn: Linear,
-    pub hc_head_base: Vec<f32>,
-    pub hc_head_scale: Vec<f32>,
+    /// V4's final stream collapse; V4.1 has none (its last FFN's `pre` collapses them).
+    pub hc_head: Option<HcHead>,
     pub layers: Vec<LayerWeights>,
     /// The MTP draft block, when the checkpoint ships one.
     pub mtp: Option<MtpWeights>,
     /// The cache streamed layers read their experts through (`None`: all resident).
     pub expert_store: Option<Arc<ExpertStore>>,
+}
+
+/// The hyper head's weights: `fn [hc, hc·D]`, `base [hc]`, `scale [1]`.
+#[derive(Debug)]
+pub struct HcHead {
+    pub fn_: Linear,
+    pub base: Vec<f32>,
+    pub scale: f32,
+}
+
+impl HcHead {
+    fn load(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<Self, CheckpointError> {
+        let (hc, d) = (c.hc_mult, c.hidden_size);
+        Ok(Self {
+            fn_: Linear {
+                w: ck.matrix(&format!("{p}fn"), &[hc, hc * d])?,
+            },
+            base: vec1(ck, &format!("{p}base"), hc)?,
+            scale: vec1(ck, &format!("{p}scale"), 1)?[0],
+        })
+    }
 }
 
 fn vec1(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
@@ -238,9 +275,52 @@ fn compressor(
         overlap,
         dim,
         wkv: Linear::load(ck, &format!("{p}.wkv"), width, c.hidden_size)?,
-        wgate: Linear::load(ck, &format!("{p}.wgate"), width, c.hidden_size)?,
+        wgate: Some(Linear::load(
+            ck,
+            &format!("{p}.wgate"),
+            width,
+            c.hidden_size,
+        )?),
         ape: ck.tensor_f32(&format!("{p}.ape"), &[ratio, width])?,
         norm: vec1(ck, &format!("{p}.norm.weight"), dim)?,
+        keys: None,
+    })
+}
+
+/// V4.1's compressor on a kv source (spec §8.3): no overlap, no `ape`, a gate only for
+/// ratio 2, and the indexer's key projection when the layer indexes.
+fn shared_compressor(
+    ck: &Checkpoint,
+    p: &str,
+    c: &ModelConfig,
+    ratio: usize,
+    indexes: bool,
+) -> Result<CompressorWeights, CheckpointError> {
+    let (hd, d) = (c.head_dim, c.hidden_size);
+    let keys = match indexes {
+        true => Some(IndexKeyWeights {
+            wk: Linear::load(ck, &format!("{p}.attn.indexer.wk"), c.index_head_dim, hd)?,
+            k_norm: vec1(
+                ck,
+                &format!("{p}.attn.indexer.k_norm.weight"),
+                c.index_head_dim,
+            )?,
+        }),
+        false => None,
+    };
+    let comp = format!("{p}.attn.compressor");
+    Ok(CompressorWeights {
+        ratio,
+        overlap: false,
+        dim: hd,
+        wkv: Linear::load(ck, &format!("{comp}.wkv"), hd, d)?,
+        wgate: match ratio > 1 {
+            true => Some(Linear::load(ck, &format!("{comp}.wgate"), hd, d)?),
+            false => None,
+        },
+        ape: vec![0.0; ratio * hd],
+        norm: vec1(ck, &format!("{comp}.norm.weight"), hd)?,
+        keys,
     })
 }
 
@@ -267,9 +347,7 @@ pub struct MtpWeights {
     pub enorm: Vec<f32>,
     pub hnorm: Vec<f32>,
     pub norm: Vec<f32>,
-    pub hc_head_fn: Linear,
-    pub hc_head_base: Vec<f32>,
-    pub hc_head_scale: Vec<f32>,
+    pub hc_head: HcHead,
     pub block: LayerWeights,
     /// The checkpoint's own copy of the embedding when it differs from the main one
     /// (`mtp.0.emb.tok_emb.weight`); `None`: the main embedding is shared.
@@ -290,6 +368,29 @@ struct LayerSpec<'a> {
     index: usize,
 }
 
+/// An indexer's query projection and head weights (its compressor left to the caller).
+fn indexer_queries(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    p: &str,
+) -> Result<IndexerWeights, CheckpointError> {
+    Ok(IndexerWeights {
+        wq_b: Linear::load(
+            ck,
+            &format!("{p}.attn.indexer.wq_b"),
+            c.index_n_heads * c.index_head_dim,
+            c.q_lora_rank,
+        )?,
+        weights_proj: Linear::load(
+            ck,
+            &format!("{p}.attn.indexer.weights_proj"),
+            c.index_n_heads,
+            c.hidden_size,
+        )?,
+        compressor: None,
+    })
+}
+
 fn attention(
     ck: &Checkpoint,
     c: &ModelConfig,
@@ -297,8 +398,13 @@ fn attention(
 ) -> Result<AttentionWeights, CheckpointError> {
     let (p, d) = (s.prefix, c.hidden_size);
     let (h, hd) = (c.num_attention_heads, c.head_dim);
+    let v41 = c.v41.as_ref();
+    let kv_source = v41.is_some_and(|v| v.kv_source(s.index) == Some(s.index));
+    let index_source = v41.is_some_and(|v| v.index_source(s.index) == Some(s.index));
     let compressor_w = match s.kind {
         AttnKind::Sliding => None,
+        AttnKind::Shared if !kv_source => None,
+        AttnKind::Shared => Some(shared_compressor(ck, p, c, s.ratio, index_source)?),
         AttnKind::Csa | AttnKind::Hca => Some(compressor(
             ck,
             &format!("{p}.attn.compressor"),
@@ -310,26 +416,19 @@ fn attention(
     };
     let indexer = match s.kind {
         AttnKind::Csa => Some(IndexerWeights {
-            wq_b: Linear::load(
-                ck,
-                &format!("{p}.attn.indexer.wq_b"),
-                c.index_n_heads * c.index_head_dim,
-                c.q_lora_rank,
-            )?,
-            weights_proj: Linear::load(
-                ck,
-                &format!("{p}.attn.indexer.weights_proj"),
-                c.index_n_heads,
-                d,
-            )?,
-            compressor: compressor(
+            compressor: Some(compressor(
                 ck,
                 &format!("{p}.attn.indexer.compressor"),
                 c,
                 s.ratio,
                 true,
                 c.index_head_dim,
-            )?,
+            )?),
+            ..indexer_queries(ck, c, p)?
+        }),
+        AttnKind::Shared if index_source => Some(IndexerWeights {
+            compressor: None,
+            ..indexer_queries(ck, c, p)?
         }),
         _ => None,
     };
@@ -596,6 +695,12 @@ fn layer(
         hc_ffn: hyper(ck, &format!("{p}.hc_ffn"), c)?,
         attn: attention(ck, c, s)?,
         ffn: moe_weights(ck, c, s, experts)?,
+        engram: match c.v41.as_ref().and_then(|v| v.engram_index(s.index)) {
+            Some(k) if s.prefix.starts_with("layers.") => {
+                Some(crate::v4::engram::EngramWeights::load(ck, c, p, k)?)
+            }
+            _ => None,
+        },
     })
 }
 
@@ -603,10 +708,14 @@ fn layer(
 /// otherwise (a checkpoint without `mtp.*` still serves, it just cannot draft).
 fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, CheckpointError> {
     const P: &str = "mtp.0";
-    if c.num_nextn_predict_layers == 0 || !ck.contains(&format!("{P}.e_proj.weight")) {
+    // V4.1's `mtp.*` stages are DSpark's, another drafter.
+    if c.num_nextn_predict_layers == 0
+        || c.v41.is_some()
+        || !ck.contains(&format!("{P}.e_proj.weight"))
+    {
         return Ok(None);
     }
-    let (d, hc) = (c.hidden_size, c.hc_mult);
+    let d = c.hidden_size;
     let spec = LayerSpec {
         prefix: P,
         kind: AttnKind::Sliding,
@@ -644,11 +753,7 @@ fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, Checkpoin
         enorm: vec1(ck, &format!("{P}.enorm.weight"), d)?,
         hnorm: vec1(ck, &format!("{P}.hnorm.weight"), d)?,
         norm: vec1(ck, &format!("{P}.norm.weight"), d)?,
-        hc_head_fn: Linear {
-            w: ck.matrix(&format!("{P}.hc_head_fn"), &[hc, hc * d])?,
-        },
-        hc_head_base: vec1(ck, &format!("{P}.hc_head_base"), hc)?,
-        hc_head_scale: vec1(ck, &format!("{P}.hc_head_scale"), 1)?,
+        hc_head: HcHead::load(ck, &format!("{P}.hc_head_"), c)?,
         block: layer(ck, c, &spec, None)?,
         embed,
         head,
@@ -684,7 +789,7 @@ impl ModelWeights {
             }
         }
         let total = c.num_hidden_layers + 1;
-        let (d, hc) = (c.hidden_size, c.hc_mult);
+        let d = c.hidden_size;
         let holding = Holding::of(placement, c);
         let expert_store = expert_store(ck, c, plan, &holding)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -712,11 +817,10 @@ impl ModelWeights {
                 None => HeadWeights::Whole(Linear::load(ck, "head", c.vocab_size, d)?),
             },
             norm: vec1(ck, "norm.weight", d)?,
-            hc_head_fn: Linear {
-                w: ck.matrix("hc_head_fn", &[hc, hc * d])?,
+            hc_head: match c.v41 {
+                Some(_) => None,
+                None => Some(HcHead::load(ck, "hc_head_", c)?),
             },
-            hc_head_base: vec1(ck, "hc_head_base", hc)?,
-            hc_head_scale: vec1(ck, "hc_head_scale", 1)?,
             layers,
             mtp: mtp(ck, c)?,
             expert_store,

@@ -198,11 +198,13 @@ impl Bench {
     pub fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<()> {
         self.cache.ensure_capacity(seq, ids.len())?;
         for (i, part) in ids.chunks(chunk.max(1)).enumerate() {
+            let start = i * chunk.max(1);
             let work = SeqWork {
                 seq,
-                start: i * chunk.max(1),
+                start,
                 tokens: part,
                 num_logits: 1,
+                history: &ids[..start],
             };
             self.runner.step(&mut self.cache, &[work])?;
         }
@@ -224,18 +226,21 @@ fn decode_row(
     let seqs: Vec<SeqId> = (0..b)
         .map(|_| bench.cache.add_seq())
         .collect::<Result<_, _>>()?;
-    for (i, &s) in seqs.iter().enumerate() {
-        bench.prefill(s, &tokens(args.context, vocab, i), 512)?;
+    let context: Vec<Vec<u32>> = (0..b).map(|i| tokens(args.context, vocab, i)).collect();
+    for (&s, ids) in seqs.iter().zip(&context) {
+        bench.prefill(s, ids, 512)?;
     }
     let next: Vec<Vec<u32>> = (0..b).map(|i| tokens(t, vocab, 1000 + i)).collect();
     let work: Vec<SeqWork> = seqs
         .iter()
         .zip(&next)
-        .map(|(&seq, ids)| SeqWork {
+        .zip(&context)
+        .map(|((&seq, ids), history)| SeqWork {
             seq,
             start: args.context,
             tokens: ids,
             num_logits: t,
+            history,
         })
         .collect();
     let step = |bench: &mut Bench| -> Result<(f64, Snapshot)> {

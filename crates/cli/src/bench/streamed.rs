@@ -82,8 +82,9 @@ pub fn decode_run(
     let seqs: Vec<SeqId> = (0..b)
         .map(|_| bench.cache.add_seq())
         .collect::<Result<_, _>>()?;
-    for (i, &s) in seqs.iter().enumerate() {
-        bench.prefill(s, &tokens(args.context, vocab, i), 512)?;
+    let mut history: Vec<Vec<u32>> = (0..b).map(|i| tokens(args.context, vocab, i)).collect();
+    for (&s, ids) in seqs.iter().zip(&history) {
+        bench.prefill(s, ids, 512)?;
     }
     let mut step = |n: usize| -> Result<()> {
         let ids: Vec<Vec<u32>> = (0..b)
@@ -92,17 +93,22 @@ pub fn decode_run(
         let work: Vec<SeqWork> = seqs
             .iter()
             .zip(&ids)
-            .map(|(&seq, ids)| SeqWork {
+            .zip(&history)
+            .map(|((&seq, ids), history)| SeqWork {
                 seq,
                 start: args.context + n,
                 tokens: ids,
                 num_logits: 1,
+                history,
             })
             .collect();
         for &s in &seqs {
             bench.cache.ensure_capacity(s, args.context + n + 1)?;
         }
         bench.runner.step(&mut bench.cache, &work)?;
+        for (h, ids) in history.iter_mut().zip(&ids) {
+            h.extend_from_slice(ids);
+        }
         Ok(())
     };
     step(0)?; // warm-up: the workspace grows once

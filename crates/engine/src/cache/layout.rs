@@ -208,6 +208,13 @@ pub struct CacheLayout {
 pub const CSA_ENTRIES: &str = "csa_entries";
 pub const HCA_ENTRIES: &str = "hca_entries";
 pub const INDEXER_KEYS: &str = "indexer_keys";
+/// V4.1's pools, by compression ratio: entries and indexer keys of the kv sources.
+pub const V41_POOLS: [(&str, usize, bool); 4] = [
+    ("c2_entries", 2, false),
+    ("c1_entries", 1, false),
+    ("c2_keys", 2, true),
+    ("c1_keys", 1, true),
+];
 
 impl CacheLayout {
     /// Layout for the decoder layers of `cfg` (`cfg.layer_types`), then `draft_layers`
@@ -242,7 +249,30 @@ impl CacheLayout {
             off += r.floats();
             r
         };
-        let mut members = [Vec::new(), Vec::new(), Vec::new()]; // csa, hca, indexer
+        // The pools' (name, width, ratio), in allocation order; empty ones are dropped below.
+        let specs: Vec<(&'static str, usize, usize)> = match &cfg.v41 {
+            None => vec![
+                (CSA_ENTRIES, kv, cfg.compress_rate_csa),
+                (HCA_ENTRIES, kv, cfg.compress_rate_hca),
+                (INDEXER_KEYS, key, cfg.compress_rate_csa),
+            ],
+            Some(_) => V41_POOLS
+                .iter()
+                .map(|&(name, ratio, keys)| (name, if keys { key } else { kv }, ratio))
+                .collect(),
+        };
+        let group_of = |ratio: usize, keys: bool| -> usize {
+            match &cfg.v41 {
+                None => {
+                    usize::from(!keys && ratio == cfg.compress_rate_hca) + 2 * usize::from(keys)
+                }
+                Some(_) => V41_POOLS
+                    .iter()
+                    .position(|&(_, r, k)| r == ratio && k == keys)
+                    .expect("V4.1 ratios are checked to be 1 or 2"),
+            }
+        };
+        let mut members = vec![Vec::new(); specs.len()];
         let mut layers = Vec::with_capacity(cfg.layer_types.len());
         let draft = std::iter::repeat_n(AttnKind::Sliding, draft_layers);
         for (layer, kind) in cfg.layer_types.iter().copied().chain(draft).enumerate() {
@@ -251,6 +281,7 @@ impl CacheLayout {
                 AttnKind::Sliding => (0, 0),
                 AttnKind::Csa => (cfg.compress_rate_csa, 2),
                 AttnKind::Hca => (cfg.compress_rate_hca, 1),
+                AttnKind::Shared => (cfg.compress_ratio(layer), 1),
             };
             if kind != AttnKind::Sliding && ratio == 0 {
                 return Err(CacheError::InvalidConfig {
@@ -283,8 +314,8 @@ impl CacheLayout {
                     window,
                     attn_pending: Some(ring(slots, 2 * coff * hd)),
                     index_pending: Some(ring(slots, 2 * coff * ihd)),
-                    attn_entries: place(0),
-                    index_entries: place(2),
+                    attn_entries: place(group_of(ratio, false)),
+                    index_entries: place(group_of(ratio, true)),
                 },
                 AttnKind::Hca => LayerLayout {
                     kind,
@@ -292,21 +323,38 @@ impl CacheLayout {
                     window,
                     attn_pending: Some(ring(slots, 2 * coff * hd)),
                     index_pending: None,
-                    attn_entries: place(1),
+                    attn_entries: place(group_of(ratio, false)),
                     index_entries: None,
                 },
+                // Only a kv source keeps compressed state: the layers after it read its
+                // entries and keys, stored once (spec §8.4-5).
+                AttnKind::Shared => {
+                    let source = cfg.v41.as_ref().and_then(|v| v.kv_source(layer)) == Some(layer);
+                    LayerLayout {
+                        kind,
+                        ratio,
+                        window,
+                        attn_pending: source.then(|| ring(slots, 2 * hd)),
+                        index_pending: None,
+                        attn_entries: if source {
+                            place(group_of(ratio, false))
+                        } else {
+                            None
+                        },
+                        index_entries: if source {
+                            place(group_of(ratio, true))
+                        } else {
+                            None
+                        },
+                    }
+                }
             };
             layers.push(l);
         }
         let slot_floats = off;
 
         // Drop empty groups and renumber the places accordingly.
-        let specs = [
-            (CSA_ENTRIES, kv, cfg.compress_rate_csa),
-            (HCA_ENTRIES, kv, cfg.compress_rate_hca),
-            (INDEXER_KEYS, key, cfg.compress_rate_csa),
-        ];
-        let mut index = [usize::MAX; 3];
+        let mut index = vec![usize::MAX; specs.len()];
         let mut pools = Vec::new();
         for (g, ((name, width, ratio), layers)) in specs.into_iter().zip(members).enumerate() {
             if !layers.is_empty() {

@@ -22,8 +22,9 @@ use super::block_pool::BlockPool;
 
 /// The parent of the first block of every chain.
 const ROOT: usize = usize::MAX;
-/// Paged pools a layout has at most (CSA entries, HCA entries, indexer keys).
-pub(super) const MAX_POOLS: usize = 3;
+/// Paged pools a layout has at most: V4's CSA entries, HCA entries and indexer keys, or
+/// V4.1's entries and keys at ratios 2 and 1.
+pub(super) const MAX_POOLS: usize = 4;
 
 #[derive(Debug)]
 struct Node {

@@ -11,6 +11,7 @@ mod matrix;
 mod names;
 mod shard;
 mod source;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -24,6 +25,7 @@ pub use error::CheckpointError;
 use names::{ExpertPart, HfName};
 use shard::{Shard, TensorInfo};
 pub use source::{FileRange, MatrixSource, SourceFormat};
+pub use table::TableRows;
 
 /// Which naming scheme the checkpoint's tensors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,18 +8,23 @@ use super::fields::{json_kind, Fields};
 use super::{invalid, ConfigError};
 use serde_json::Value;
 
-/// HF's class for DeepSeek-V4 (the only one `architectures` may name).
-const ARCHITECTURE: &str = "DeepseekV4ForCausalLM";
+/// HF's classes for DeepSeek-V4 and V4.1 (the only ones `architectures` may name; V4.1's
+/// checkpoints declare the vision-language class even for text-only use).
+const ARCHITECTURES: [&str; 3] = [
+    "DeepseekV4ForCausalLM",
+    "DeepseekV41ForCausalLM",
+    "DeepseekV41LLMForCausalLM",
+];
 
 /// Checks the declarative fields of either flavour.
 pub(super) fn check(f: &Fields) -> Result<(), ConfigError> {
     if let Some(list) = f.str_list("architectures")? {
-        if !list.iter().any(|(_, a)| *a == ARCHITECTURE) {
+        if !list.iter().any(|(_, a)| ARCHITECTURES.contains(a)) {
             let names: Vec<&str> = list.iter().map(|(_, a)| *a).collect();
             return Err(invalid(
                 "architectures",
                 format!("{names:?}"),
-                format!("this engine runs {ARCHITECTURE} only"),
+                format!("this engine runs {} only", ARCHITECTURES.join(" or ")),
             ));
         }
     }

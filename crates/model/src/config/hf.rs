@@ -73,13 +73,20 @@ fn hf_yarn(e: &Fields, max_pos: usize) -> Result<Yarn, ConfigError> {
     })
 }
 
-pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
+/// A V4 config, or with `v41` the text part of a V4.1 one (whose own fields
+/// [`super::v41::parse`] reads).
+pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
+    let expected: &[&str] = if v41 {
+        &["deepseek_v41", "deepseek_v41_text"]
+    } else {
+        &["deepseek_v4"]
+    };
     if let Some(mt) = f.str("model_type")? {
-        if mt != "deepseek_v4" {
+        if !expected.contains(&mt) {
             return Err(invalid(
-                "model_type",
+                f.name("model_type"),
                 format!("{mt:?}"),
-                "only deepseek_v4 is supported (V4.1 is a different architecture)",
+                format!("expected {}", expected.join(" or ")),
             ));
         }
     }
@@ -125,7 +132,34 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
     // Layer kinds: explicit `layer_types` > legacy per-layer `compress_ratios` (which may carry
     // trailing MTP entries) > HF's default (the V4-Pro schedule). Lists are cut to the layer
     // count as HF does; a short list fails validation.
-    let layer_types = if let Some(list) = f.str_list("layer_types")? {
+    let v41_ratios = if v41 {
+        let r = f
+            .usize_list("compress_ratios")?
+            .ok_or_else(|| ConfigError::Missing {
+                field: f.name("compress_ratios"),
+            })?;
+        if r.len() < n {
+            return Err(invalid(
+                f.name("compress_ratios"),
+                format!("{} entries", r.len()),
+                format!("needs one entry per layer (num_hidden_layers = {n})"),
+            ));
+        }
+        Some(r[..n].to_vec())
+    } else {
+        None
+    };
+    let layer_types = if let Some(r) = &v41_ratios {
+        r.iter()
+            .map(|&m| {
+                if m == 0 {
+                    AttnKind::Sliding
+                } else {
+                    AttnKind::Shared
+                }
+            })
+            .collect()
+    } else if let Some(list) = f.str_list("layer_types")? {
         let mut kinds = Vec::with_capacity(n);
         for (field, s) in list.into_iter().take(n) {
             kinds.push(match s {
@@ -182,7 +216,15 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         }
         kinds
     } else {
-        let n_hash = f.usize_or("num_hash_layers", 3)?;
+        // V4.1 routes every layer by score (spec §8.7).
+        let n_hash = f.usize_or("num_hash_layers", if v41 { 0 } else { 3 })?;
+        if v41 && n_hash > 0 {
+            return Err(invalid(
+                f.name("num_hash_layers"),
+                n_hash,
+                "V4.1 has no hash-routed layers",
+            ));
+        }
         (0..n)
             .map(|i| {
                 if i < n_hash {
@@ -283,6 +325,11 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         f.str("scoring_func")?.unwrap_or("sqrtsoftplus"),
     )?;
     let (bos_token_id, eos_token_ids) = token_ids(f, Some(0), &[1])?;
+    let index_topk = f.usize_or("index_topk", 512)?;
+    let v41 = match v41_ratios {
+        Some(r) => Some(super::v41::parse(f, r, index_topk)?),
+        None => None,
+    };
     Ok(ModelConfig {
         vocab_size: f.usize_or("vocab_size", 129280)?,
         hidden_size: f.req_usize("hidden_size")?,
@@ -300,7 +347,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         mlp_layer_types,
         index_n_heads: f.usize_or("index_n_heads", 64)?,
         index_head_dim: f.usize_or("index_head_dim", 128)?,
-        index_topk: f.usize_or("index_topk", 512)?,
+        index_topk,
         n_routed_experts: f.usize_or("n_routed_experts", 256)?,
         num_experts_per_tok: f.usize_or("num_experts_per_tok", 6)?,
         n_shared_experts: f.usize_or("n_shared_experts", 1)?,
@@ -320,6 +367,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         bos_token_id,
         eos_token_ids,
         numerics: Default::default(),
+        v41,
     })
 }
 

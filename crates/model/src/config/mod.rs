@@ -14,7 +14,10 @@ mod hf;
 mod official;
 #[cfg(test)]
 mod tests;
+mod v41;
 mod validate;
+
+pub use v41::{Candidates, EngramConfig, V41};
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -36,6 +39,9 @@ pub enum AttnKind {
     /// Heavily compressed attention: attends to every compressed entry
     /// (HF `heavily_compressed_attention`, any other official ratio).
     Hca,
+    /// V4.1's compressed attention (spec §8.3-5): non-overlapping compression by 1 or 2, the
+    /// entries and index picks of source layers shared by the layers after them.
+    Shared,
 }
 
 /// How a layer's MoE picks its experts.
@@ -122,6 +128,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Which rounding the forward pass computes: a run-time choice, not read from the file.
     pub numerics: Numerics,
+    /// V4.1's architecture (spec §8); `None` for V4.
+    pub v41: Option<V41>,
 }
 
 /// Why a config could not be used. Messages name the offending field as written in the file.
@@ -168,8 +176,13 @@ impl ModelConfig {
             .ok_or_else(|| invalid("<root>", json_kind(&v), "config.json must be a JSON object"))?;
         let f = Fields::root(obj);
         declared::check(&f)?;
-        if f.has("hidden_size") {
-            let cfg = hf::parse(&f)?;
+        if v41::declared(&f)? {
+            let text = f.obj("text_config")?.unwrap_or(Fields::root(obj));
+            let cfg = hf::parse(&text, true)?;
+            cfg.validate(&HF_KEYS)?;
+            Ok(cfg)
+        } else if f.has("hidden_size") {
+            let cfg = hf::parse(&f, false)?;
             cfg.validate(&HF_KEYS)?;
             Ok(cfg)
         } else if f.has("dim") || f.has("n_layers") {
@@ -201,6 +214,7 @@ impl ModelConfig {
             AttnKind::Sliding => 0,
             AttnKind::Csa => self.compress_rate_csa,
             AttnKind::Hca => self.compress_rate_hca,
+            AttnKind::Shared => self.v41.as_ref().map_or(0, |v| v.compress_ratios[layer]),
         }
     }
 }

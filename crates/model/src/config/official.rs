@@ -142,5 +142,6 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         bos_token_id,
         eos_token_ids,
         numerics: Default::default(),
+        v41: None,
     })
 }

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;
 
 use super::plan::{Init, PlannedTensor};
-use super::quant::{fp4_rows, fp8_rows, FP8_BLOCK};
+use super::quant::{fp4_rows, fp8_rows};
 
 /// Elements drawn per parallel task: big enough to amortise scheduling, small enough that the
 /// few tasks in flight per core stay within a few MB each.
@@ -131,12 +131,12 @@ fn expert_ids(rng: &mut ChaCha8Rng, n: usize, k: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// Rows per generation task for `t`; FP8 tasks hold whole 128-row scale blocks.
+/// Rows per generation task for `t`; FP8 tasks hold whole scale blocks.
 pub(super) fn chunk_rows(t: &PlannedTensor) -> usize {
     let (_, cols) = t.logical_rows_cols();
     let rows = (CHUNK_ELEMS / cols.max(1)).max(1);
     if t.dtype == Dtype::F8_E4M3 {
-        rows.div_ceil(FP8_BLOCK) * FP8_BLOCK
+        rows.div_ceil(t.block[0]) * t.block[0]
     } else {
         rows
     }
@@ -172,7 +172,7 @@ pub(super) fn encode_rows(
                 b.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
             }
         }
-        Dtype::F8_E4M3 => fp8_rows(&values, cols, &mut bytes, &mut scales),
+        Dtype::F8_E4M3 => fp8_rows(&values, cols, t.block, &mut bytes, &mut scales),
         Dtype::I8 => fp4_rows(&values, cols, &mut bytes, &mut scales),
         other => unreachable!("the plan has no {other:?} tensor with a float init"),
     }

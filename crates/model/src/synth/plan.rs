@@ -32,6 +32,9 @@ pub struct PlannedTensor {
     pub dtype: Dtype,
     pub shape: Vec<usize>,
     pub init: Init,
+    /// `[rows, cols]` of an FP8 weight's scale blocks (128×128 for V4, 32×32 for V4.1, 1×32
+    /// for V4.1's Engram tables); unused otherwise.
+    pub block: [usize; 2],
 }
 
 impl PlannedTensor {
@@ -74,6 +77,8 @@ const NORM: Init = Init::Normal {
 struct Planner {
     out: Vec<PlannedTensor>,
     dense: super::DenseFormat,
+    /// The dense projections' FP8 scale blocks (square).
+    fp8_block: usize,
 }
 
 impl Planner {
@@ -83,6 +88,7 @@ impl Planner {
             dtype,
             shape: shape.to_vec(),
             init,
+            block: [self.fp8_block; 2],
         });
     }
 
@@ -95,20 +101,50 @@ impl Planner {
     }
 
     /// A dense projection: FP8 e4m3 weight `[out, in]` + E8M0 scale
-    /// `[ceil(out/128), ceil(in/128)]`, or BF16 for [`super::DenseFormat::Bf16`] specs.
+    /// `[ceil(out/b), ceil(in/b)]` for the spec's block `b`, or BF16 for
+    /// [`super::DenseFormat::Bf16`] specs.
     fn fp8(&mut self, stem: &str, out: usize, inp: usize) {
         if self.dense == super::DenseFormat::Bf16 {
             self.bf16(format!("{stem}.weight"), &[out, inp], fan_in(inp));
             return;
         }
-        self.push(
-            format!("{stem}.weight"),
-            Dtype::F8_E4M3,
-            &[out, inp],
-            fan_in(inp),
-        );
-        let scale = [out.div_ceil(128), inp.div_ceil(128)];
+        let b = self.fp8_block;
+        self.fp8_blocks(stem, [out, inp], [b, b], fan_in(inp));
+    }
+
+    /// An FP8 weight with `block`-sized scale blocks, whatever the spec's dense format.
+    fn fp8_blocks(&mut self, stem: &str, shape: [usize; 2], block: [usize; 2], init: Init) {
+        self.push(format!("{stem}.weight"), Dtype::F8_E4M3, &shape, init);
+        self.out.last_mut().expect("just pushed").block = block;
+        let scale = [shape[0].div_ceil(block[0]), shape[1].div_ceil(block[1])];
         self.push(format!("{stem}.scale"), Dtype::F8_E8M0, &scale, Init::Scale);
+    }
+
+    /// V4.1's Engram on layer `l` (spec §8.6): the n-gram table (FP8 rows with a scale per
+    /// 32 columns, as shipped), the key/value projection and the gate's two weights.
+    fn engram(&mut self, s: &ModelConfig, l: usize) {
+        let Some(e) = s.v41.as_ref().and_then(|v| v.engram.as_ref()) else {
+            return;
+        };
+        let Some(k) = e.layer_ids.iter().position(|&x| x == l) else {
+            return;
+        };
+        let (hc, d) = (s.hc_mult, s.hidden_size);
+        let p = format!("layers.{l}.engram");
+        let unit = Init::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        self.fp8_blocks(
+            &format!("{p}.embed"),
+            [e.num_embeddings[k], e.head_dim],
+            [1, 32],
+            unit,
+        );
+        let cols = (e.max_ngram_size - 1) * e.n_heads * e.head_dim;
+        self.fp8(&format!("{p}.wkv"), (hc + 1) * d, cols);
+        self.bf16(format!("{p}.q_weight"), &[hc, d], NORM);
+        self.bf16(format!("{p}.k_weight"), &[hc, d], NORM);
     }
 
     /// FP4 e2m1 weight packed as I8 `[out, in/2]` + E8M0 scale `[out, in/32]`.
@@ -153,6 +189,34 @@ impl Planner {
         };
         self.f32(format!("{p}.ape"), &[ratio, width], ape);
         self.bf16(format!("{p}.norm.weight"), &[dim], NORM);
+    }
+
+    /// What a V4.1 layer adds by its role (spec §8.3-5): a kv source's compressor (a gate for
+    /// ratio 2 only, no `ape`) and, as it indexes, the key projection; an index source's
+    /// query projection and head weights.
+    fn v41_attention(&mut self, s: &ModelConfig, l: usize) {
+        let Some(v) = &s.v41 else { return };
+        let (d, hd, ihd) = (s.hidden_size, s.head_dim, s.index_head_dim);
+        let a = format!("layers.{l}.attn");
+        if v.kv_source(l) == Some(l) {
+            let c = format!("{a}.compressor");
+            self.bf16(format!("{c}.wkv.weight"), &[hd, d], fan_in(d));
+            if v.compress_ratios[l] > 1 {
+                self.bf16(format!("{c}.wgate.weight"), &[hd, d], fan_in(d));
+            }
+            self.bf16(format!("{c}.norm.weight"), &[hd], NORM);
+            self.bf16(format!("{a}.indexer.wk.weight"), &[ihd, hd], fan_in(hd));
+            self.bf16(format!("{a}.indexer.k_norm.weight"), &[ihd], NORM);
+        }
+        if v.index_source(l) == Some(l) {
+            let ix = format!("{a}.indexer");
+            self.fp8(&format!("{ix}.wq_b"), s.index_n_heads * ihd, s.q_lora_rank);
+            self.bf16(
+                format!("{ix}.weights_proj.weight"),
+                &[s.index_n_heads, d],
+                fan_in(d),
+            );
+        }
     }
 
     /// The MTP draft block (spec §7.1): input projections and norms, a full block, its own
@@ -211,6 +275,8 @@ impl Planner {
                 let m = s.compress_rate_hca;
                 self.compressor(&format!("{a}.compressor"), s, m, hd, false);
             }
+            // Depends on the layer's place among the sources: `v41_attention`.
+            AttnKind::Shared => {}
         }
 
         let f = format!("{p}.ffn");
@@ -251,6 +317,8 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
     let mut p = Planner {
         out: Vec::new(),
         dense: spec.dense,
+        // V4.1 quantises with 32×32 blocks (spec §8.8), V4 with 128×128.
+        fp8_block: if s.v41.is_some() { 32 } else { 128 },
     };
     let (v, d) = (s.vocab_size, s.hidden_size);
     let unit = Init::Normal {
@@ -265,9 +333,13 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
             s.layer_types[l],
             s.mlp_layer_types[l],
         );
+        p.v41_attention(s, l);
+        p.engram(s, l);
     }
     p.bf16("norm.weight".into(), &[d], NORM);
-    p.hyper("hc_head", s.hc_mult, s, 1);
+    if s.v41.is_none() {
+        p.hyper("hc_head", s.hc_mult, s, 1);
+    }
     p.bf16("head.weight".into(), &[v, d], fan_in(d));
     if s.num_nextn_predict_layers > 0 {
         p.mtp(s);

@@ -3,10 +3,21 @@
 use serde_json::{json, Value};
 
 use super::SynthError;
-use crate::config::{AttnKind, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn};
+use crate::config::{
+    AttnKind, Candidates, EngramConfig, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn, V41,
+};
+use crate::engram::{EngramLayout, EngramParams};
 
 /// Every preset [`preset`] knows, in the order error messages list them.
-pub const PRESETS: &[&str] = &["tiny", "bench", "bench-bf16", "big", "flash-slice"];
+pub const PRESETS: &[&str] = &[
+    "tiny",
+    "bench",
+    "bench-bf16",
+    "big",
+    "flash-slice",
+    "tiny-v41",
+    "bench-v41",
+];
 
 /// A named model shape. The shape is a [`ModelConfig`], the same type a loaded checkpoint
 /// gets, so presets cannot describe anything the engine would read differently.
@@ -110,6 +121,72 @@ fn flash_like() -> ModelConfig {
         bos_token_id: Some(0),
         eos_token_ids: vec![1],
         numerics: Default::default(),
+        v41: None,
+    }
+}
+
+/// The real V4 tokenizer's compressed vocabulary (spec §8.6): what the hash multipliers of
+/// a synthetic V4.1 checkpoint, which ships that tokenizer, are drawn for.
+const COMPRESSED_VOCAB: usize = 99_092;
+
+/// V4.1-Flash's settings (spec §1.1) over a schedule of `ratios` with the given sources, and
+/// Engram on `engram_layers` with tables of about `24 · engram_vocab` rows.
+fn v41_like(
+    base: ModelConfig,
+    ratios: &[usize],
+    kv: &[usize],
+    index: &[usize],
+    candidates: Candidates,
+    engram_layers: &[usize],
+    engram_vocab: usize,
+) -> ModelConfig {
+    let (max_ngram, heads, head_dim) = (4, 8, 256.min(base.hidden_size / 4));
+    let params = EngramParams {
+        layer_ids: engram_layers.to_vec(),
+        engram_vocab_size: engram_vocab as u64,
+        compressed_vocab_size: COMPRESSED_VOCAB,
+        max_ngram,
+        n_heads: heads,
+        pad_token_id: 2,
+    };
+    // The rows follow from the primes, which do not depend on the pad's id.
+    let layout = EngramLayout::with_pad_id(&params, 0).expect("preset Engram layouts are valid");
+    ModelConfig {
+        num_hidden_layers: ratios.len(),
+        layer_types: ratios
+            .iter()
+            .map(|&r| {
+                if r == 0 {
+                    AttnKind::Sliding
+                } else {
+                    AttnKind::Shared
+                }
+            })
+            .collect(),
+        mlp_layer_types: mlp_kinds(ratios.len(), 0),
+        num_nextn_predict_layers: 0,
+        v41: Some(V41 {
+            compress_ratios: ratios.to_vec(),
+            kv_source_layer_ids: kv.to_vec(),
+            index_source_layer_ids: index.to_vec(),
+            candidates: Some(candidates),
+            engram: Some(EngramConfig {
+                layer_ids: engram_layers.to_vec(),
+                num_embeddings: layout
+                    .rows_per_layer()
+                    .iter()
+                    .map(|&r| r as usize)
+                    .collect(),
+                max_ngram_size: max_ngram,
+                vocab_size: engram_vocab,
+                n_heads: heads,
+                head_dim,
+                compressed_vocab_size: COMPRESSED_VOCAB,
+                pad_token_id: 2,
+            }),
+            image_token_id: Some(129_264),
+        }),
+        ..base
     }
 }
 
@@ -132,6 +209,13 @@ fn flash_like() -> ModelConfig {
 ///   and BF16 head) over 6 layers (SWA, SWA, CSA, HCA, CSA, HCA; the first three hash-routed)
 ///   with 16 experts each and the MTP block, about 4.7 GB: the real model's product shapes
 ///   and share of bytes per format, at a size this machine holds.
+/// * `tiny-v41`: DeepSeek-V4.1 (spec §8) at `tiny`'s width in spec §10.3's shape: ratios
+///   0, 2, 2, 1, 1, kv sources 1 and 3, index sources 1, 3, 4, the candidate source 3, Engram
+///   on layers 1 and 3 (8 heads × 32, n-grams up to 4, ~1 MB tables), hc 2.
+/// * `bench-v41`: V4.1-Flash's proportions at `bench`'s width over 12 layers (window-only,
+///   window-only, four at ratio 2, six at ratio 1; kv sources 2 and 6, index sources 2, 6, 8,
+///   10, candidates from 6), Engram on layers 1 and 5 with 8 heads × 256 and tables of 4.1 M
+///   rows (~1.1 GB each: like the real ~100 GB tables, larger than the rest of a layer).
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let dense = if name == "bench-bf16" {
         DenseFormat::Bf16
@@ -186,6 +270,68 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 ..flash_like()
             }
         }
+        "tiny-v41" => {
+            let base = ModelConfig {
+                hidden_size: 128,
+                num_attention_heads: 2,
+                head_dim: 128,
+                q_lora_rank: 128,
+                o_groups: 2,
+                o_lora_rank: 64,
+                sliding_window: 16,
+                index_n_heads: 16,
+                index_head_dim: 128,
+                index_topk: 4,
+                n_routed_experts: 8,
+                num_experts_per_tok: 2,
+                moe_intermediate_size: 64,
+                hc_mult: 2,
+                max_position_embeddings: 65536,
+                ..flash_like()
+            };
+            let cand = Candidates {
+                source_layer: 3,
+                topk_blocks: 4,
+                block_size: 2,
+            };
+            v41_like(
+                base,
+                &[0, 2, 2, 1, 1],
+                &[1, 3],
+                &[1, 3, 4],
+                cand,
+                &[1, 3],
+                600,
+            )
+        }
+        "bench-v41" => {
+            let base = ModelConfig {
+                hidden_size: 2048,
+                num_attention_heads: 16,
+                q_lora_rank: 512,
+                o_groups: 4,
+                o_lora_rank: 512,
+                index_n_heads: 16,
+                n_routed_experts: 64,
+                moe_intermediate_size: 768,
+                ..flash_like()
+            };
+            let cand = Candidates {
+                source_layer: 6,
+                topk_blocks: 256,
+                block_size: 8,
+            };
+            let ratios = [0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1];
+            v41_like(
+                base,
+                &ratios,
+                &[2, 6],
+                &[2, 6, 8, 10],
+                cand,
+                &[1, 5],
+                170_000,
+            )
+        }
         "flash-slice" => {
             let ratios = [0, 0, 4, 128, 4, 128];
             ModelConfig {
@@ -210,6 +356,76 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         name: name.to_string(),
         config,
         dense,
+    })
+}
+
+/// A V4.1 `config.json` (spec §1.1): the text model's keys under `text_config`, with
+/// V4.1's own, and a top level that names the architecture and the 32×32 quantisation.
+fn v41_config_json(v4_pairs: Vec<(&str, Value)>, c: &ModelConfig, v: &V41) -> Value {
+    let mut text: serde_json::Map<String, Value> = v4_pairs
+        .into_iter()
+        .filter(|(k, _)| {
+            !matches!(
+                *k,
+                "architectures" | "quantization_config" | "num_hash_layers"
+            )
+        })
+        .map(|(k, val)| (k.to_string(), val))
+        .collect();
+    text.insert("model_type".into(), json!("deepseek_v41_text"));
+    text.insert("compress_ratios".into(), json!(v.compress_ratios));
+    text.insert("kv_source_layer_ids".into(), json!(v.kv_source_layer_ids));
+    text.insert(
+        "index_source_layer_ids".into(),
+        json!(v.index_source_layer_ids),
+    );
+    if let Some(cd) = v.candidates {
+        text.insert("candidate_source_layer_id".into(), json!(cd.source_layer));
+        text.insert("candidate_topk_blocks".into(), json!(cd.topk_blocks));
+        text.insert("candidate_block_size".into(), json!(cd.block_size));
+    }
+    if let Some(e) = &v.engram {
+        for (k, val) in [
+            ("engram_layer_ids", json!(e.layer_ids)),
+            ("engram_num_embeddings", json!(e.num_embeddings)),
+            ("engram_max_ngram_size", json!(e.max_ngram_size)),
+            ("engram_vocab_size", json!(e.vocab_size)),
+            ("engram_n_heads", json!(e.n_heads)),
+            ("engram_head_dim", json!(e.head_dim)),
+            (
+                "engram_compressed_vocab_size",
+                json!(e.compressed_vocab_size),
+            ),
+            ("engram_pad_token_id", json!(e.pad_token_id)),
+        ] {
+            text.insert(k.into(), val);
+        }
+    }
+    if let Some(id) = v.image_token_id {
+        text.insert("image_token_id".into(), json!(id));
+    }
+    if let Some(y) = &c.rope_compress.yarn {
+        let scaling = json!({
+            "type": "yarn",
+            "factor": y.factor,
+            "original_max_position_embeddings": y.original_max_position_embeddings as u64,
+            "beta_fast": y.beta_fast,
+            "beta_slow": y.beta_slow,
+        });
+        text.insert("rope_scaling".into(), scaling);
+    }
+    json!({
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "text_config": Value::Object(text),
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [32, 32],
+            "expert_dtype": "fp4",
+        },
     })
 }
 
@@ -345,6 +561,9 @@ impl SynthSpec {
                     "weight_block_size": [128, 128],
                 }),
             ));
+        }
+        if let Some(v) = &c.v41 {
+            return v41_config_json(pairs, c, v);
         }
         if let Some(y) = &c.rope_compress.yarn {
             let scaling = json!({

@@ -5,21 +5,26 @@
 use deepinfer_kernels::formats::{e8m0_to_f32, f32_to_e4m3, E4M3_MAX};
 use deepinfer_kernels::quant::{f32_to_e2m1, fp4_block_scale, pow2_scale_byte, FP8_AMAX_FLOOR};
 
-/// FP8 blocks are 128×128 in every shipped V4-Flash/Pro checkpoint.
-pub(super) const FP8_BLOCK: usize = 128;
 /// FP4 experts carry one scale per 32 inputs of a row.
 pub(super) const FP4_GROUP: usize = 32;
 
-/// Quantises `rows` full rows of a `cols`-wide matrix onto FP8 with one scale per 128×128
-/// block. `rows` must cover whole 128-row blocks (the matrix's last block may be short), so
-/// callers chunk on block boundaries. Appends the codes and the chunk's scale rows.
-pub(super) fn fp8_rows(x: &[f32], cols: usize, codes: &mut Vec<u8>, scales: &mut Vec<u8>) {
-    let col_blocks = cols.div_ceil(FP8_BLOCK);
-    for block in x.chunks(FP8_BLOCK * cols) {
+/// Quantises `rows` full rows of a `cols`-wide matrix onto FP8 with one scale per
+/// `[br, bc]` block (128×128 in V4-Flash/Pro, 32×32 in V4.1). `rows` must cover whole
+/// `br`-row blocks (the matrix's last block may be short), so callers chunk on block
+/// boundaries. Appends the codes and the chunk's scale rows.
+pub(super) fn fp8_rows(
+    x: &[f32],
+    cols: usize,
+    [br, bc]: [usize; 2],
+    codes: &mut Vec<u8>,
+    scales: &mut Vec<u8>,
+) {
+    let col_blocks = cols.div_ceil(bc);
+    for block in x.chunks(br * cols) {
         let mut amax = vec![0.0f32; col_blocks];
         for row in block.chunks_exact(cols) {
             for (j, &v) in row.iter().enumerate() {
-                let a = &mut amax[j / FP8_BLOCK];
+                let a = &mut amax[j / bc];
                 *a = a.max(v.abs());
             }
         }
@@ -32,7 +37,7 @@ pub(super) fn fp8_rows(x: &[f32], cols: usize, codes: &mut Vec<u8>, scales: &mut
             codes.extend(
                 row.iter()
                     .enumerate()
-                    .map(|(j, &v)| f32_to_e4m3(v * inv[j / FP8_BLOCK])),
+                    .map(|(j, &v)| f32_to_e4m3(v * inv[j / bc])),
             );
         }
         scales.extend_from_slice(&bytes);

@@ -2,9 +2,15 @@
 //! key and value, partial interleaved RoPE on the trailing dims, a learned sink logit per
 //! head, a sliding window, plus compressed entries (all of them for HCA, the indexer's
 //! top-k for CSA), and a grouped low-rank output projection.
+//!
+//! V4.1's layers (spec §8.2-5) differ in small ways handled here: no per-head q norm; only
+//! kv sources compress (into their own cache rows, which later layers read) and make the
+//! indexer's keys; only index sources score, and the layers after them attend to their
+//! picks (the [`Carry`]); later index sources pick inside the candidate source's blocks.
 
+use super::carry::Carry;
 use super::compressor::{absorb, pending_rows, scratch_len};
-use super::indexer::IndexerQueries;
+use super::indexer::{candidate_blocks, IndexerQueries, Scope};
 use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
@@ -68,6 +74,7 @@ pub fn attention(
     cache: &mut dyn CacheView,
     rope: &Rope,
     angles: &Angles,
+    carry: &mut Carry,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let st = Step {
@@ -81,15 +88,13 @@ pub fn attention(
     norm_and_rotate(&st, &mut p);
     // Compressed state first: entries closed by this batch's tokens are visible to them.
     compress(&st, &p, cache, rope, ws);
-    let (picks, n_picks) = select(&st, &mut p, &*cache, ws);
-    let mut out = attend_rows(&st, &p, (&picks, &n_picks), &*cache, ws);
+    select(&st, &mut p, &*cache, carry, ws);
+    let mut out = attend_rows(&st, &p, (&carry.picks, &carry.n_picks), &*cache, ws);
     // Only now overwrite the ring: earlier queries of a long chunk still read old slots.
     store_window(&st, &p.kv, cache, ws);
     let res = output(&st, &mut out, ws);
     p.give(ws);
     ws.give(out);
-    ws.give_idx(picks);
-    ws.give_idx(n_picks);
     res
 }
 
@@ -109,7 +114,25 @@ impl Step<'_> {
 
     /// Tokens per compressed entry (0 for a sliding layer).
     fn ratio(&self) -> usize {
-        self.w.compressor.as_ref().map_or(0, |cw| cw.ratio)
+        match self.c.v41.as_ref() {
+            Some(v) => v.compress_ratios.get(self.layer).copied().unwrap_or(0),
+            None => self.w.compressor.as_ref().map_or(0, |cw| cw.ratio),
+        }
+    }
+
+    /// The layer whose cache rows hold this layer's compressed entries and indexer keys.
+    fn kv_layer(&self) -> usize {
+        self.c
+            .v41
+            .as_ref()
+            .and_then(|v| v.kv_source(self.layer))
+            .unwrap_or(self.layer)
+    }
+
+    /// Whether the compressed entries attended to are index picks (CSA, and every V4.1
+    /// compressed layer) rather than all of them (HCA).
+    fn picks(&self) -> bool {
+        self.w.indexer.is_some() || (self.c.v41.is_some() && self.ratio() > 0)
     }
 }
 
@@ -151,7 +174,7 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     let mut qr = ws.take(n * w.wq_a.out_dim());
     let mut kv = ws.take(n * hd);
     let comp = w.compressor.as_ref();
-    let icomp = w.indexer.as_ref().map(|iw| &iw.compressor);
+    let icomp = w.indexer.as_ref().and_then(|iw| iw.compressor.as_ref());
     let width =
         |cw: Option<&crate::weights::CompressorWeights>| cw.map_or(0, |cw| cw.wkv.out_dim());
     let (mut ck, mut cz) = (ws.take(n * width(comp)), ws.take(n * width(comp)));
@@ -162,13 +185,16 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
         let exact = c.numerics.bf16_exact_inputs();
         jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr).with_bf16_x(exact));
         jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv).with_bf16_x(exact));
-        if let Some(cw) = comp {
-            jobs.push(Matmul::new(&cw.wkv.w, a, n, &mut ck));
-            jobs.push(Matmul::new(&cw.wgate.w, a, n, &mut cz));
+        // Without a gate (V4.1's ratio 1) the logits stay zero: each entry is its token.
+        for (cw, k, z) in [(comp, &mut ck, &mut cz), (icomp, &mut ik, &mut iz)] {
+            if let Some(cw) = cw {
+                jobs.push(Matmul::new(&cw.wkv.w, a, n, k));
+                if let Some(g) = &cw.wgate {
+                    jobs.push(Matmul::new(&g.w, a, n, z));
+                }
+            }
         }
         if let Some(iw) = &w.indexer {
-            jobs.push(Matmul::new(&iw.compressor.wkv.w, a, n, &mut ik));
-            jobs.push(Matmul::new(&iw.compressor.wgate.w, a, n, &mut iz));
             jobs.push(Matmul::new(&iw.weights_proj.w, a, n, &mut iwt));
         }
         profile::matmuls(&mut jobs);
@@ -216,16 +242,19 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     }
 }
 
-/// The per-head q RMS and RoPE, the latent's norm and RoPE, and its rounding as the cache
-/// will keep it.
+/// The per-head q RMS (V4 only) and RoPE, the latent's norm and RoPE, and its rounding as
+/// the cache will keep it.
 fn norm_and_rotate(st: &Step, p: &mut Projected) {
     let _p = scope(Op::NormRope);
     let (c, eps) = (st.c, st.c.rms_norm_eps);
     let (h, hd) = (c.num_attention_heads, c.head_dim);
+    let q_norm = c.v41.is_none();
     for (i, row) in p.q.chunks_exact_mut(h * hd).enumerate() {
         let (cos, sin) = st.angles.row(i);
         for head in row.chunks_exact_mut(hd) {
-            rms_norm_unweighted(head, eps);
+            if q_norm {
+                rms_norm_unweighted(head, eps);
+            }
             Rope::apply_with(head, cos, sin, false);
         }
     }
@@ -246,7 +275,7 @@ fn compress(st: &Step, p: &Projected, cache: &mut dyn CacheView, rope: &Rope, ws
     let pairs = [
         (w.compressor.as_ref(), &p.ck, &p.cz, Stream::Attn),
         (
-            w.indexer.as_ref().map(|iw| &iw.compressor),
+            w.indexer.as_ref().and_then(|iw| iw.compressor.as_ref()),
             &p.ik,
             &p.iz,
             Stream::Indexer,
@@ -257,7 +286,7 @@ fn compress(st: &Step, p: &Projected, cache: &mut dyn CacheView, rope: &Rope, ws
         let width = 2 * cw.wkv.out_dim();
         let mut pending = ws.take(n * width);
         pending_rows(cw, k, z, positions, &mut pending);
-        let mut scratch = ws.take(scratch_len(cw.dim));
+        let mut scratch = ws.take(scratch_len(cw));
         for (s, span) in rows.spans.iter().enumerate() {
             let chunk = &pending[span.start * width..(span.start + span.len) * width];
             let p0 = positions[span.start];
@@ -279,20 +308,20 @@ fn compress(st: &Step, p: &Projected, cache: &mut dyn CacheView, rope: &Rope, ws
     }
 }
 
-/// The indexer's picks for every CSA query, `[N, topk]`, with a count per row (both empty
-/// for a layer without an indexer).
+/// The index picks every compressed query attends to, `[N, topk]` with a count per row,
+/// left in `carry`: this layer's own when it indexes, else (V4.1) the last index source's.
+/// V4.1's candidate source also leaves its blocks there for the index sources after it.
 fn select(
     st: &Step,
     p: &mut Projected,
     cache: &dyn CacheView,
+    carry: &mut Carry,
     ws: &mut Workspace,
-) -> (Vec<usize>, Vec<usize>) {
+) {
     let (c, rows, n, ratio) = (st.c, st.rows, st.n(), st.ratio());
     let topk = c.index_topk;
-    let mut picks = ws.take_idx(if st.w.indexer.is_some() { n * topk } else { 0 });
-    let mut n_picks = ws.take_idx(n);
     let Some(iw) = &st.w.indexer else {
-        return (picks, n_picks);
+        return;
     };
     let _p = scope(Op::Indexer);
     let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
@@ -312,25 +341,70 @@ fn select(
         q: &p.iq,
         weights: &p.iwt,
     };
+    let v41 = c.v41.as_ref();
+    let cand = v41.and_then(|v| v.candidates);
+    let publish = cand.filter(|cd| cd.source_layer == st.layer);
+    let within = cand.filter(|_| v41.is_some_and(|v| v.uses_candidates(st.layer)));
+    let nb = cand.map_or(1, |cd| cd.topk_blocks.max(1));
+    let mut picks = ws.take_idx(n * topk);
+    let mut n_picks = ws.take_idx(n);
+    let mut blocks = ws.take_idx(if publish.is_some() { n * nb } else { 0 });
+    let mut n_blocks = ws.take_idx(if publish.is_some() { n } else { 0 });
     let positions = rows.positions;
+    let key_layer = st.kv_layer();
     let most_visible = positions.iter().map(|p| (p + 1) / ratio).max().unwrap_or(0);
-    picks
-        .par_chunks_mut(topk)
-        .zip(n_picks.par_iter_mut())
-        .with_min_len(min_len(most_visible * ih * ihd))
-        .enumerate()
-        .for_each(|(i, (out, count))| {
-            let (s, _, _) = rows.row_seq[i];
-            let visible = (positions[i] + 1) / ratio;
-            SCRATCH.with(|cell| {
-                let (scores, picked, key) = &mut *cell.borrow_mut();
-                let scratch = (scores, key);
-                queries.select(i, cache, s, st.layer, visible, topk, scratch, picked);
-                out[..picked.len()].copy_from_slice(picked);
-                *count = picked.len();
-            });
+    let (held, held_n) = (&carry.blocks, &carry.n_blocks);
+    let row = |i: usize,
+               out: &mut [usize],
+               count: &mut usize,
+               published: Option<(&mut [usize], &mut usize)>| {
+        let (s, _, _) = rows.row_seq[i];
+        let scope = Scope {
+            seq: s,
+            layer: key_layer,
+            visible: (positions[i] + 1) / ratio,
+            within: within.map(|cd| (&held[i * nb..i * nb + held_n[i]], cd.block_size)),
+        };
+        SCRATCH.with(|cell| {
+            let (scores, picked, key) = &mut *cell.borrow_mut();
+            queries.select(i, cache, &scope, topk, (scores, key), picked);
+            out[..picked.len()].copy_from_slice(picked);
+            *count = picked.len();
+            if let (Some(cd), Some((bout, bcount))) = (publish, published) {
+                if !scores.is_empty() {
+                    candidate_blocks(scores, cd.block_size, cd.topk_blocks, key, picked);
+                    bout[..picked.len()].copy_from_slice(picked);
+                    *bcount = picked.len();
+                }
+            }
         });
-    (picks, n_picks)
+    };
+    let min = min_len(most_visible * ih * ihd);
+    if publish.is_some() {
+        picks
+            .par_chunks_mut(topk)
+            .zip(n_picks.par_iter_mut())
+            .zip(blocks.par_chunks_mut(nb).zip(n_blocks.par_iter_mut()))
+            .with_min_len(min)
+            .enumerate()
+            .for_each(|(i, ((out, count), (b, bc)))| row(i, out, count, Some((b, bc))));
+    } else {
+        picks
+            .par_chunks_mut(topk)
+            .zip(n_picks.par_iter_mut())
+            .with_min_len(min)
+            .enumerate()
+            .for_each(|(i, (out, count))| row(i, out, count, None));
+    }
+    ws.give_idx(std::mem::replace(&mut carry.picks, picks));
+    ws.give_idx(std::mem::replace(&mut carry.n_picks, n_picks));
+    if publish.is_some() {
+        ws.give_idx(std::mem::replace(&mut carry.blocks, blocks));
+        ws.give_idx(std::mem::replace(&mut carry.n_blocks, n_blocks));
+    } else {
+        ws.give_idx(blocks);
+        ws.give_idx(n_blocks);
+    }
 }
 
 /// The attention core: every row's heads over its index set (its window, then its
@@ -345,6 +419,7 @@ fn attend_rows(
     let _p = scope(Op::Attention);
     let (w, c, rows, layer, n) = (st.w, st.c, st.rows, st.layer, st.n());
     let (h, hd, ratio, topk) = (c.num_attention_heads, c.head_dim, st.ratio(), c.index_topk);
+    let (kv_layer, picked) = (st.kv_layer(), st.picks());
     let (window, ring) = (c.sliding_window, cache.window_slots());
     let positions = rows.positions;
     let softmax_scale = (hd as f32).powf(-0.5);
@@ -368,7 +443,7 @@ fn attend_rows(
             let lo = p.saturating_sub(window - 1).max(rows.window_floor(s));
             let n_window = p + 1 - lo;
             // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
-            let n_comp = match (ratio, w.indexer.is_some()) {
+            let n_comp = match (ratio, picked) {
                 (0, _) => 0,
                 (_, true) => n_picks[i],
                 (m, false) => (p + 1) / m,
@@ -387,12 +462,8 @@ fn attend_rows(
                     }
                 } else {
                     let e = j - n_window;
-                    let e = if w.indexer.is_some() {
-                        picks[i * topk + e]
-                    } else {
-                        e
-                    };
-                    (true, cache.entry(s, layer, Stream::Attn, e))
+                    let e = if picked { picks[i * topk + e] } else { e };
+                    (true, cache.entry(s, kv_layer, Stream::Attn, e))
                 }
             };
             let heads = g * hg..(g + 1) * hg;

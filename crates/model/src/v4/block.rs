@@ -1,8 +1,10 @@
 //! One decoder block (spec §3.2): mHC collapse → norm → attention → mHC write-back, then the
-//! same around the MoE.
+//! same around the MoE. V4.1 (spec §8.1) collapses each sublayer's input with the previous
+//! sublayer's weights, which the block takes from and leaves in the [`Carry`].
 
 use super::attention::attention;
-use super::hyper::{hc_mix, hc_post};
+use super::carry::Carry;
+use super::hyper::{hc_mix, hc_post, Collapse, HyperMix};
 use super::moe::moe;
 use super::rows::{Angles, BatchRows};
 use super::workspace::Workspace;
@@ -33,12 +35,14 @@ pub fn block_forward(
     ctx: &BlockCtx,
     x: &mut [f32],
     cache: &mut dyn CacheView,
+    carry: &mut Carry,
     ws: &mut Workspace,
 ) -> Result<(), ExpertError> {
     let c = ctx.c;
     let (d, n, eps) = (c.hidden_size, ctx.token_ids.len(), c.rms_norm_eps);
+    let shifted = c.v41.is_some();
 
-    let mut mix = hc_mix(x, n, &w.hc_attn, c, ws);
+    let mut mix = hc_mix(x, n, &w.hc_attn, c, collapse(shifted, carry), ws);
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.attn_norm, eps);
@@ -52,13 +56,14 @@ pub fn block_forward(
         cache,
         ctx.rope,
         ctx.angles,
+        carry,
         ws,
     );
     hc_post(x, &o, &mix, n, d, ws);
     ws.give(o);
-    mix.recycle(ws);
+    hand_on(mix, shifted, carry, ws);
 
-    let mut mix = hc_mix(x, n, &w.hc_ffn, c, ws);
+    let mut mix = hc_mix(x, n, &w.hc_ffn, c, collapse(shifted, carry), ws);
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.ffn_norm, eps);
@@ -66,6 +71,24 @@ pub fn block_forward(
     let m = moe(&w.ffn, c, &mix.collapsed, ctx.token_ids, ws)?;
     hc_post(x, &m, &mix, n, d, ws);
     ws.give(m);
-    mix.recycle(ws);
+    hand_on(mix, shifted, carry, ws);
     Ok(())
+}
+
+/// How a sublayer collapses its input: V4 with its own weights, V4.1 with the previous
+/// sublayer's (stream 0 at the model's entry).
+fn collapse(shifted: bool, carry: &Carry) -> Collapse<'_> {
+    match (shifted, &carry.pre) {
+        (false, _) => Collapse::Own,
+        (true, None) => Collapse::First,
+        (true, Some(pre)) => Collapse::Carried(pre),
+    }
+}
+
+/// Recycles a sublayer's mixing weights, keeping its `pre` for the next one when shifted.
+fn hand_on(mut mix: HyperMix, shifted: bool, carry: &mut Carry, ws: &mut Workspace) {
+    if shifted {
+        carry.shift(std::mem::take(&mut mix.pre), ws);
+    }
+    mix.recycle(ws);
 }

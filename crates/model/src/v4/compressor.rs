@@ -6,6 +6,10 @@
 //! ring at `pos mod slots`; when a token closes its window the entry is pooled from the ring,
 //! normed, rotated at the window's first position and stored as entry `pos div m`. Entries
 //! are a pure function of their window's rows, so re-running a truncated span rewrites them.
+//!
+//! V4.1's compressors (spec §8.3) pool non-overlapping windows of 1 or 2 without `ape`, and
+//! a kv source that indexes also turns each entry's normed latent, before its RoPE, into the
+//! indexer's key for that entry (`k_norm(wk · latent)`, rotated like the entry).
 
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
@@ -39,9 +43,9 @@ pub fn pending_rows(
     }
 }
 
-/// Scratch floats [`absorb`] needs for a compressor of entry width `dim`.
-pub fn scratch_len(dim: usize) -> usize {
-    4 * dim
+/// Scratch floats [`absorb`] needs for compressor `w`.
+pub fn scratch_len(w: &CompressorWeights) -> usize {
+    4 * w.dim + w.keys.as_ref().map_or(0, |k| k.wk.out_dim())
 }
 
 /// Stores the rows of one sequence's chunk (positions `p0..p0+n`, rows in order) and emits
@@ -63,6 +67,7 @@ pub fn absorb(
     let width = 2 * w.wkv.out_dim();
     let slots = cache.pending_slots(layer);
     let (entry, temps) = scratch.split_at_mut(w.dim);
+    let (temps, key) = temps.split_at_mut(3 * w.dim);
     cache.keep_pending(seq, layer, stream, p0, rows);
     for (i, row) in rows.chunks_exact(width).enumerate() {
         let pos = p0 + i;
@@ -73,6 +78,13 @@ pub fn absorb(
             let win = pos / w.ratio;
             pool(w, &*cache, seq, layer, stream, win, entry, temps);
             rms_norm(entry, &w.norm, c.rms_norm_eps);
+            if let Some(k) = &w.keys {
+                k.wk.forward_into(entry, 1, key);
+                rms_norm(key, &k.k_norm, c.rms_norm_eps);
+                rope.apply(key, win * w.ratio, false);
+                c.numerics.indexer(key, key.len());
+                record::store_key(c, key, cache.entry_mut(seq, layer, Stream::Indexer, win));
+            }
             rope.apply(entry, win * w.ratio, false);
             let rec = cache.entry_mut(seq, layer, stream, win);
             match stream {

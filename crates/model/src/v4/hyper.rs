@@ -46,6 +46,8 @@ fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32, ws: &mut Workspace) -> 
 /// with [`HyperMix::recycle`]).
 pub struct HyperMix {
     pub hc: usize,
+    /// `[T, hc]`: this sublayer's collapse weights (V4.1 hands them to the next sublayer).
+    pub pre: Vec<f32>,
     /// `[T, hc]`.
     pub post: Vec<f32>,
     /// `[T, hc, hc]`: `comb[j][k]` carries source stream `j` into destination `k`.
@@ -56,19 +58,32 @@ pub struct HyperMix {
 
 impl HyperMix {
     pub fn recycle(self, ws: &mut Workspace) {
+        ws.give(self.pre);
         ws.give(self.post);
         ws.give(self.comb);
         ws.give(self.collapsed);
     }
 }
 
+/// Which weights collapse a sublayer's input streams.
+#[derive(Clone, Copy)]
+pub enum Collapse<'a> {
+    /// V4: the sublayer's own `pre`.
+    Own,
+    /// V4.1's shifted mHC (spec §8.1): the previous sublayer's `pre`, `[T, hc]`…
+    Carried(&'a [f32]),
+    /// …or, at the model's entry, stream 0 (all streams are the embedding there).
+    First,
+}
+
 /// Computes `pre`, `post` and the Sinkhorn-projected `comb` from the streams `x: [T, hc, D]`
-/// and collapses the streams with `pre`.
+/// and collapses the streams as `collapse` says.
 pub fn hc_mix(
     x: &[f32],
     t: usize,
     w: &HyperWeights,
     c: &ModelConfig,
+    collapse: Collapse,
     ws: &mut Workspace,
 ) -> HyperMix {
     let (d, hc, iters, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps);
@@ -76,17 +91,19 @@ pub fn hc_mix(
     let mix = normed_mix(x, t, &w.fn_, c.rms_norm_eps, ws);
     let _p = scope(Op::Hyper);
     let m = (2 + hc) * hc;
+    let mut pre_all = ws.take(t * hc);
     let mut post = ws.take(t * hc);
     let mut comb = ws.take(t * hc * hc);
     let mut collapsed = ws.take(t * d);
-    post.par_chunks_mut(hc)
+    pre_all
+        .par_chunks_mut(hc)
+        .zip(post.par_chunks_mut(hc))
         .zip(comb.par_chunks_mut(hc * hc))
         .zip(collapsed.par_chunks_mut(d))
         .enumerate()
         .with_min_len(TOKENS_PER_TASK)
-        .for_each(|(i, ((post, c), out))| {
+        .for_each(|(i, (((pre, post), c), out))| {
             let mi = &mix[i * m..(i + 1) * m];
-            let mut pre = [0.0f32; MAX_HC];
             for j in 0..hc {
                 pre[j] = sigmoid(mi[j] * w.scale[0] + w.base[j]) + hc_eps;
                 post[j] = 2.0 * sigmoid(mi[hc + j] * w.scale[1] + w.base[hc + j]);
@@ -111,16 +128,28 @@ pub fn hc_mix(
                 normalise_rows(c, hc, hc_eps);
                 normalise_columns(c, hc, hc_eps);
             }
-            for (s, &p) in pre[..hc].iter().enumerate() {
-                axpy(out, p, &x[(i * hc + s) * d..(i * hc + s + 1) * d]);
+            let streams = &x[i * hc * d..(i + 1) * hc * d];
+            match collapse {
+                Collapse::Own => collapse_streams(out, pre, streams),
+                Collapse::Carried(p) => collapse_streams(out, &p[i * hc..(i + 1) * hc], streams),
+                Collapse::First => out.copy_from_slice(&streams[..d]),
             }
         });
     ws.give(mix);
     HyperMix {
         hc,
+        pre: pre_all,
         post,
         comb,
         collapsed,
+    }
+}
+
+/// `out = Σ_s pre[s]·X[s]` (`out` zeroed).
+fn collapse_streams(out: &mut [f32], pre: &[f32], streams: &[f32]) {
+    let d = out.len();
+    for (s, &p) in pre.iter().enumerate() {
+        axpy(out, p, &streams[s * d..(s + 1) * d]);
     }
 }
 

@@ -1,5 +1,9 @@
 //! The lightning indexer (spec §3.7): scores every visible compressed entry for a query with
 //! `Σ_h w_h · relu(q_h · K)` and keeps the top-k. CSA layers attend only to those.
+//!
+//! V4.1's two-level variant (spec §8.5): the candidate source also keeps, per query, the
+//! best blocks of entries (a block scores its best entry; the newest block always stays), and
+//! later index sources pick only among the entries of those blocks.
 
 use crate::cache::{CacheView, Stream};
 use crate::config::ModelConfig;
@@ -19,26 +23,63 @@ pub struct IndexerQueries<'a> {
     pub weights: &'a [f32],
 }
 
+/// Where a query's keys are and which of them it may pick.
+pub struct Scope<'a> {
+    pub seq: usize,
+    /// The layer whose cache holds the keys (V4.1: the kv source).
+    pub layer: usize,
+    /// Keys `0..visible` exist for this query.
+    pub visible: usize,
+    /// Picks only inside these blocks of `block_size` keys (V4.1's later index sources).
+    pub within: Option<(&'a [usize], usize)>,
+}
+
 impl IndexerQueries<'_> {
-    /// Top-`k` of the first `visible` indexer keys of batch sequence `seq` for batch row `i`,
-    /// best first, lower index on ties, into `picked` (`scores` and a key buffer: scratch).
-    #[allow(clippy::too_many_arguments)]
+    /// Top-`k` of the keys `scope` allows for batch row `i`, best first, lower index on ties,
+    /// into `picked`; every visible key when there are no more than `k`. `scores` (left
+    /// holding every visible key's score when they were scored) and a key buffer: scratch.
     pub fn select(
         &self,
         i: usize,
         cache: &dyn CacheView,
-        seq: usize,
-        layer: usize,
-        visible: usize,
+        scope: &Scope,
         k: usize,
         (scores, key_buf): (&mut Vec<f32>, &mut Vec<f32>),
         picked: &mut Vec<usize>,
     ) {
         picked.clear();
-        if visible <= k {
-            picked.extend(0..visible);
+        scores.clear();
+        if scope.visible <= k {
+            picked.extend(0..scope.visible);
             return;
         }
+        self.score(i, cache, scope, scores, key_buf);
+        let Some((blocks, size)) = scope.within else {
+            topk_into(scores, k, picked);
+            return;
+        };
+        // Outside the candidates nothing may be picked: score them below everything, pick,
+        // and put the real scores back for whoever reads them next.
+        key_buf.clear();
+        key_buf.extend_from_slice(scores);
+        scores.fill(f32::NEG_INFINITY);
+        for &b in blocks {
+            let r = (b * size).min(scope.visible)..((b + 1) * size).min(scope.visible);
+            scores[r.clone()].copy_from_slice(&key_buf[r]);
+        }
+        topk_into(scores, k, picked);
+        scores.copy_from_slice(&key_buf[..scope.visible]);
+    }
+
+    /// Every visible key's score for row `i`, into `scores`.
+    fn score(
+        &self,
+        i: usize,
+        cache: &dyn CacheView,
+        scope: &Scope,
+        scores: &mut Vec<f32>,
+        key_buf: &mut Vec<f32>,
+    ) {
         let hd = self.head_dim;
         let softmax_scale = (hd as f32).powf(-0.5);
         let q = &self.q[i * self.heads * hd..(i + 1) * self.heads * hd];
@@ -49,9 +90,8 @@ impl IndexerQueries<'_> {
         }
         let len = hd.min(key_buf.len());
         let key_buf = &mut key_buf[..len];
-        scores.clear();
-        scores.extend((0..visible).map(|e| {
-            let rec = cache.entry(seq, layer, Stream::Indexer, e);
+        scores.extend((0..scope.visible).map(|e| {
+            let rec = cache.entry(scope.seq, scope.layer, Stream::Indexer, e);
             let key: &[f32] = if packed {
                 record::load_key(self.config, rec, key_buf);
                 key_buf
@@ -64,7 +104,28 @@ impl IndexerQueries<'_> {
             }
             s
         }));
-        crate::profile::cache_read(visible * record::key_words(self.config) * 4);
-        topk_into(scores, k, picked);
+        crate::profile::cache_read(scope.visible * record::key_words(self.config) * 4);
     }
+}
+
+/// The candidate source's blocks for one query from its keys' `scores`: the `top` blocks of
+/// `size` keys by their best key, the newest block (the one holding the last key) always
+/// among them; into `out`, best first (`block_scores`: scratch).
+pub fn candidate_blocks(
+    scores: &[f32],
+    size: usize,
+    top: usize,
+    block_scores: &mut Vec<f32>,
+    out: &mut Vec<usize>,
+) {
+    block_scores.clear();
+    block_scores.extend(
+        scores
+            .chunks(size)
+            .map(|b| b.iter().copied().fold(f32::NEG_INFINITY, f32::max)),
+    );
+    if let Some(newest) = block_scores.last_mut() {
+        *newest = f32::INFINITY;
+    }
+    topk_into(block_scores, top, out);
 }

@@ -2,7 +2,9 @@
 
 pub mod attention;
 pub mod block;
+pub mod carry;
 pub mod compressor;
+pub mod engram;
 mod expert_pass;
 pub mod hyper;
 pub mod indexer;

@@ -1,7 +1,11 @@
 //! The whole model: embedding → mHC residual streams → blocks → hyper head → norm → lm_head,
-//! over a flat batch whose sequences keep their state in a [`CacheView`].
+//! over a flat batch whose sequences keep their state in a [`CacheView`]. V4.1 (spec §8)
+//! adds Engram reads in front of some blocks and collapses the final streams with the last
+//! sublayer's weights instead of a hyper head.
 
 use super::block::{block_forward, BlockCtx};
+use super::carry::Carry;
+use super::engram::{engram, EngramHashing};
 use super::hyper::hc_head;
 use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::split_head;
@@ -10,11 +14,12 @@ use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
+use crate::engram::{CompressedTokenMap, EngramError, EngramLayout};
 use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
-use crate::weights::{HeadWeights, Linear, ModelWeights, Routing};
+use crate::weights::{HcHead, HeadWeights, ModelWeights, Routing};
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
@@ -28,6 +33,10 @@ pub enum ModelError {
     Checkpoint(#[from] CheckpointError),
     #[error("streamed experts: {0}")]
     Experts(#[from] ExpertError),
+    #[error("engram: {0}")]
+    Engram(#[from] EngramError),
+    #[error("{0}")]
+    Unsupported(&'static str),
     #[error("{numerics} numerics: {reason}")]
     Numerics {
         numerics: Numerics,
@@ -109,6 +118,8 @@ pub struct Model {
     _split: Option<SplitGuard>,
     /// Split over ranks with tensor parallelism, which official numerics does not run on.
     split_tensor: bool,
+    /// V4.1's n-gram hashing, when the model has Engram layers.
+    engram: Option<EngramHashing>,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -134,6 +145,7 @@ impl Model {
             memory_plan: "every weight resident".into(),
             _split: None,
             split_tensor: false,
+            engram: None,
         }
     }
 
@@ -181,6 +193,12 @@ impl Model {
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if config.v41.is_some() && placement.is_some() {
+            return Err(ModelError::Unsupported(
+                "DeepSeek-V4.1 runs in one process for now (no tensor or expert parallelism)",
+            ));
+        }
+        let engram = engram_hashing(dir, &config)?;
         let ck = Checkpoint::open(dir)?;
         let mut bytes = StoredBytes::of(&ck);
         if let Some(pl) = &placement {
@@ -195,6 +213,7 @@ impl Model {
         let weights =
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
         let mut model = Self::new(config, weights);
+        model.engram = engram;
         model.memory_plan = why;
         model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
@@ -237,7 +256,12 @@ impl Model {
         let c = &self.config;
         if numerics == Numerics::Official {
             let csa = c.layer_types.contains(&AttnKind::Csa);
-            let reason = if self.split_tensor {
+            let reason = if c.v41.is_some() {
+                Some(
+                    "DeepSeek-V4.1's official rounding points are not published (spec §11); \
+                     it runs in reference numerics",
+                )
+            } else if self.split_tensor {
                 Some(
                     "not supported with tensor parallelism yet: split the experts alone \
                      (--enable-expert-parallel --tensor-parallel-size 1)",
@@ -399,6 +423,10 @@ impl Model {
         self.reserve_thread_scratch();
         let row_seq = std::mem::take(&mut self.scratch.row_seq);
         let rows = self.rows(batch, &*cache, row_seq, true)?;
+        let hashes = match &self.engram {
+            Some(e) => e.rows(batch)?,
+            None => Vec::new(),
+        };
         let Self {
             config: c,
             weights: w,
@@ -409,6 +437,7 @@ impl Model {
         } = self;
         let ws = &mut scratch.ws;
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
+        let mut carry = Carry::default();
         let angles_main = Angles::new(rope_main, rows.positions, ws);
         let angles_compress = Angles::new(rope_compress, rows.positions, ws);
         prefetch_hash_routed(w, c.num_experts_per_tok, &batch.token_ids);
@@ -427,19 +456,26 @@ impl Model {
                 rope,
                 angles,
             };
-            block_forward(lw, &ctx, &mut x, cache, ws)?;
+            if let Some(ew) = &lw.engram {
+                engram(ew, c, &mut x, &hashes[ew.index], ws)?;
+            }
+            block_forward(lw, &ctx, &mut x, cache, &mut carry, ws)?;
             if let Some(tr) = extras.trace.as_deref_mut() {
                 tr.push(x.clone());
             }
         }
+        let collapse = match (&w.hc_head, &carry.pre) {
+            (Some(h), _) => FinalCollapse::Hyper(h),
+            (None, Some(pre)) => FinalCollapse::Pre(pre),
+            (None, None) => unreachable!("a V4.1 model has layers, each leaving its weights"),
+        };
         let head = Head {
-            hc_fn: &w.hc_head_fn,
-            hc_base: &w.hc_head_base,
-            hc_scale: w.hc_head_scale[0],
+            collapse,
             norm: &w.norm,
             head: &w.head,
         };
         head.logits(c, &x, &batch.logits_rows, logits, ws);
+        carry.recycle(ws);
         match extras.hidden {
             Some(hidden) => {
                 std::mem::swap(hidden, &mut x);
@@ -452,6 +488,34 @@ impl Model {
         scratch.row_seq = rows.row_seq;
         Ok(())
     }
+}
+
+/// V4.1's Engram hashing for `config`, from the checkpoint's `tokenizer.json` (the compressed
+/// id map is derived from the tokenizer the tables were trained with); `None` without Engram.
+fn engram_hashing(dir: &Path, c: &ModelConfig) -> Result<Option<EngramHashing>, ModelError> {
+    let Some(v) = &c.v41 else { return Ok(None) };
+    let Some(e) = &v.engram else { return Ok(None) };
+    let map = CompressedTokenMap::from_tokenizer_file(dir.join("tokenizer.json"))?;
+    let layout = EngramLayout::new(&e.params(), &map)?;
+    for (i, (&rows, &want)) in layout
+        .rows_per_layer()
+        .iter()
+        .zip(&e.num_embeddings)
+        .enumerate()
+    {
+        if rows != want as u64 {
+            return Err(ModelError::Config(ConfigError::Invalid {
+                field: format!("engram_num_embeddings[{i}]"),
+                value: want.to_string(),
+                reason: format!("the hash layout gives {rows} rows"),
+            }));
+        }
+    }
+    Ok(Some(EngramHashing {
+        layout,
+        map,
+        image_token_id: v.image_token_id,
+    }))
 }
 
 /// What rank `pl.comm.rank()` holds of a split model, in words (the memory plan's start).
@@ -522,10 +586,16 @@ pub(super) fn embed_streams(
 
 /// The hyper head, final norm and vocabulary projection: the main model's or the MTP
 /// block's own (which shares the main head unless the checkpoint ships a different copy).
+/// How the final streams become one vector per token.
+pub(super) enum FinalCollapse<'a> {
+    /// V4's hyper head.
+    Hyper(&'a HcHead),
+    /// V4.1: the last sublayer's `pre`, `[N, hc]` over the whole batch.
+    Pre(&'a [f32]),
+}
+
 pub(super) struct Head<'a> {
-    pub hc_fn: &'a Linear,
-    pub hc_base: &'a [f32],
-    pub hc_scale: f32,
+    pub collapse: FinalCollapse<'a>,
     pub norm: &'a [f32],
     pub head: &'a HeadWeights,
 }
@@ -546,7 +616,22 @@ impl Head<'_> {
         for (o, &r) in picked.chunks_exact_mut(hc * d).zip(rows) {
             o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
         }
-        let mut h = hc_head(&picked, m, self.hc_fn, self.hc_base, self.hc_scale, c, ws);
+        let mut h = match self.collapse {
+            FinalCollapse::Hyper(hh) => hc_head(&picked, m, &hh.fn_, &hh.base, hh.scale, c, ws),
+            FinalCollapse::Pre(pre) => {
+                let mut h = ws.take(m * d);
+                for ((out, &r), streams) in h
+                    .chunks_exact_mut(d)
+                    .zip(rows)
+                    .zip(picked.chunks_exact(hc * d))
+                {
+                    for (s, stream) in streams.chunks_exact(d).enumerate() {
+                        deepinfer_kernels::vector::axpy(out, pre[r * hc + s], stream);
+                    }
+                }
+                h
+            }
+        };
         {
             let _p = scope(Op::NormRope);
             rms_norm_rows(&mut h, self.norm, c.rms_norm_eps);

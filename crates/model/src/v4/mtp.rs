@@ -4,7 +4,8 @@
 //! the main model's unless the checkpoint ships different copies.
 
 use super::block::{block_forward, BlockCtx};
-use super::model::{embed_streams, Head, Model, ModelError};
+use super::carry::Carry;
+use super::model::{embed_streams, FinalCollapse, Head, Model, ModelError};
 use super::rows::Angles;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
@@ -93,11 +94,11 @@ impl Model {
             rope: rope_main,
             angles: &angles,
         };
-        block_forward(&mtp.block, &ctx, &mut x, cache, ws)?;
+        let mut carry = Carry::default();
+        block_forward(&mtp.block, &ctx, &mut x, cache, &mut carry, ws)?;
+        carry.recycle(ws);
         let head = Head {
-            hc_fn: &mtp.hc_head_fn,
-            hc_base: &mtp.hc_head_base,
-            hc_scale: mtp.hc_head_scale[0],
+            collapse: FinalCollapse::Hyper(&mtp.hc_head),
             norm: &mtp.norm,
             head: mtp.head.as_ref().unwrap_or(&w.head),
         };

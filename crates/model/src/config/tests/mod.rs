@@ -4,6 +4,7 @@
 mod hf;
 mod official;
 mod rejects;
+mod v41;
 
 use super::*;
 

@@ -26,8 +26,13 @@ fn rejects_bad_json_and_unknown_flavour() {
     assert_err("[1]", &["must be a JSON object"]);
     assert_err(r#"{"vocab_size": 5}"#, &["hidden_size", "dim"]);
     assert_err(
+        &with("model_type", "deepseek_v42".into()),
+        &["model_type", "deepseek_v42"],
+    );
+    // A V4.1 config must say where its compressed layers' state comes from.
+    assert_err(
         &with("model_type", "deepseek_v41".into()),
-        &["model_type", "deepseek_v41"],
+        &["compress_ratios"],
     );
 }
 

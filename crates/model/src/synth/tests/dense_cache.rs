@@ -34,6 +34,12 @@ impl DenseCache {
                     add(Stream::Indexer, 2, ihd);
                 }
                 AttnKind::Hca => add(Stream::Attn, 1, hd),
+                AttnKind::Shared => {
+                    if c.v41.as_ref().and_then(|v| v.kv_source(l)) == Some(l) {
+                        add(Stream::Attn, 1, hd);
+                        entries.insert((l, Stream::Indexer), (ihd, vec![0.0; ihd * (cap / m + 1)]));
+                    }
+                }
             }
         }
         Self {

@@ -1,0 +1,86 @@
+"""Storage formats of DeepSeek's checkpoints, shared by the golden generators: values drawn
+in float32 are rounded onto what the checkpoint stores (BF16; FP8 e4m3 with power-of-two
+E8M0 block scales; FP4 e2m1 with an E8M0 scale per 32 inputs, two codes a byte, low nibble
+first), and written as safetensors byte for byte (dtypes such as F8_E8M0 included).
+"""
+
+import json
+import math
+import struct
+
+import torch
+
+
+def bf16_round(t):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def fp8_block_quant(w, block=128, block_cols=None):
+    """Round w onto FP8 e4m3 with a power-of-two scale per `block` × `block_cols` block (square
+    when `block_cols` is None; a ragged edge block uses its own amax); return (codes u8, scale
+    exps u8, scales, dequant)."""
+    br, bc = block, block_cols or block
+    out_dim, in_dim = w.shape
+    rb, cb = math.ceil(out_dim / br), math.ceil(in_dim / bc)
+    padded = torch.zeros(rb * br, cb * bc)
+    padded[:out_dim, :in_dim] = w
+    blocks = padded.view(rb, br, cb, bc)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-4)
+    exp = torch.ceil(torch.log2(amax / 448.0))
+    scale = torch.pow(2.0, exp)
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    deq = (q.to(torch.float32) * scale[:, None, :, None]).view(rb * br, cb * bc)[:out_dim, :in_dim]
+    codes = q.view(rb * br, cb * bc)[:out_dim, :in_dim].contiguous().view(torch.uint8)
+    return codes, (exp + 127).to(torch.uint8), scale, deq.contiguous()
+
+
+FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def fp4_quant(w):
+    """Round w onto e2m1 with a power-of-two scale per 32 inputs; return (packed i8, scale exps u8, dequant)."""
+    out_dim, in_dim = w.shape
+    assert in_dim % 32 == 0
+    g = w.view(out_dim, in_dim // 32, 32)
+    amax = g.abs().amax(dim=2).clamp(min=6 * 2.0 ** -126)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    x = g / torch.pow(2.0, exp)[..., None]
+    idx = (x.abs()[..., None] - FP4_GRID).abs().argmin(dim=-1)
+    neg = (x < 0) & (idx > 0)
+    codes = (idx | (neg.to(torch.int64) << 3)).view(out_dim, in_dim)
+    deq = (FP4_GRID[idx] * torch.where(neg, -1.0, 1.0) * torch.pow(2.0, exp)[..., None]).view(out_dim, in_dim)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return packed, (exp + 127).to(torch.uint8), deq
+
+
+def raw(t, dtype):
+    """(safetensors dtype, shape, bytes) for a tensor in the given storage dtype."""
+    t = t.contiguous()
+    if dtype == "F32":
+        return dtype, list(t.shape), t.to(torch.float32).numpy().tobytes()
+    if dtype == "BF16":
+        return dtype, list(t.shape), t.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    if dtype in ("F8_E4M3", "F8_E8M0", "U8", "I8"):
+        return dtype, list(t.shape), t.to(torch.uint8).numpy().tobytes()
+    if dtype == "I64":
+        return dtype, list(t.shape), t.to(torch.int64).numpy().tobytes()
+    if dtype == "I32":
+        return dtype, list(t.shape), t.to(torch.int32).numpy().tobytes()
+    raise ValueError(dtype)
+
+
+def write_safetensors(path, tensors):
+    """Minimal safetensors writer (so dtypes such as F8_E8M0 and packed I8 are written exactly)."""
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for b in blobs:
+            f.write(b)
