@@ -65,12 +65,13 @@ impl OutputSink for CountingSink {
 /// with the allocator watched. Output lists grow by amortised doubling, so the counted
 /// window sits between two doublings (outputs 33..=63 tokens long).
 fn steady_steps_allocate_nothing(
+    fixture: &str,
     speculative: Option<SpeculativeConfig>,
     numerics: Numerics,
     counted: usize,
 ) {
     // tiny-a has every layer kind (SWA, CSA with the indexer, HCA), both router kinds, and
-    // an MTP block.
+    // an MTP block; tiny-v41-a V4.1's (shared entries and picks, candidates, Engram).
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 4,
@@ -84,7 +85,7 @@ fn steady_steps_allocate_nothing(
         speculative,
     };
     let metrics = Arc::new(EngineMetrics::new("no_alloc"));
-    let mut model = load("tiny-a", "official");
+    let mut model = load(fixture, "official");
     model.set_numerics(numerics).unwrap();
     let mut core = EngineCore::new(model, config, metrics).unwrap();
     let tokens = Arc::new(AtomicUsize::new(0));
@@ -129,15 +130,16 @@ fn steady_engine_steps_allocate_nothing() {
     // As the engine runs: inside its compute pool, the calling thread one of the workers.
     let pool = deepinfer_engine::engine::compute_pool().unwrap();
     pool.install(|| {
-        steady_steps_allocate_nothing(None, Numerics::Reference, 10);
+        steady_steps_allocate_nothing("tiny-a", None, Numerics::Reference, 10);
         // Official numerics: quantised projection inputs, packed cache records.
-        steady_steps_allocate_nothing(None, Numerics::Official, 10);
+        steady_steps_allocate_nothing("tiny-a", None, Numerics::Official, 10);
+        steady_steps_allocate_nothing("tiny-v41-a", None, Numerics::Reference, 10);
         // Speculation every step: verification, rollback, and the MTP drafter's passes.
         let spec = SpeculativeConfig::from_json(
             r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#,
             None,
         )
         .unwrap();
-        steady_steps_allocate_nothing(Some(spec), Numerics::Reference, 8);
+        steady_steps_allocate_nothing("tiny-a", Some(spec), Numerics::Reference, 8);
     });
 }

@@ -400,18 +400,16 @@ fn fp4_x_mult(isa: Isa) -> f32 {
 }
 
 /// Whether family `isa` can run `w`: the scales keep the rescaled products in range, FP8
-/// blocks are whole chunks wide (a chunk is `4 · lanes` elements) and FP4 groups are powers
-/// of two of at least 32.
+/// blocks are a multiple of 4 wide (so each lane of a decoded chunk lies in one block) and
+/// FP4 groups are powers of two of at least 32.
 fn runs_on(w: &QMatrix, isa: Isa) -> bool {
     use crate::matrix::Data;
-    let lanes = match isa {
-        Isa::Scalar => return true,
-        Isa::Avx2 => 8,
-        Isa::Avx512 => 16,
-    };
+    if isa == Isa::Scalar {
+        return true;
+    }
     w.fast_ok
         && match &w.data {
-            Data::Fp8 { bc, .. } => bc % (4 * lanes) == 0 || w.cols <= *bc,
+            Data::Fp8 { bc, .. } => bc.is_multiple_of(4) || w.cols <= *bc,
             Data::Fp4 { group, .. } => group.is_power_of_two() && *group >= 32,
             Data::F32(_) | Data::Bf16(_) => true,
         }

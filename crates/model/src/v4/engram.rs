@@ -18,6 +18,12 @@ use rayon::prelude::*;
 /// The clamp under the gate's signed square root (vLLM's `clamp_value`).
 const GATE_FLOOR: f32 = 1e-6;
 
+thread_local! {
+    /// A table row's stored bytes, per thread: kept from step to step, so reading rows
+    /// allocates nothing once every thread has read one.
+    static ROW_BYTES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One Engram layer's weights.
 #[derive(Debug)]
 pub struct EngramWeights {
@@ -70,16 +76,23 @@ pub struct EngramHashing {
 }
 
 impl EngramHashing {
-    /// Every Engram layer's table rows for every batch row, `[layers][N · hash_cols]`. Spans
-    /// that start past position 0 read the tokens before them from `batch.lookback`.
-    pub fn rows(&self, batch: &ForwardBatch) -> Result<Vec<Vec<u64>>, EngramError> {
+    /// Every Engram layer's table rows for every batch row into `out`, `[layers][N ·
+    /// hash_cols]` (its buffers reused from step to step). Spans that start past position 0
+    /// read the tokens before them from `batch.lookback`.
+    pub fn rows_into(
+        &self,
+        batch: &ForwardBatch,
+        out: &mut Vec<Vec<u64>>,
+    ) -> Result<(), EngramError> {
         let image = self.image_token_id;
         let hasher = NgramHasher::new(&self.layout, &self.map, |t| Some(t) == image)?;
         let cols = self.layout.n_hash_cols();
         let n = batch.num_tokens();
-        let mut out: Vec<Vec<u64>> = (0..self.layout.layer_ids().len())
-            .map(|_| vec![0; n * cols])
-            .collect();
+        out.resize_with(self.layout.layer_ids().len(), Vec::new);
+        for rows in out.iter_mut() {
+            rows.clear();
+            rows.resize(n * cols, 0);
+        }
         for (s, span) in batch.spans.iter().enumerate() {
             let chunk = TokenChunk {
                 history: batch.lookback(s),
@@ -91,7 +104,7 @@ impl EngramHashing {
                 hasher.hash_layer(layer, &chunk, r)?;
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -113,10 +126,13 @@ pub fn engram(
     let read = looked_up
         .par_chunks_mut(width)
         .zip(rows.par_chunks(width / dim))
-        .try_for_each_init(Vec::new, |bytes, (out, rows)| {
-            out.chunks_exact_mut(dim)
-                .zip(rows)
-                .try_for_each(|(o, &r)| w.table.row_into(r as usize, o, bytes))
+        .try_for_each(|(out, rows)| {
+            ROW_BYTES.with(|cell| {
+                let bytes = &mut cell.borrow_mut();
+                out.chunks_exact_mut(dim)
+                    .zip(rows)
+                    .try_for_each(|(o, &r)| w.table.row_into(r as usize, o, bytes))
+            })
         });
     if let Err(e) = read {
         ws.give(looked_up);

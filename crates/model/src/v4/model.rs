@@ -89,6 +89,8 @@ pub enum ModelError {
 #[derive(Default)]
 pub(super) struct Scratch {
     pub ws: Workspace,
+    /// V4.1's Engram table rows of the step, per Engram layer.
+    pub engram_rows: Vec<Vec<u64>>,
     pub row_seq: Vec<(usize, usize, usize)>,
     /// The rayon pool whose threads have their scratch reserved (its id).
     reserved_pool: Option<usize>,
@@ -423,10 +425,9 @@ impl Model {
         self.reserve_thread_scratch();
         let row_seq = std::mem::take(&mut self.scratch.row_seq);
         let rows = self.rows(batch, &*cache, row_seq, true)?;
-        let hashes = match &self.engram {
-            Some(e) => e.rows(batch)?,
-            None => Vec::new(),
-        };
+        if let Some(e) = &self.engram {
+            e.rows_into(batch, &mut self.scratch.engram_rows)?;
+        }
         let Self {
             config: c,
             weights: w,
@@ -435,7 +436,7 @@ impl Model {
             scratch,
             ..
         } = self;
-        let ws = &mut scratch.ws;
+        let (ws, engram_rows) = (&mut scratch.ws, &scratch.engram_rows);
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
         let mut carry = Carry::default();
         let angles_main = Angles::new(rope_main, rows.positions, ws);
@@ -457,7 +458,7 @@ impl Model {
                 angles,
             };
             if let Some(ew) = &lw.engram {
-                engram(ew, c, &mut x, &hashes[ew.index], ws)?;
+                engram(ew, c, &mut x, &engram_rows[ew.index], ws)?;
             }
             block_forward(lw, &ctx, &mut x, cache, &mut carry, ws)?;
             if let Some(tr) = extras.trace.as_deref_mut() {

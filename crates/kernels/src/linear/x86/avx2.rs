@@ -157,6 +157,10 @@ impl Simd for Avx2 {
         _mm256_set1_ps(v)
     }
     #[inline(always)]
+    unsafe fn halves(lo: f32, hi: f32) -> __m256 {
+        _mm256_blend_ps::<0xF0>(_mm256_set1_ps(lo), _mm256_set1_ps(hi))
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
         _mm256_fmadd_ps(a, b, c)
     }

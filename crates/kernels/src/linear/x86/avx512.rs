@@ -129,6 +129,10 @@ impl Simd for Avx512 {
         _mm512_set1_ps(v)
     }
     #[inline(always)]
+    unsafe fn halves(lo: f32, hi: f32) -> __m512 {
+        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(lo), _mm512_set1_ps(hi))
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
         _mm512_fmadd_ps(a, b, c)
     }

@@ -589,18 +589,9 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
                     let rb_end = ((rb + 1) * br).min(rows.end);
                     let srow = &scales[rb * scale_cols..(rb + 1) * scale_cols];
                     blocks(&mut |i0, i1| {
-                        // This block's activations times its scales and 2^64. Whole 32-chunks
-                        // never straddle a block (the fast path needs bc % 32 == 0), so
-                        // permuted positions keep their block.
+                        // This block's activations times its scales and 2^64.
                         for (i, xs) in (i0..i1).zip(xs_buf.chunks_exact_mut(ldx)) {
-                            let xp = plan.x_row(i);
-                            for (kb, &sc) in srow.iter().enumerate() {
-                                let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(k));
-                                let sc = sc * 2f32.powi(64);
-                                for (o, &v) in xs[j0..j1].iter_mut().zip(&xp[j0..j1]) {
-                                    *o = v * sc;
-                                }
-                            }
+                            scale_fp8_activations::<K>(plan.x_row(i), srow, *bc, k, xs);
                         }
                         let base = xs_buf.as_ptr();
                         let x = |i: usize| base.wrapping_add((i - i0) * ldx);
@@ -610,6 +601,41 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
                 }
             });
         }
+    }
+}
+
+/// One permuted activation row `xp` times the FP8 block scales `srow` of its elements (and
+/// 2^64) into `xs`. Blocks as wide as whole chunks keep permuted positions in their block,
+/// so whole ranges are scaled; narrower ones (V4.1's 32 on AVX-512's 64-element chunks) are
+/// found through each position's element (lane `j` of vector `q` holds element `4j + q` of
+/// its chunk; the tail stays in place).
+fn scale_fp8_activations<K: Kernels>(
+    xp: &[f32],
+    srow: &[f32],
+    bc: usize,
+    k: usize,
+    xs: &mut [f32],
+) {
+    let chunk = 4 * K::LANES;
+    if bc.is_multiple_of(chunk) {
+        for (kb, &sc) in srow.iter().enumerate() {
+            let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(k));
+            let sc = sc * 2f32.powi(64);
+            for (o, &v) in xs[j0..j1].iter_mut().zip(&xp[j0..j1]) {
+                *o = v * sc;
+            }
+        }
+        return;
+    }
+    let main = k / chunk * chunk;
+    for (p, (o, &v)) in xs[..k].iter_mut().zip(&xp[..k]).enumerate() {
+        let e = if p < main {
+            let at = p % chunk;
+            p - at + 4 * (at % K::LANES) + at / K::LANES
+        } else {
+            p
+        };
+        *o = v * srow[e / bc] * 2f32.powi(64);
     }
 }
 

@@ -20,6 +20,8 @@ pub(in crate::linear) trait Simd {
     unsafe fn load(p: *const f32) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
     unsafe fn splat(v: f32) -> Self::F;
+    /// `lo` in the lower half of the lanes, `hi` in the upper half.
+    unsafe fn halves(lo: f32, hi: f32) -> Self::F;
     /// `a · b + c`, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
@@ -222,6 +224,31 @@ unsafe fn store<S: Simd, const N: usize>(out: *mut f32, v: &[S::F; N]) {
 /// One row's `chunks` whole chunks decoded into f32 in kernel order (as the dot kernels see
 /// them), for the decode-once and GEMM paths.
 ///
+/// The block scales (times 2^64) of an FP8 chunk starting at element `e0`, lane by lane: lane
+/// `j` of every decoded vector holds elements `e0 + 4j .. e0 + 4j + 3`, so with blocks of a
+/// multiple of 4 each lane lies in one block — all lanes in the same one where blocks span
+/// the chunk (V4's 128), two halves for V4.1's 32 on 16 lanes.
+///
+/// # Safety
+/// `scales` covers the blocks of elements `e0 .. e0 + 4 · LANES`; `bc` is a multiple of 4.
+#[inline(always)]
+unsafe fn fp8_chunk_scales<S: Simd>(scales: *const f32, bc: usize, e0: usize) -> S::F {
+    let chunk = 4 * S::LANES;
+    let at = |e: usize| unsafe { *scales.add(e / bc) } * 2f32.powi(64);
+    // SAFETY (all): within the row's scales by the contract.
+    if bc.is_multiple_of(chunk) {
+        return unsafe { S::splat(at(e0)) };
+    }
+    if 2 * bc == chunk {
+        return unsafe { S::halves(at(e0), at(e0 + bc)) };
+    }
+    let mut lanes = [0.0f32; 16];
+    for (j, l) in lanes.iter_mut().take(S::LANES).enumerate() {
+        *l = at(e0 + 4 * j);
+    }
+    unsafe { S::load(lanes.as_ptr()) }
+}
+
 /// # Safety
 /// As [`Kernels::decode`].
 #[inline(always)]
@@ -237,7 +264,7 @@ pub(super) unsafe fn decode_row<S: Simd>(format: RowFormat, chunks: usize, out: 
             }
             RowFormat::Fp8Scaled(w, scales, bc) => {
                 for c in 0..chunks {
-                    let sc = S::splat(*scales.add(chunk * c / bc) * 2f32.powi(64));
+                    let sc = fp8_chunk_scales::<S>(scales, bc, chunk * c);
                     let f = S::fp8(w.add(chunk * c)).map(|v| S::mul(v, sc));
                     store::<S, 4>(out.add(chunk * c), &f);
                 }

@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""DSpark drafting for DeepSeek-V4.1 on the CPU, in float32, and goldens from it.
+
+Run by hand, after tools/make_v41_golden.py (outputs are committed):
+
+    /tmp/venv/bin/python tools/make_dspark_golden.py
+
+It builds on tools/make_v41_golden.py (the V41 class, its Store and storage formats) and
+writes, for the tiny-v41-a config:
+
+  tests/fixtures/golden/tiny-v41-a/official/dspark.safetensors
+      the DSpark weights (stages mtp.0..2 and the head stack) under their official names, drawn
+      with the Store rules of make_v41_golden. model.safetensors is NOT rewritten: the target's
+      weights are rebuilt in memory with make_v41_golden.build() (same seed) and checked byte
+      for byte against the file on disk before anything runs.
+  tests/fixtures/golden/tiny-v41-a/dspark_golden.safetensors, dspark_golden.json
+      the DSpark config fields, two fully recorded draft blocks, and a greedy speculative decode
+      loop against plain greedy decoding.
+
+The computation, part by part, and the vLLM 0.33.0 source each part follows
+(paths under vllm/; "spec" is docs/model-spec.md):
+
+  1. Target and aux states (models/deepseek_v41/nvidia/model.py: DeepseekV4Model._run_layers,
+     DeepseekV4DecoderLayer.forward with capture_previous_aux; the id convention comes from
+     v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config).
+     For model_type deepseek_v41 the ids of `dspark_target_layer_ids` are used as they are,
+     and the layer with index L (0-based) captures the mean over its hc streams of the
+     residual ENTERING it: the post-mapped output of layer L-1, taken before layer L's Engram
+     injection (the Engram branch takes the mean of `previous_post` before calling the Engram).
+     The real model's [37, 38, 39] (40 layers) are the inputs of its last three layers; the
+     tiny analogue for 5 layers is [2, 3, 4]. Layer 3 of tiny-v41-a is an Engram layer, so the
+     second aux state shows whether a port captures before the injection. The three states are
+     concatenated in id order ([T, 3D]).
+  2. main_x (models/deepseek_v41/nvidia/dspark.py combine_hidden_states):
+     main_x = main_norm(main_proj(concat)), one row per target token; main_proj is FP8 with
+     32x32 block scales like every dense projection, main_norm a plain RMSNorm (rms_norm_eps).
+  3. Context KV (dspark.py precompute_and_store_context_kv and _insert_context_kv;
+     v1/worker/gpu/spec_decode/dflash/speculator.py _prepare_dflash_inputs_kernel):
+     for every stage s and every context row p, kv = RoPE_p(kv_norm_s(wkv_s · main_x[p]))
+     with the stage's own wkv and kv_norm (no attn_norm, no mHC in front), RoPE'd at the
+     target position p of that row (the same GPT-J-interleaved rotation of the trailing
+     qk_rope_head_dim dims the stage applies to its own keys; ratio-0 layer, so rope_theta
+     and no YaRN). Context rows are the target tokens that were accepted (a verify step's
+     rejected rows write nothing).
+  4. Draft block (dflash/speculator.py _prepare_dflash_inputs_kernel with
+     SAMPLE_FROM_ANCHOR, dspark/speculator.py): with P0 = number of context tokens (the
+     position of the target's freshly sampled "bonus" token, which the target has not run
+     yet), the block has block_size = 5 rows at positions P0 .. P0+4 with ids
+     [bonus, noise, noise, noise, noise]; row j predicts the token at position P0+j+1.
+     The embedding (shared with the target) is broadcast to hc streams.
+  5. Stages (dspark.py DSparkDeepseekV4Model.forward; model.py DeepseekV4DecoderLayer): three
+     V4.1 decoder blocks, layer ids num_hidden_layers+i, compress ratio 0 (window only), no
+     Engram, scored MoE with `dspark_n_routed_experts` experts, `dspark_num_experts_per_tok`
+     active (model.py DeepseekV4MoE reads those two for layer ids >= num_hidden_layers; same
+     moe_intermediate_size, shared expert, router, swiglu limit as the target). Shifted mHC
+     exactly as the target: stage 0's attention takes stream 0 of the broadcast (pre_mix is
+     None: kernels/mhc/torch.py mhc_pre_delayed_torch), every later sublayer the previous
+     sublayer's pre, and the pre chain runs on from one stage into the next.
+  6. Attention of a stage (v1/attention/backends/mla/sparse_swa.py
+     ComputeDSparkNoncausalSWAIndicesKernel; models/deepseek_v41/attention.py): queries are
+     the V4.1 ones (q = wq_b(q_norm(wq_a x)), no per-head RMS) RoPE'd at the row's position;
+     the block's own keys kv = RoPE(kv_norm(wkv x)) at the row positions are written into the
+     window cache first; then EVERY row of the block attends to the same set: the context
+     rows at positions max(0, P0 - sliding_window) .. P0-1 (exactly `sliding_window` of them
+     once P0 >= window — one more than a causal row sees) plus all block_size rows, the
+     later ones included (non-causal). Sink softmax, scale head_dim^-1/2, inverse RoPE of the
+     output at the row position, grouped wo_a, wo_b — as the target's window attention.
+  7. Head (dspark.py forward and compute_logits): after the last stage the streams are
+     collapsed with the last stage's FFN pre (no hc_head in V4.1) into the "head hidden"
+     h [5, D] (pre-norm); base logits = head(norm(h)) with mtp.{last}.norm and the target's
+     head (shared).
+  8. Markov head (dspark/speculator.py _sample_sequential, model_executor/models/
+     qwen3_dspark.py DSparkMarkovHead): prev = bonus; for j = 0..4: e_j = markov_w1[prev]
+     (an embedding row, [r]), logits_j = base_j + markov_w2 · e_j ([V]), d_j = argmax
+     (greedy; vLLM samples with Gumbel noise at temperature > 0), prev = d_j.
+  9. Confidence (qwen3_dspark.py DSparkConfidenceHead, dspark.py compute_confidence):
+     c_j = sigmoid(proj · [h_j ; e_j]), h_j the pre-norm head hidden, e_j the Markov embedding
+     of the token BEFORE slot j (the one that biased logits_j); proj [1, D + r], no bias.
+ 10. Verification (greedy): the target runs [bonus, d_0..d_4] at P0..P0+5; accepted = the
+     longest prefix with d_j == argmax of the target at P0+j; the committed tokens grow by
+     the bonus and the accepted drafts, the target's argmax after the last accepted draft is
+     the next bonus. The output equals plain greedy decoding by construction.
+
+Checkpoint names (dspark.py DSparkDeepseekV4ForCausalLM.load_weights / _remap_dspark_name):
+mtp.{i}.<rest> maps to the stage-i decoder layer, except main_proj.* and main_norm.* (shipped
+under mtp.0), norm.*, markov_head.* and confidence_head.* (shipped under the last stage,
+mtp.2), which live at model level; markov_head.embed / markov_head.head are markov_w1 /
+markov_w2. Stage tensors are those of a window-only V4.1 layer (no compressor, indexer,
+Engram); `gate.bias_vl` is stored as make_v41_golden stores it on every target layer.
+
+Choices (vLLM does not fix them for a tiny model, or the reference had to pick):
+  - dspark_target_layer_ids [2, 3, 4] (above); dspark_block_size 5 (as shipped);
+    dspark_noise_token_id 511 (the last id of the 512 vocab; the real 128799 is outside it);
+    dspark_markov_rank 16; num_nextn_predict_layers 3; dspark_n_routed_experts 6 and
+    dspark_num_experts_per_tok 3 (the real model also gives its stages their own counts,
+    128 top-3 against 384 top-6; both differ from the target's 8 top-2 here so that a port
+    that ignores either override fails); compress_ratios extended with [0, 0, 0] for the
+    stages (attention.py treats missing entries as 0 anyway).
+  - The context window is the config's sliding_window (6 here, 128 shipped); the "128-slot
+    ring" of the spec is that window. The cache must also hold the 5 block rows beside the
+    window: a literal ring of exactly `sliding_window` slots would let the block's own rows
+    overwrite the oldest visible context rows (vLLM's paged cache has separate slots).
+  - Nothing is special at position 0: DSpark has no MTP-style zeroed embedding; the context
+    simply starts at position 0 and a short prefix shows fewer than `sliding_window` rows.
+  - Context rows are recomputed from a full target forward over the committed tokens; since
+    the target is causal this equals vLLM's incremental insertion of each verify step's
+    accepted rows.
+  - float32 throughout with dequantized weights, no activation or KV-cache quantization and
+    bf16 rounding of activations — the same numerics as make_v41_golden (vLLM keeps the mean
+    aux states, main_x and the cache in bf16/fp8).
+  - Confidence proj stored as F32 (vLLM creates the parameter in float32; the shipped dtype
+    was not seen); Markov factors BF16 (vLLM's ROCm kernel notes 129280 x 256 bf16).
+  - Greedy argmax everywhere (vLLM's temperature-0 path); ties are avoided by retrying the
+    prompt until every recorded decision has a margin above TIE_GAP.
+
+Where vLLM and spec §7.2 differ, vLLM was followed:
+  - the spec's final `head(norm(hc_head(X)))`: V4.1 has no hc_head; the collapse uses the
+    last stage's FFN pre (spec §8.1 says as much for the target);
+  - the spec's "last committed token" as the first draft id: it is the bonus token the
+    target has just sampled, at position P0 = number of context rows, not yet run by the
+    target (no context row of its own);
+  - the spec lists `mtp.2.hc_head_*`: a V4.1 loader maps it to a stage parameter that does
+    not exist, so V4.1 checkpoints cannot carry it; none is written;
+  - the spec's 128-slot ring: the visible context is the last `sliding_window` rows before
+    P0, whatever the window.
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_v41_golden as v41  # noqa: E402
+from make_official_golden import sparse_attn  # noqa: E402
+from make_v41_golden import V41, Store, rms_norm, rope_tail  # noqa: E402
+from storage_formats import bf16_round, raw, write_safetensors  # noqa: E402
+
+CONFIG = "tiny-v41-a"
+DSPARK_SEED = 4100
+PROMPT_SEED = 4200
+PROMPT_LEN = 21
+GEN_TOKENS = 12
+FORCED_ACCEPTED = 3
+TIE_GAP = v41.TIE_GAP
+RETRIES = 8
+
+DSPARK_FIELDS = dict(
+    dspark_target_layer_ids=[2, 3, 4],
+    dspark_block_size=5,
+    dspark_noise_token_id=511,
+    dspark_markov_rank=16,
+    num_nextn_predict_layers=3,
+    dspark_n_routed_experts=6,
+    dspark_num_experts_per_tok=3,
+)
+
+
+# ---------------------------------------------------------------- config and weights
+
+def dspark_config(c):
+    d = dict(c)
+    d.update(DSPARK_FIELDS)
+    L = c["num_hidden_layers"]
+    d["compress_ratios"] = list(c["compress_ratios"][:L]) + [0] * d["num_nextn_predict_layers"]
+    assert all(0 <= t < L for t in d["dspark_target_layer_ids"])
+    assert d["dspark_noise_token_id"] < c["vocab_size"]
+    return d
+
+
+def draw_stage(s, p, c):
+    """One window-only V4.1 decoder layer, drawn like make_v41_golden.build draws its layers."""
+    D, hc = c["hidden_size"], c["hc_mult"]
+    H, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+    g, ol = c["o_groups"], c["o_lora_rank"]
+    E, inter = c["dspark_n_routed_experts"], c["moe_intermediate_size"]
+    mix = (2 + hc) * hc
+    lw = {}
+    for sub in ("attn", "ffn"):
+        lw[f"hc_{sub}"] = (
+            s.f32(f"{p}.hc_{sub}_fn", s.draw((mix, hc * D), 0.05)),
+            s.f32(f"{p}.hc_{sub}_scale", torch.rand(3, generator=s.g) + 0.5),
+            s.f32(f"{p}.hc_{sub}_base", s.draw((mix,), 0.3)),
+        )
+    lw["attn_norm"] = s.bf16(f"{p}.attn_norm.weight", s.draw((D,), 0.1, 1.0))
+    lw["ffn_norm"] = s.bf16(f"{p}.ffn_norm.weight", s.draw((D,), 0.1, 1.0))
+    a = f"{p}.attn"
+    lw["wq_a"] = s.fp8(f"{a}.wq_a.weight", s.draw((ql, D), 0.05))
+    lw["q_norm"] = s.bf16(f"{a}.q_norm.weight", s.draw((ql,), 0.1, 1.0))
+    lw["wq_b"] = s.fp8(f"{a}.wq_b.weight", s.draw((H * hd, ql), 0.05))
+    lw["wkv"] = s.fp8(f"{a}.wkv.weight", s.draw((hd, D), 0.05))
+    lw["kv_norm"] = s.bf16(f"{a}.kv_norm.weight", s.draw((hd,), 0.1, 1.0))
+    lw["wo_a"] = s.fp8(f"{a}.wo_a.weight", s.draw((g * ol, H * hd // g), 0.05))
+    lw["wo_b"] = s.fp8(f"{a}.wo_b.weight", s.draw((D, g * ol), 0.05))
+    lw["sink"] = s.f32(f"{a}.attn_sink", s.draw((H,), 1.0))
+    f = f"{p}.ffn"
+    lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((E, D), 0.15))
+    lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((E,), 0.1))
+    s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
+    lw["experts"] = [{
+        "w1": s.fp4(f"{f}.experts.{e}.w1.weight", s.draw((inter, D), 0.06)),
+        "w3": s.fp4(f"{f}.experts.{e}.w3.weight", s.draw((inter, D), 0.06)),
+        "w2": s.fp4(f"{f}.experts.{e}.w2.weight", s.draw((D, inter), 0.06)),
+    } for e in range(E)]
+    sp = f"{f}.shared_experts"
+    lw["shared"] = {
+        "w1": s.fp8(f"{sp}.w1.weight", s.draw((inter, D), 0.06)),
+        "w3": s.fp8(f"{sp}.w3.weight", s.draw((inter, D), 0.06)),
+        "w2": s.fp8(f"{sp}.w2.weight", s.draw((D, inter), 0.06)),
+    }
+    return lw
+
+
+def build_dspark(c):
+    """DSpark weights in official names: (values for the forward, stored bytes)."""
+    s = Store(DSPARK_SEED)
+    D, V, r = c["hidden_size"], c["vocab_size"], c["dspark_markov_rank"]
+    n, last = c["num_nextn_predict_layers"], c["num_nextn_predict_layers"] - 1
+    k = len(c["dspark_target_layer_ids"])
+    w = {
+        "main_proj": s.fp8("mtp.0.main_proj.weight", s.draw((D, k * D), 0.05)),
+        "main_norm": s.bf16("mtp.0.main_norm.weight", s.draw((D,), 0.1, 1.0)),
+        "layers": [draw_stage(s, f"mtp.{i}", c) for i in range(n)],
+    }
+    w["norm"] = s.bf16(f"mtp.{last}.norm.weight", s.draw((D,), 0.1, 1.0))
+    w["markov_w1"] = s.bf16(f"mtp.{last}.markov_head.embed.weight", s.draw((V, r), 0.5))
+    w["markov_w2"] = s.bf16(f"mtp.{last}.markov_head.head.weight", s.draw((V, r), 0.5))
+    w["confidence"] = s.f32(f"mtp.{last}.confidence_head.proj.weight", s.draw((1, D + r), 0.05))
+    return w, s.files
+
+
+def read_safetensors_raw(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        body = f.read()
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def check_target_file(files, path):
+    """The in-memory rebuild must be the committed model.safetensors, tensor for tensor."""
+    disk = read_safetensors_raw(path)
+    if set(disk) != set(files):
+        raise SystemExit(f"{path}: tensor names differ from make_v41_golden.build()")
+    for k, v in files.items():
+        if tuple(disk[k][:2]) != (v[0], list(v[1])) or disk[k][2] != v[2]:
+            raise SystemExit(f"{path}: {k} differs from make_v41_golden.build(); rerun it first")
+
+
+# ---------------------------------------------------------------- the draft model
+
+class DSpark:
+    def __init__(self, target, c, w):
+        self.t, self.c, self.w = target, c, w
+        # The stages reuse V41's mHC and MoE code through a V41 whose "layers" are the stages
+        # and whose expert counts are the dspark_* ones (no Engram, no compressed layers).
+        sc = dict(c, n_routed_experts=c["dspark_n_routed_experts"],
+                  num_experts_per_tok=c["dspark_num_experts_per_tok"], engram_layer_ids=[])
+        self.stages = V41(sc, {"layers": w["layers"]})
+        self.fc = target.fc_main  # ratio-0 layers: rope_theta, no YaRN
+        self.eps = c["rms_norm_eps"]
+
+    def aux_states(self, layers):
+        """Mean over hc of the streams entering each target layer: layers[L-1] is the output of
+        layer L-1 (V41.forward records it before layer L's Engram)."""
+        return torch.cat([layers[L - 1].mean(1) for L in self.c["dspark_target_layer_ids"]], -1)
+
+    def main_x(self, aux):
+        return rms_norm(aux @ self.w["main_proj"].T, self.w["main_norm"], self.eps)
+
+    def kv(self, lw, x, pos):
+        rd = self.c["qk_rope_head_dim"]
+        return rope_tail(rms_norm(x @ lw["wkv"].T, lw["kv_norm"], self.eps), self.fc[pos], rd)
+
+    def attention(self, i, x, pos, ctx_kv):
+        c, lw, T = self.c, self.w["layers"][i], x.shape[0]
+        H, hd, rd = c["num_attention_heads"], c["head_dim"], c["qk_rope_head_dim"]
+        qr = rms_norm(x @ lw["wq_a"].T, lw["q_norm"], self.eps)
+        q = rope_tail((qr @ lw["wq_b"].T).view(T, H, hd), self.fc[pos], rd)
+        keys = torch.cat([ctx_kv, self.kv(lw, x, pos)], 0)
+        # Non-causal: every row sees the whole context window and every block row.
+        idx = torch.arange(keys.shape[0]).unsqueeze(0).repeat(T, 1)
+        o = sparse_attn(q, keys, lw["sink"], idx, hd ** -0.5)
+        o = rope_tail(o, self.fc[pos], rd, inverse=True)
+        g = c["o_groups"]
+        o = torch.einsum("sgd,grd->sgr", o.reshape(T, g, -1), lw["wo_a"].view(g, c["o_lora_rank"], -1))
+        return o.flatten(1) @ lw["wo_b"].T
+
+    @torch.no_grad()
+    def draft(self, aux, bonus):
+        """aux [P0, 3D] (one row per context token, positions 0..P0-1), bonus = the token at P0."""
+        c, sm = self.c, self.stages
+        P0, B, win = aux.shape[0], c["dspark_block_size"], c["sliding_window"]
+        gaps = v41.Gaps()
+        ctx_pos = torch.arange(max(0, P0 - win), P0)
+        mx = self.main_x(aux[ctx_pos])
+        ctx_kv = [self.kv(lw, mx, ctx_pos) for lw in self.w["layers"]]
+        pos = torch.arange(P0, P0 + B)
+        ids = [bonus] + [c["dspark_noise_token_id"]] * (B - 1)
+        X = self.t.w["embed"][torch.tensor(ids)].unsqueeze(1).repeat(1, c["hc_mult"], 1)
+        pre, stage_out = None, []
+        for i, lw in enumerate(self.w["layers"]):
+            new_pre, post, comb = sm.coeffs(X, lw["hc_attn"])
+            a = X[:, 0] if pre is None else (pre.unsqueeze(-1) * X).sum(1)
+            a = self.attention(i, rms_norm(a, lw["attn_norm"], self.eps), pos, ctx_kv[i])
+            X = sm.post(a, X, post, comb)
+            pre = new_pre
+            new_pre, post, comb = sm.coeffs(X, lw["hc_ffn"])
+            f = rms_norm((pre.unsqueeze(-1) * X).sum(1), lw["ffn_norm"], self.eps)
+            X = sm.post(sm.moe(i, f, gaps), X, post, comb)
+            pre = new_pre
+            stage_out.append(X.clone())
+        h = (pre.unsqueeze(-1) * X).sum(1)  # pre-norm head hidden
+        base = rms_norm(h, self.w["norm"], self.eps) @ self.t.w["head"].T
+        prev, drafts, embeds, adjusted, draft_gap = bonus, [], [], [], math.inf
+        for j in range(B):
+            e = self.w["markov_w1"][prev]
+            lj = base[j] + self.w["markov_w2"] @ e
+            top = lj.topk(2)
+            draft_gap = min(draft_gap, float(top.values[0] - top.values[1]))
+            prev = int(top.indices[0])
+            drafts.append(prev)
+            embeds.append(e)
+            adjusted.append(lj)
+        E = torch.stack(embeds)
+        conf = torch.sigmoid((torch.cat([h, E], -1) @ self.w["confidence"].T).squeeze(-1))
+        return dict(P0=P0, ids=ids, positions=pos, ctx_positions=ctx_pos, aux=aux[ctx_pos], main_x=mx,
+                    ctx_kv=torch.stack(ctx_kv), stage_out=torch.stack(stage_out), head_hidden=h,
+                    base_logits=base, markov_embed=E, logits=torch.stack(adjusted),
+                    drafts=drafts, confidence=conf, router_gap=gaps.router, draft_gap=draft_gap)
+
+
+# ---------------------------------------------------------------- runs
+
+class Margins:
+    def __init__(self):
+        self.target = self.greedy = self.draft = math.inf
+
+    def add_target(self, gaps, logits=None):
+        self.target = min(self.target, gaps.router, gaps.indexer, gaps.candidate)
+        if logits is not None:
+            v = logits.topk(2, -1).values
+            self.greedy = min(self.greedy, float((v[..., 0] - v[..., 1]).min()))
+
+    def add_draft(self, d):
+        self.draft = min(self.draft, d["router_gap"], d["draft_gap"])
+
+    def smallest(self):
+        return min(self.target, self.greedy, self.draft)
+
+
+@torch.no_grad()
+def target_run(model, ids):
+    logits, layers, gaps = model.forward(ids, want_layers=True)
+    return logits, layers, gaps
+
+
+@torch.no_grad()
+def plain_greedy(model, prompt, n, margins):
+    seq, out = list(prompt), []
+    for _ in range(n):
+        logits, _, gaps = model.forward(seq)
+        margins.add_target(gaps, logits[-1:])
+        out.append(int(logits[-1].argmax()))
+        seq.append(out[-1])
+    return out
+
+
+@torch.no_grad()
+def speculative(model, ds, prompt, n, margins):
+    """Greedy decoding with DSpark drafts and target verification, as vLLM's loop runs it."""
+    logits, layers, gaps = target_run(model, prompt)
+    margins.add_target(gaps, logits[-1:])
+    committed, bonus, out, steps, first = list(prompt), int(logits[-1].argmax()), [], [], None
+    aux = ds.aux_states(layers)
+    while True:
+        out.append(bonus)
+        if len(out) >= n:
+            break
+        d = ds.draft(aux, bonus)
+        margins.add_draft(d)
+        first = first or d
+        P0 = len(committed)
+        logits, layers, gaps = target_run(model, committed + [bonus] + d["drafts"])
+        verify = logits[P0:].argmax(-1).tolist()  # the target's choice after each block row
+        k = 0
+        while k < len(d["drafts"]) and d["drafts"][k] == verify[k]:
+            k += 1
+        margins.add_target(gaps, logits[P0:P0 + k + 1])  # the rows whose choice is used
+        steps.append(dict(position=P0, anchor=bonus, drafts=d["drafts"], target=verify, accepted=k,
+                          confidence=d["confidence"].tolist()))
+        committed += [bonus] + d["drafts"][:k]
+        out += d["drafts"][:k]
+        bonus = verify[k]
+        aux = ds.aux_states(layers)[: len(committed)]
+    return out[:n], steps, first
+
+
+def tensors_of(prefix, d):
+    return {
+        f"{prefix}.aux": raw(d["aux"], "F32"),
+        f"{prefix}.main_x": raw(d["main_x"], "F32"),
+        f"{prefix}.context_kv": raw(d["ctx_kv"], "F32"),
+        f"{prefix}.stage_out": raw(d["stage_out"], "F32"),
+        f"{prefix}.head_hidden": raw(d["head_hidden"], "F32"),
+        f"{prefix}.base_logits": raw(d["base_logits"], "F32"),
+        f"{prefix}.markov_embed": raw(d["markov_embed"], "F32"),
+        f"{prefix}.logits": raw(d["logits"], "F32"),
+        f"{prefix}.drafts": raw(torch.tensor(d["drafts"]), "I64"),
+        f"{prefix}.confidence": raw(d["confidence"], "F32"),
+    }
+
+
+def block_meta(d, committed_len, note):
+    return dict(note=note, committed_len=committed_len, anchor=d["ids"][0], input_ids=d["ids"],
+                positions=d["positions"].tolist(), context_positions=d["ctx_positions"].tolist(),
+                drafts=d["drafts"], confidence=d["confidence"].tolist(),
+                router_gap=d["router_gap"], draft_gap=d["draft_gap"])
+
+
+def main():
+    spec = v41.CONFIGS[CONFIG]
+    c = dict(spec["cfg"])
+    w, files = v41.build(CONFIG, dict(spec, cfg=c))
+    out_dir = os.path.join(v41.OUT, CONFIG)
+    check_target_file(files, os.path.join(out_dir, "official", "model.safetensors"))
+    dc = dspark_config(c)
+    target = V41(c, w)
+    dw, dfiles = build_dspark(dc)
+    write_safetensors(os.path.join(out_dir, "official", "dspark.safetensors"), dfiles)
+    ds = DSpark(target, dc, dw)
+
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    for attempt in range(RETRIES):
+        prompt = torch.randint(0, c["vocab_size"], (PROMPT_LEN,), generator=g).tolist()
+        margins = Margins()
+        greedy = plain_greedy(target, prompt, GEN_TOKENS, margins)
+        spec_out, steps, block_a = speculative(target, ds, prompt, GEN_TOKENS, margins)
+        assert spec_out == greedy, (spec_out, greedy)
+        # Block B: as if the target had accepted FORCED_ACCEPTED drafts of block A (the greedy
+        # tokens): context = prompt + greedy[:1 + FORCED_ACCEPTED], anchor = the next greedy token.
+        committed = prompt + greedy[: 1 + FORCED_ACCEPTED]
+        logits, layers, gaps = target_run(target, committed)
+        margins.add_target(gaps, logits[-1:])
+        assert int(logits[-1].argmax()) == greedy[1 + FORCED_ACCEPTED]
+        block_b = ds.draft(ds.aux_states(layers), greedy[1 + FORCED_ACCEPTED])
+        margins.add_draft(block_b)
+        print(f"attempt {attempt}: margins target {margins.target:.3g} greedy {margins.greedy:.3g} "
+              f"draft {margins.draft:.3g}; accepted {[s['accepted'] for s in steps]}")
+        if margins.smallest() > TIE_GAP:
+            break
+    tie_safe = margins.smallest() > TIE_GAP
+
+    golden = {}
+    golden.update(tensors_of("a", block_a))
+    golden.update(tensors_of("b", block_b))
+    meta = {
+        "config": CONFIG,
+        "dspark_config": {k: dc[k] for k in list(DSPARK_FIELDS) + ["compress_ratios"]},
+        "dspark_checkpoint": "official/dspark.safetensors",
+        "dspark_tensors": {k: [v[0], v[1]] for k, v in dfiles.items()},
+        "prompt": prompt,
+        "greedy": greedy,
+        "speculative": {"output": spec_out, "steps": steps,
+                        "accepted_total": sum(s["accepted"] for s in steps)},
+        "blocks": {
+            "a": block_meta(block_a, PROMPT_LEN, "first draft after the prompt (= speculative step 0)"),
+            "b": block_meta(block_b, PROMPT_LEN + 1 + FORCED_ACCEPTED,
+                            f"context = prompt + greedy[:{1 + FORCED_ACCEPTED}] (bonus + "
+                            f"{FORCED_ACCEPTED} accepted), anchor greedy[{1 + FORCED_ACCEPTED}]"),
+        },
+        "tensors": {
+            "X.aux": "[ctx, 3D] mean-over-hc entry streams of the target layers, context rows",
+            "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
+            "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
+            "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
+            "X.head_hidden": "[block, D] collapse with the last stage's ffn pre, before norm",
+            "X.base_logits": "[block, vocab] head(norm(head_hidden))",
+            "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
+            "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
+            "X.drafts": "[block] greedy drafts",
+            "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
+        },
+        "margins": {"target": margins.target, "greedy": margins.greedy, "draft": margins.draft,
+                    "tie_gap": TIE_GAP, "tie_safe": tie_safe},
+    }
+    write_safetensors(os.path.join(out_dir, "dspark_golden.safetensors"), golden)
+    with open(os.path.join(out_dir, "dspark_golden.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print("accepted per step", [s["accepted"] for s in steps], "tie_safe", tie_safe)
+
+
+if __name__ == "__main__":
+    main()
