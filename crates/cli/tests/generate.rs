@@ -105,6 +105,9 @@ fn check_launched_against(
 fn reproduces_golden_greedy_tokens_from_official_names() {
     check_layout("tiny-a", "official", &[]);
     check_layout("tiny-b", "official", &[]);
+    // DeepSeek-V4.1, against our CPU reference (tools/make_v41_golden.py).
+    check_layout("tiny-v41-a", "official", &[]);
+    check_layout("tiny-v41-b", "official", &[]);
 }
 
 #[test]
@@ -118,6 +121,7 @@ fn reproduces_golden_greedy_tokens_from_hf_names() {
 fn chunked_prefill_reproduces_golden_greedy_tokens() {
     check_layout("tiny-a", "official", &["--prefill-chunk", "7"]);
     check_layout("tiny-b", "hf", &["--prefill-chunk", "7"]);
+    check_layout("tiny-v41-a", "official", &["--prefill-chunk", "7"]);
 }
 
 /// Speculative decoding with the checkpoint's MTP block, spelled as vLLM spells it: the

@@ -1418,3 +1418,30 @@ async fn a_repeated_prompt_is_served_from_the_prefix_cache_with_the_same_text() 
         "{m}"
     );
 }
+
+/// A DeepSeek-V4.1 checkpoint serves like any other: greedy completions of two golden
+/// prompts are the text of our reference's greedy tokens (tools/make_v41_golden.py).
+#[tokio::test]
+async fn a_v41_checkpoint_serves_its_reference_greedy_tokens() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden/tiny-v41-a");
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let model = dir.join("official");
+    let server = Server::start(&["--model", model.to_str().unwrap()]);
+    for p in meta["prompts"].as_array().unwrap().iter().take(2) {
+        let body = json!({
+            "prompt": p["ids"], "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, v) = post(&server, "/v1/completions", body).await;
+        assert_eq!(status, 200, "{v}");
+        let (status, want) = post(&server, "/detokenize", json!({"tokens": p["greedy"]})).await;
+        assert_eq!(status, 200, "{want}");
+        assert_eq!(
+            v["choices"][0]["text"], want["prompt"],
+            "prompt {}",
+            p["index"]
+        );
+    }
+    server.wait_idle().await;
+}

@@ -185,11 +185,15 @@ impl Drop for Server {
 
 /// Whether the metrics say no request runs or waits and every cache pool is empty.
 pub fn idle(m: &str) -> bool {
+    let pools: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("deepinfer:kv_cache_usage_perc{"))
+        .collect();
     metric(m, "deepinfer:num_requests_running", &[]) == Some(0.0)
         && metric(m, "deepinfer:num_requests_waiting", &[]) == Some(0.0)
-        && ["state_slots", "csa_entries", "hca_entries", "indexer_keys"]
-            .iter()
-            .all(|p| metric(m, "deepinfer:kv_cache_usage_perc", &[("pool", p)]) == Some(0.0))
+        && pools.iter().any(|l| l.contains("pool=\"state_slots\""))
+        // Every pool the model has (V4's CSA/HCA entries and indexer keys, V4.1's per ratio).
+        && pools.iter().all(|l| l.rsplit(' ').next() == Some("0"))
 }
 
 /// One metric's value from the Prometheus text, matching every label given.

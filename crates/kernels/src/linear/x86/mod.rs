@@ -606,9 +606,10 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
 
 /// One permuted activation row `xp` times the FP8 block scales `srow` of its elements (and
 /// 2^64) into `xs`. Blocks as wide as whole chunks keep permuted positions in their block,
-/// so whole ranges are scaled; narrower ones (V4.1's 32 on AVX-512's 64-element chunks) are
-/// found through each position's element (lane `j` of vector `q` holds element `4j + q` of
-/// its chunk; the tail stays in place).
+/// so whole ranges are scaled. Narrower ones (V4.1's 32 on AVX-512's 64-element chunks):
+/// lane `j` of vector `q` holds element `4j + q` of its chunk, so with blocks of a multiple
+/// of 4 that divide the chunk each run of `bc / 4` lanes of a vector lies in one block
+/// (other widths go element by element); the tail stays in place.
 fn scale_fp8_activations<K: Kernels>(
     xp: &[f32],
     srow: &[f32],
@@ -617,25 +618,39 @@ fn scale_fp8_activations<K: Kernels>(
     xs: &mut [f32],
 ) {
     let chunk = 4 * K::LANES;
+    let f = 2f32.powi(64);
+    let scale = |xs: &mut [f32], xp: &[f32], sc: f32| {
+        for (o, &v) in xs.iter_mut().zip(xp) {
+            *o = v * sc;
+        }
+    };
     if bc.is_multiple_of(chunk) {
         for (kb, &sc) in srow.iter().enumerate() {
-            let (j0, j1) = (kb * bc, ((kb + 1) * bc).min(k));
-            let sc = sc * 2f32.powi(64);
-            for (o, &v) in xs[j0..j1].iter_mut().zip(&xp[j0..j1]) {
-                *o = v * sc;
-            }
+            let r = kb * bc..((kb + 1) * bc).min(k);
+            scale(&mut xs[r.clone()], &xp[r], sc * f);
         }
         return;
     }
     let main = k / chunk * chunk;
-    for (p, (o, &v)) in xs[..k].iter_mut().zip(&xp[..k]).enumerate() {
-        let e = if p < main {
+    if chunk.is_multiple_of(bc) {
+        let run = bc / 4;
+        for c0 in (0..main).step_by(chunk) {
+            for q in 0..4 {
+                for (r, j0) in (0..K::LANES).step_by(run).enumerate() {
+                    let p = c0 + q * K::LANES + j0..c0 + q * K::LANES + j0 + run;
+                    scale(&mut xs[p.clone()], &xp[p], srow[c0 / bc + r] * f);
+                }
+            }
+        }
+    } else {
+        for p in 0..main {
             let at = p % chunk;
-            p - at + 4 * (at % K::LANES) + at / K::LANES
-        } else {
-            p
-        };
-        *o = v * srow[e / bc] * 2f32.powi(64);
+            let e = p - at + 4 * (at % K::LANES) + at / K::LANES;
+            xs[p] = xp[p] * srow[e / bc] * f;
+        }
+    }
+    for p in main..k {
+        xs[p] = xp[p] * srow[p / bc] * f;
     }
 }
 
