@@ -704,6 +704,25 @@ fn layer(
     })
 }
 
+/// A drafter's decoder block under `prefix` (DSpark's `mtp.N` stages): window-only,
+/// score-routed, at layer id `index`, with `c`'s expert counts.
+pub(crate) fn draft_stage(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    prefix: &str,
+    index: usize,
+) -> Result<LayerWeights, CheckpointError> {
+    let spec = LayerSpec {
+        prefix,
+        kind: AttnKind::Sliding,
+        mlp: MlpKind::Scored,
+        ratio: 0,
+        placement: None,
+        index,
+    };
+    layer(ck, c, &spec, None)
+}
+
 /// The MTP block when the config announces one and the checkpoint carries it; `None`
 /// otherwise (a checkpoint without `mtp.*` still serves, it just cannot draft).
 fn mtp(ck: &Checkpoint, c: &ModelConfig) -> Result<Option<MtpWeights>, CheckpointError> {

@@ -49,14 +49,19 @@ pub struct EngramConfig {
 }
 
 impl V41 {
-    /// The layer whose compressed cache layer `l` reads (`None` for a window-only layer).
+    /// The layer whose compressed cache layer `l` reads (`None` for a window-only layer,
+    /// draft layers past the main ones included).
     pub fn kv_source(&self, l: usize) -> Option<usize> {
-        latest(&self.kv_source_layer_ids, l).filter(|_| self.compress_ratios[l] > 0)
+        latest(&self.kv_source_layer_ids, l).filter(|_| self.compresses(l))
     }
 
     /// The layer whose index picks layer `l` attends to (`None` for a window-only layer).
     pub fn index_source(&self, l: usize) -> Option<usize> {
-        latest(&self.index_source_layer_ids, l).filter(|_| self.compress_ratios[l] > 0)
+        latest(&self.index_source_layer_ids, l).filter(|_| self.compresses(l))
+    }
+
+    fn compresses(&self, l: usize) -> bool {
+        self.compress_ratios.get(l).is_some_and(|&r| r > 0)
     }
 
     /// Whether layer `l` scores only inside the candidate source's blocks.

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod block;
 pub mod carry;
 pub mod compressor;
+pub mod dspark;
 pub mod engram;
 mod expert_pass;
 pub mod hyper;
