@@ -61,3 +61,45 @@ fn draft_blocks_match_the_reference() {
         assert!(cdiff <= 1e-5, "block {name}: confidences differ by {cdiff}");
     }
 }
+
+/// `--speculative-config '{"method": "dspark"}'` through the engine: the greedy output is
+/// the plain greedy output, and the target accepts what it accepts in the reference's own
+/// speculative loop (the drafts are the reference's, step by step).
+#[test]
+fn dspark_speculation_keeps_the_greedy_output() {
+    use deepinfer_engine::engine::{self, EngineConfig};
+    use deepinfer_engine::scheduler::SchedulerConfig;
+    use deepinfer_engine::spec::SpeculativeConfig;
+
+    let g = Golden::load_named("tiny-v41-a", "dspark_golden");
+    let spec =
+        SpeculativeConfig::from_json(r#"{"method": "dspark", "adaptive": false}"#, None).unwrap();
+    assert_eq!(spec.num_speculative_tokens, 5, "a whole block by default");
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 1,
+            max_num_batched_tokens: 256,
+            prefill_chunk: None,
+            max_model_len: 4096,
+        },
+        cache: cache_config(64 << 20, 1, 0),
+        model_name: "test".into(),
+        forced_output: None,
+        speculative: Some(spec),
+    };
+    let (h, join) = engine::start(load("tiny-v41-a", "official"), config).unwrap();
+    let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
+    let (toks, _) = collect(h.add_request(prompt, greedy(want.len())).unwrap().1);
+    assert_eq!(toks, want, "greedy output with DSpark drafting");
+    h.drain().unwrap();
+    let accepted = h.metrics.spec_decode_num_accepted_tokens.get();
+    let drafts = h.metrics.spec_decode_num_drafts.get();
+    eprintln!("DSpark: {accepted} drafts accepted over {drafts} steps that drafted");
+    assert_eq!(
+        accepted,
+        g.meta["speculative"]["accepted_total"].as_u64().unwrap(),
+        "accepted drafts"
+    );
+    h.shutdown();
+    join.join().unwrap().unwrap();
+}

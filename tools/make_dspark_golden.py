@@ -175,6 +175,19 @@ def dspark_config(c):
     return d
 
 
+def announce_drafter(path, dc):
+    """Adds the DSpark fields to the checkpoint's config.json (its text_config), as V4.1's
+    config ships them: the stages count as next-token layers and get ratio-0 entries."""
+    with open(path) as f:
+        cfg = json.load(f)
+    text = cfg["text_config"]
+    for k, v in DSPARK_FIELDS.items():
+        text[k] = v
+    text["compress_ratios"] = dc["compress_ratios"]
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
 def draw_stage(s, p, c):
     """One window-only V4.1 decoder layer, drawn like make_v41_golden.build draws its layers."""
     D, hc = c["hidden_size"], c["hc_mult"]
@@ -437,6 +450,7 @@ def main():
     target = V41(c, w)
     dw, dfiles = build_dspark(dc)
     write_safetensors(os.path.join(out_dir, "official", "dspark.safetensors"), dfiles)
+    announce_drafter(os.path.join(out_dir, "official", "config.json"), dc)
     ds = DSpark(target, dc, dw)
 
     # Prompts are drawn in turn; the first whose every recorded decision (target router,

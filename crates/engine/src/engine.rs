@@ -382,6 +382,25 @@ fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
                     .into(),
             );
         }
+        if spec.method == SpecMethod::Dspark {
+            let Some(ds) = &model.dspark else {
+                return invalid(
+                    "speculative_config",
+                    "method \"dspark\" needs a DeepSeek-V4.1 checkpoint with its DSpark drafter \
+                     (dspark_* in config.json, mtp.0.main_proj.*), and this one has none"
+                        .into(),
+                );
+            };
+            if spec.num_speculative_tokens > ds.config.block_size {
+                return invalid(
+                    "speculative_config",
+                    format!(
+                        "num_speculative_tokens {} is more than the DSpark block of {}",
+                        spec.num_speculative_tokens, ds.config.block_size
+                    ),
+                );
+            }
+        }
     }
     Ok(())
 }

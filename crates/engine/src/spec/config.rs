@@ -9,6 +9,8 @@ pub enum SpecMethod {
     /// The checkpoint's own MTP block (`mtp.0.*`, spec §7.1); vLLM also calls it
     /// `deepseek_mtp`.
     Mtp,
+    /// DeepSeek-V4.1's DSpark drafter (`mtp.0..2.*`, spec §7.2): a block of drafts at once.
+    Dspark,
     /// For measurement only: proposes the tokens a plain run produced (`script`: prompt →
     /// output), each replaced by a wrong one with probability `1 − acceptance_rate`, so the
     /// speed-up can be measured at a chosen acceptance rate.
@@ -52,6 +54,7 @@ impl SpeculativeConfig {
         };
         let method = match o.get("method").and_then(Value::as_str) {
             Some("mtp" | "deepseek_mtp") => SpecMethod::Mtp,
+            Some("dspark") => SpecMethod::Dspark,
             Some("replay") => SpecMethod::Replay {
                 acceptance_rate: number(o, "acceptance_rate")?.unwrap_or(0.6),
                 seed: number(o, "seed")?.map_or(0, |s| s as u64),
@@ -59,7 +62,7 @@ impl SpeculativeConfig {
             },
             Some(other) => {
                 return err(format!(
-                    "method \"{other}\" is not supported (this engine drafts with \"mtp\")"
+                    "method \"{other}\" is not supported (this engine drafts with \"mtp\" or \"dspark\")"
                 ))
             }
             None => return err("\"method\" (a string, e.g. \"mtp\") is required"),
@@ -81,6 +84,8 @@ impl SpeculativeConfig {
                     "num_speculative_tokens {k} is not a positive integer"
                 ))
             }
+            // DSpark drafts a whole block (V4.1: 5) in one pass.
+            None if method == SpecMethod::Dspark => 5,
             None => default_tokens.unwrap_or(1),
         };
         if k > MAX_SPECULATIVE_TOKENS {

@@ -10,9 +10,11 @@
 //! plain step, so drafting only pays with good acceptance: the [`policy`] measures both
 //! sides and stops drafting where it does not.
 //!
-//! Proposers: the checkpoint's MTP block ([`mtp`]) and, for measurement, [`replay`].
+//! Proposers: the checkpoint's MTP block ([`mtp`]), V4.1's DSpark drafter ([`dspark`]) and,
+//! for measurement, [`replay`].
 
 pub mod config;
+mod dspark;
 mod mtp;
 mod policy;
 mod replay;
@@ -24,6 +26,7 @@ use crate::cache::CacheManager;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
+use dspark::{DsparkContext, DsparkProposer};
 use mtp::{MtpProgress, MtpProposer};
 use policy::{Policy, SeqPolicy};
 use replay::ReplayProposer;
@@ -35,6 +38,7 @@ pub struct SeqSpec {
     /// Draft tokens for the next step, to follow the sequence's last token.
     pub draft_ids: Vec<u32>,
     mtp: MtpProgress,
+    dspark: DsparkContext,
     policy: SeqPolicy,
 }
 
@@ -44,6 +48,7 @@ impl SeqSpec {
     pub fn reset(&mut self) {
         self.draft_ids.clear();
         self.mtp = MtpProgress::default();
+        self.dspark = DsparkContext::default();
     }
 }
 
@@ -63,6 +68,7 @@ pub struct StepRecord {
 
 enum Proposer {
     Mtp(MtpProposer),
+    Dspark(DsparkProposer),
     Replay(ReplayProposer),
 }
 
@@ -77,6 +83,7 @@ impl Speculator {
     pub fn new(cfg: &SpeculativeConfig, max_seqs: usize) -> Self {
         let proposer = match &cfg.method {
             SpecMethod::Mtp => Proposer::Mtp(MtpProposer::default()),
+            SpecMethod::Dspark => Proposer::Dspark(DsparkProposer::default()),
             SpecMethod::Replay {
                 acceptance_rate,
                 seed,
@@ -123,6 +130,7 @@ impl Speculator {
         self.policy.plan(records, seqs, max_model_len);
         match &mut self.proposer {
             Proposer::Mtp(p) => p.propose(records, seqs, self.policy.step, runner, cache),
+            Proposer::Dspark(p) => p.propose(records, seqs, runner),
             Proposer::Replay(p) => {
                 p.propose(records, seqs, runner.model().config.vocab_size);
                 Ok(())

@@ -17,7 +17,7 @@ mod tests;
 mod v41;
 mod validate;
 
-pub use v41::{Candidates, EngramConfig, V41};
+pub use v41::{Candidates, DsparkConfig, EngramConfig, V41};
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};

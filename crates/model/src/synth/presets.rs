@@ -185,6 +185,7 @@ fn v41_like(
                 pad_token_id: 2,
             }),
             image_token_id: Some(129_264),
+            dspark: None,
         }),
         ..base
     }

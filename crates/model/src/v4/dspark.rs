@@ -3,7 +3,8 @@
 //! last layers, averaged and projected (`main_x`), give every stage a window of context keys;
 //! a block of `[anchor, noise, …]` rows runs through three V4.1 window-only stages whose rows
 //! all see each other and the context, and the head's logits become sequential drafts through
-//! the Markov head, each with a confidence. Not yet wired into the engine's speculation.
+//! the Markov head, each with a confidence. The engine drafts with it under
+//! `--speculative-config '{"method": "dspark"}'` (`engine/src/spec/dspark.rs`).
 
 use super::attention::grouped_output;
 use super::hyper::{hc_mix, hc_post, Collapse};
@@ -12,6 +13,7 @@ use super::moe::moe;
 use super::rows::Angles;
 use super::workspace::Workspace;
 use crate::checkpoint::{Checkpoint, CheckpointError};
+pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
 use crate::weights::{draft_stage, HeadProjections, HeadWeights, LayerWeights, Linear};
@@ -21,20 +23,6 @@ use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::Rope;
 use deepinfer_kernels::topk::argmax;
 use deepinfer_kernels::vector::{axpy, dot};
-
-/// The `dspark_*` settings of a checkpoint.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DsparkConfig {
-    /// Target layers whose input streams feed the drafter (V4.1-Flash: 37, 38, 39).
-    pub target_layer_ids: Vec<usize>,
-    pub block_size: usize,
-    pub noise_token_id: u32,
-    pub markov_rank: usize,
-    pub stages: usize,
-    /// The stages' routed experts (V4.1: 128, top 3).
-    pub n_routed_experts: usize,
-    pub num_experts_per_tok: usize,
-}
 
 /// The drafter's weights (`mtp.0..` in the checkpoint; the embedding and head are the
 /// target's).

@@ -5,6 +5,7 @@
 
 use super::block::{block_forward, BlockCtx};
 use super::carry::Carry;
+use super::dspark::DsparkWeights;
 use super::engram::{engram, EngramHashing};
 use super::hyper::hc_head;
 use super::rows::{Angles, BatchRows};
@@ -107,6 +108,9 @@ pub struct ForwardExtras<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
     /// Receives the streams after every layer (how a mismatch with the reference is found).
     pub trace: Option<&'a mut Vec<Vec<f32>>>,
+    /// Receives, for the DSpark drafter, the mean input streams of its target layers for
+    /// every row, `[N, targets · D]` (empty without a drafter).
+    pub aux: Option<&'a mut Vec<f32>>,
 }
 
 pub struct Model {
@@ -122,6 +126,8 @@ pub struct Model {
     split_tensor: bool,
     /// V4.1's n-gram hashing, when the model has Engram layers.
     engram: Option<EngramHashing>,
+    /// V4.1's DSpark drafter, when the checkpoint ships one.
+    pub dspark: Option<DsparkWeights>,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -148,6 +154,7 @@ impl Model {
             _split: None,
             split_tensor: false,
             engram: None,
+            dspark: None,
         }
     }
 
@@ -214,8 +221,15 @@ impl Model {
         tracing::info!("memory plan: {why}");
         let weights =
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
+        let dspark = match config.v41.as_ref().and_then(|v| v.dspark.clone()) {
+            Some(dc) if ck.contains("mtp.0.main_proj.weight") => {
+                Some(DsparkWeights::load(&ck, &config, dc)?)
+            }
+            _ => None,
+        };
         let mut model = Self::new(config, weights);
         model.engram = engram;
+        model.dspark = dspark;
         model.memory_plan = why;
         model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
@@ -434,9 +448,11 @@ impl Model {
             rope_main,
             rope_compress,
             scratch,
+            dspark,
             ..
         } = self;
         let (ws, engram_rows) = (&mut scratch.ws, &scratch.engram_rows);
+        let dspark = dspark.as_ref();
         let (d, hc, n) = (c.hidden_size, c.hc_mult, batch.num_tokens());
         let mut carry = Carry::default();
         let angles_main = Angles::new(rope_main, rows.positions, ws);
@@ -457,6 +473,9 @@ impl Model {
                 rope,
                 angles,
             };
+            if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
+                capture_aux(&ds.config.target_layer_ids, l, &x, n, hc, d, aux);
+            }
             if let Some(ew) = &lw.engram {
                 engram(ew, c, &mut x, &engram_rows[ew.index], ws)?;
             }
@@ -464,6 +483,17 @@ impl Model {
             if let Some(tr) = extras.trace.as_deref_mut() {
                 tr.push(x.clone());
             }
+        }
+        if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
+            capture_aux(
+                &ds.config.target_layer_ids,
+                w.layers.len(),
+                &x,
+                n,
+                hc,
+                d,
+                aux,
+            );
         }
         let collapse = match (&w.hc_head, &carry.pre) {
             (Some(h), _) => FinalCollapse::Hyper(h),
@@ -488,6 +518,31 @@ impl Model {
         angles_compress.recycle(ws);
         scratch.row_seq = rows.row_seq;
         Ok(())
+    }
+}
+
+/// The mean of each row's streams `x: [N, hc, D]` into its slot of `aux` (`[N, targets · D]`)
+/// when layer `l` (or, at `l` = the layer count, the final streams) is a drafter target.
+fn capture_aux(
+    targets: &[usize],
+    l: usize,
+    x: &[f32],
+    n: usize,
+    hc: usize,
+    d: usize,
+    aux: &mut Vec<f32>,
+) {
+    let Some(k) = targets.iter().position(|&t| t == l) else {
+        return;
+    };
+    let width = targets.len() * d;
+    aux.resize(n * width, 0.0);
+    for (row, out) in x.chunks_exact(hc * d).zip(aux.chunks_exact_mut(width)) {
+        let out = &mut out[k * d..(k + 1) * d];
+        out.fill(0.0);
+        for s in row.chunks_exact(d) {
+            deepinfer_kernels::vector::axpy(out, 1.0 / hc as f32, s);
+        }
     }
 }
 

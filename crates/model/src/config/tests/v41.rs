@@ -123,3 +123,32 @@ fn rejects_a_broken_topology() {
 fn json_list(v: &[usize]) -> Value {
     serde_json::json!(v)
 }
+
+#[test]
+fn reads_the_dspark_fields() {
+    let dspark = [
+        ("dspark_target_layer_ids", Some(json_list(&[3, 4, 5]))),
+        ("dspark_markov_rank", Some(16.into())),
+        ("num_nextn_predict_layers", Some(3.into())),
+        ("dspark_n_routed_experts", Some(6.into())),
+    ];
+    let c = parse(&tiny_v41(&dspark));
+    let d = c.v41.unwrap().dspark.expect("a drafter");
+    assert_eq!(d.target_layer_ids, [3, 4, 5]);
+    // Unset fields take V4.1's values (block 5, noise 128799) or the main MoE's.
+    assert_eq!(
+        (d.block_size, d.noise_token_id, d.markov_rank),
+        (5, 128_799, 16)
+    );
+    assert_eq!(
+        (d.stages, d.n_routed_experts, d.num_experts_per_tok),
+        (3, 6, 2)
+    );
+    assert!(parse(&tiny_v41(&[])).v41.unwrap().dspark.is_none());
+    let mut bad = dspark.to_vec();
+    bad[0] = ("dspark_target_layer_ids", Some(json_list(&[0, 4])));
+    let msg = err(&tiny_v41(&bad));
+    assert!(msg.contains("dspark_target_layer_ids[0]"), "{msg}");
+    let msg = err(&tiny_v41(&dspark[..1]));
+    assert!(msg.contains("dspark_markov_rank"), "{msg}");
+}
