@@ -55,8 +55,10 @@ docs/model-spec.md):
     weights renormalised and scaled), SwiGLU with clamp, shared expert; no hash layers.
 
 Where vLLM and the spec disagree nothing here had to choose: the spec's §8 restates vLLM's
-V4.1 port. Left out: image-token gating (`gate.bias_vl`, dead Engram tokens) — a text-only
-model never sees an image position; the checkpoints carry `gate.bias_vl` so loaders read it.
+V4.1 port. Image positions are the image token's (vLLM's `image_sentinel_mask` is
+`token_ids == image_token_id`): they route with `gate.bias_vl`, are dead for the Engram
+hashing and get a shut Engram gate. `tiny-v41-b` puts its image token inside the vocabulary
+and into every prompt; `tiny-v41-a` keeps V4.1's id, outside its vocabulary (gating off).
 """
 
 import json
@@ -130,6 +132,7 @@ CONFIGS = {
             max_position_embeddings=4096,
             engram_layer_ids=[2], engram_max_ngram_size=3, engram_vocab_size=500,
             engram_n_heads=3, engram_head_dim=32, engram_pad_token_id=2,
+            image_token_id=299,
         ),
         prompt_lengths=[1, 29, 100, 300],
         intermediates_prompt=1,
@@ -246,7 +249,7 @@ def build(cfg_name, spec):
         f = f"{p}.ffn"
         lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((E, D), 0.15))
         lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((E,), 0.1))
-        s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
+        lw["bias_vl"] = s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
         experts = []
         for e in range(E):
             ep = f"{f}.experts.{e}"
@@ -305,13 +308,13 @@ def engram_layout(c):
                 cols=(n - 1) * heads, lookup=lookup, pad=lookup[c["engram_pad_token_id"]])
 
 
-def engram_rows(eng, k, ids):
-    compressed = [eng["lookup"][t] for t in ids]
+def engram_rows(eng, k, ids, image):
+    compressed = [v41_engram.DEAD_ID if t == image else eng["lookup"][t] for t in ids]
     return torch.from_numpy(np.asarray(v41_engram.hash_rows(
         compressed, k, eng["mult"], eng["primes"], eng["offsets"], eng["pad"]), dtype=np.int64))
 
 
-def engram(X, ew, rows, eps):
+def engram(X, ew, rows, eps, keep):
     """X [T, hc, D] → X with the gated lookup added (Engram.forward)."""
     T, hc, D = X.shape
     emb = ew["embed"][rows].flatten(1)  # [T, cols·head_dim]
@@ -322,6 +325,7 @@ def engram(X, ew, rows, eps):
     z = (X * ew["q_w"] * ew["k_w"] * keys).sum(-1) * x_rms * k_rms / math.sqrt(D)
     root = torch.sqrt(z.abs().clamp(min=1e-6))
     gate = torch.sigmoid(torch.where(z < 0, -root, root))  # the kernel's sign: 0 counts as +
+    gate = gate * keep.unsqueeze(-1)  # image positions: gate shut
     return X + gate.unsqueeze(-1) * value.unsqueeze(1)
 
 
@@ -469,7 +473,7 @@ class V41:
         o = torch.einsum("sgd,grd->sgr", o.reshape(T, g, -1), lw["wo_a"].view(g, c["o_lora_rank"], -1))
         return o.flatten(1) @ lw["wo_b"].T
 
-    def moe(self, l, x, gaps):
+    def moe(self, l, x, gaps, ids=None):
         c, lw = self.c, self.w["layers"][l]
         k, E, lim = c["num_experts_per_tok"], c["n_routed_experts"], c["swiglu_limit"]
         scores = x @ lw["gate"].T
@@ -479,7 +483,11 @@ class V41:
             scores = scores.softmax(-1)
         else:
             scores = F.softplus(scores).sqrt()
-        biased = scores + lw["bias"]
+        bias = lw["bias"].expand_as(scores)
+        if ids is not None:
+            image = torch.tensor(ids) == self.c.get("image_token_id", -1)
+            bias = torch.where(image.unsqueeze(-1), lw["bias_vl"], bias)
+        biased = scores + bias
         idx = biased.topk(k, -1).indices
         if k < E:
             for row in biased:
@@ -512,7 +520,9 @@ class V41:
         for l, lw in enumerate(self.w["layers"]):
             if "engram" in lw:
                 ew = lw["engram"]
-                X = engram(X, ew, engram_rows(self.eng, ew["index"], ids), self.eps)
+                image = c.get("image_token_id", -1)
+                keep = (torch.tensor(ids) != image).to(torch.float32)
+                X = engram(X, ew, engram_rows(self.eng, ew["index"], ids, image), self.eps, keep)
             new_pre, post, comb = self.coeffs(X, lw["hc_attn"])
             a = X[:, 0] if pre is None else (pre.unsqueeze(-1) * X).sum(1)
             a = self.attention(l, rms_norm(a, lw["attn_norm"], self.eps), state, gaps)
@@ -520,7 +530,7 @@ class V41:
             pre = new_pre
             new_pre, post, comb = self.coeffs(X, lw["hc_ffn"])
             f = rms_norm((pre.unsqueeze(-1) * X).sum(1), lw["ffn_norm"], self.eps)
-            X = self.post(self.moe(l, f, gaps), X, post, comb)
+            X = self.post(self.moe(l, f, gaps, ids), X, post, comb)
             pre = new_pre
             if want_layers:
                 layers.append(X.clone())
@@ -535,7 +545,7 @@ def write_config(c, out_dir):
     text["model_type"] = "deepseek_v41_text"
     text["compress_ratios"] = list(c["compress_ratios"])
     text.update(num_nextn_predict_layers=0, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                image_token_id=129264, torch_dtype="bfloat16")
+                image_token_id=c.get("image_token_id", 129264), torch_dtype="bfloat16")
     top = {
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
@@ -598,6 +608,12 @@ def main():
             want = pi == spec["intermediates_prompt"]
             for _ in range(RETRIES):
                 ids = torch.randint(0, c["vocab_size"], (n,), generator=g).tolist()
+                if c.get("image_token_id", c["vocab_size"]) < c["vocab_size"]:
+                    # A few image positions (and a span of two) in every prompt that has room.
+                    for at in range(4, n, 23):
+                        ids[at] = c["image_token_id"]
+                        if at + 1 < n and at % 2 == 0:
+                            ids[at + 1] = c["image_token_id"]
                 r = run_prompt(m, ids, want)
                 gp = r["gaps"]
                 tie_safe = min(gp.router, gp.indexer, gp.candidate, r["greedy_gap"]) > TIE_GAP

@@ -153,8 +153,12 @@ pub struct ExpertWeights {
 pub enum Routing {
     /// Frozen token → experts table, `[vocab, k]`.
     Hash(Vec<u32>),
-    /// Learned top-k with a selection-only bias.
-    Scored { bias: Vec<f32> },
+    /// Learned top-k with a selection-only bias; V4.1 picks image positions (the image
+    /// token's) with their own bias (`gate.bias_vl`).
+    Scored {
+        bias: Vec<f32>,
+        image: Option<(u32, Vec<f32>)>,
+    },
 }
 
 /// Where a layer's routed experts are: in memory, or read from disk through the model's
@@ -496,6 +500,12 @@ fn moe_weights(
         }
         MlpKind::Scored => Routing::Scored {
             bias: vec1(ck, &format!("{p}.ffn.gate.bias"), e)?,
+            image: match c.v41.as_ref().and_then(|v| v.image_token_id) {
+                Some(id) if ck.contains(&format!("{p}.ffn.gate.bias_vl")) => {
+                    Some((id, vec1(ck, &format!("{p}.ffn.gate.bias_vl"), e)?))
+                }
+                _ => None,
+            },
         },
     };
     let inter = c.moe_intermediate_size;

@@ -109,12 +109,14 @@ impl EngramHashing {
 }
 
 /// Adds the gated lookup to the streams `x: [N, hc, D]` in place; `rows`: the layer's table
-/// rows, `[N, hash_cols]`. Fails only where the table cannot be read.
+/// rows, `[N, hash_cols]`. Image positions (`token_ids` equal to the image token) keep their
+/// streams: their gate is shut. Fails only where the table cannot be read.
 pub fn engram(
     w: &EngramWeights,
     c: &ModelConfig,
     x: &mut [f32],
     rows: &[u64],
+    token_ids: &[u32],
     ws: &mut Workspace,
 ) -> Result<(), CheckpointError> {
     let _p = scope(Op::Other);
@@ -141,9 +143,14 @@ pub fn engram(
     profile::weight_read(n * (width / dim) * (dim + dim.div_ceil(32)));
     let mut kv = ws.take(n * (hc + 1) * d);
     profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv)]);
+    let image = c.v41.as_ref().and_then(|v| v.image_token_id);
     x.par_chunks_mut(hc * d)
         .zip(kv.par_chunks(hc * d + d))
-        .for_each(|(streams, kv)| {
+        .zip(token_ids.par_iter())
+        .for_each(|((streams, kv), &tok)| {
+            if Some(tok) == image {
+                return;
+            }
             let value = &kv[hc * d..];
             for (c, stream) in streams.chunks_exact_mut(d).enumerate() {
                 let key = &kv[c * d..(c + 1) * d];

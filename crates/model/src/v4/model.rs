@@ -477,7 +477,7 @@ impl Model {
                 capture_aux(&ds.config.target_layer_ids, l, &x, n, hc, d, aux);
             }
             if let Some(ew) = &lw.engram {
-                engram(ew, c, &mut x, &engram_rows[ew.index], ws)?;
+                engram(ew, c, &mut x, &engram_rows[ew.index], &batch.token_ids, ws)?;
             }
             block_forward(lw, &ctx, &mut x, cache, &mut carry, ws)?;
             if let Some(tr) = extras.trace.as_deref_mut() {

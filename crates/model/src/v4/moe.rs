@@ -76,7 +76,11 @@ pub fn route(
                 chosen.clear();
                 chosen.extend(table[tok * k..(tok + 1) * k].iter().map(|&v| v as usize));
             }
-            Routing::Scored { bias } => {
+            Routing::Scored { bias, image } => {
+                let bias = match image {
+                    Some((id, vl)) if token_ids[i] == *id => vl,
+                    _ => bias,
+                };
                 for ((b, &v), &bb) in biased.iter_mut().zip(s.iter()).zip(bias) {
                     *b = v + bb;
                 }
