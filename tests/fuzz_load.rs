@@ -346,6 +346,7 @@ fn loading_fuzzed_checkpoints_ends_in_a_model_or_an_error() {
     let seed = env_or("DEEPINFER_FUZZ_SEED", 18);
     let bases = [
         golden("tiny-a", "official"),
+        golden("tiny-a-dspark", "official"),
         golden("tiny-b", "official"),
         golden("tiny-c", "hf"),
     ];

@@ -188,8 +188,10 @@ def announce_drafter(path, dc):
         json.dump(cfg, f, indent=2, sort_keys=True)
 
 
-def draw_stage(s, p, c):
-    """One window-only V4.1 decoder layer, drawn like make_v41_golden.build draws its layers."""
+def draw_stage(s, p, c, bias_vl=True):
+    """One window-only decoder layer, drawn like make_v41_golden.build draws its layers (a V4
+    stage, tools/make_dspark_v4_golden.py, has no `gate.bias_vl`; its Store rounds onto V4's
+    128-wide FP8 blocks)."""
     D, hc = c["hidden_size"], c["hc_mult"]
     H, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
     g, ol = c["o_groups"], c["o_lora_rank"]
@@ -216,7 +218,8 @@ def draw_stage(s, p, c):
     f = f"{p}.ffn"
     lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((E, D), 0.15))
     lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((E,), 0.1))
-    s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
+    if bias_vl:
+        s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
     lw["experts"] = [{
         "w1": s.fp4(f"{f}.experts.{e}.w1.weight", s.draw((inter, D), 0.06)),
         "w3": s.fp4(f"{f}.experts.{e}.w3.weight", s.draw((inter, D), 0.06)),
@@ -334,22 +337,27 @@ class DSpark:
             stage_out.append(X.clone())
         h = (pre.unsqueeze(-1) * X).sum(1)  # pre-norm head hidden
         base = rms_norm(h, self.w["norm"], self.eps) @ self.t.w["head"].T
-        prev, drafts, embeds, adjusted, draft_gap = bonus, [], [], [], math.inf
-        for j in range(B):
-            e = self.w["markov_w1"][prev]
-            lj = base[j] + self.w["markov_w2"] @ e
-            top = lj.topk(2)
-            draft_gap = min(draft_gap, float(top.values[0] - top.values[1]))
-            prev = int(top.indices[0])
-            drafts.append(prev)
-            embeds.append(e)
-            adjusted.append(lj)
-        E = torch.stack(embeds)
-        conf = torch.sigmoid((torch.cat([h, E], -1) @ self.w["confidence"].T).squeeze(-1))
         return dict(P0=P0, ids=ids, positions=pos, ctx_positions=ctx_pos, aux=aux[ctx_pos], main_x=mx,
                     ctx_kv=torch.stack(ctx_kv), stage_out=torch.stack(stage_out), head_hidden=h,
-                    base_logits=base, markov_embed=E, logits=torch.stack(adjusted),
-                    drafts=drafts, confidence=conf, router_gap=gaps.router, draft_gap=draft_gap)
+                    base_logits=base, router_gap=gaps.router, **sequential_drafts(self.w, h, base, bonus))
+
+
+def sequential_drafts(w, h, base, bonus):
+    """Steps 8 and 9: the Markov chain over the block's base logits and the confidences."""
+    prev, drafts, embeds, adjusted, draft_gap = bonus, [], [], [], math.inf
+    for j in range(base.shape[0]):
+        e = w["markov_w1"][prev]
+        lj = base[j] + w["markov_w2"] @ e
+        top = lj.topk(2)
+        draft_gap = min(draft_gap, float(top.values[0] - top.values[1]))
+        prev = int(top.indices[0])
+        drafts.append(prev)
+        embeds.append(e)
+        adjusted.append(lj)
+    E = torch.stack(embeds)
+    conf = torch.sigmoid((torch.cat([h, E], -1) @ w["confidence"].T).squeeze(-1))
+    return dict(markov_embed=E, logits=torch.stack(adjusted), drafts=drafts, confidence=conf,
+                draft_gap=draft_gap)
 
 
 # ---------------------------------------------------------------- runs
@@ -402,17 +410,20 @@ def speculative(model, ds, prompt, n, margins):
         d = ds.draft(aux, bonus)
         margins.add_draft(d)
         first = first or d
+        # Drafts past what the request may still emit are not verified (the engine caps them
+        # likewise): the step's own target token is the last one needed.
+        drafts = d["drafts"][: n - len(out) - 1]
         P0 = len(committed)
-        logits, layers, gaps = target_run(model, committed + [bonus] + d["drafts"])
+        logits, layers, gaps = target_run(model, committed + [bonus] + drafts)
         verify = logits[P0:].argmax(-1).tolist()  # the target's choice after each block row
         k = 0
-        while k < len(d["drafts"]) and d["drafts"][k] == verify[k]:
+        while k < len(drafts) and drafts[k] == verify[k]:
             k += 1
         margins.add_target(gaps, logits[P0:P0 + k + 1])  # the rows whose choice is used
-        steps.append(dict(position=P0, anchor=bonus, drafts=d["drafts"], target=verify, accepted=k,
+        steps.append(dict(position=P0, anchor=bonus, drafts=drafts, target=verify, accepted=k,
                           confidence=d["confidence"].tolist()))
-        committed += [bonus] + d["drafts"][:k]
-        out += d["drafts"][:k]
+        committed += [bonus] + drafts[:k]
+        out += drafts[:k]
         bonus = verify[k]
         aux = ds.aux_states(layers)[: len(committed)]
     return out[:n], steps, first

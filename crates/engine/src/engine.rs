@@ -386,8 +386,9 @@ fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
             let Some(ds) = &model.dspark else {
                 return invalid(
                     "speculative_config",
-                    "method \"dspark\" needs a DeepSeek-V4.1 checkpoint with its DSpark drafter \
-                     (dspark_* in config.json, mtp.0.main_proj.*), and this one has none"
+                    "method \"dspark\" needs a checkpoint with its DSpark drafter (dspark_* in \
+                     config.json, mtp.0.main_proj.*) loaded in one process, and this model has \
+                     none"
                         .into(),
                 );
             };

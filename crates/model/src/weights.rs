@@ -237,7 +237,7 @@ pub struct HcHead {
 }
 
 impl HcHead {
-    fn load(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<Self, CheckpointError> {
+    pub(crate) fn load(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<Self, CheckpointError> {
         let (hc, d) = (c.hc_mult, c.hidden_size);
         Ok(Self {
             fn_: Linear {

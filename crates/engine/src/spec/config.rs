@@ -9,7 +9,8 @@ pub enum SpecMethod {
     /// The checkpoint's own MTP block (`mtp.0.*`, spec §7.1); vLLM also calls it
     /// `deepseek_mtp`.
     Mtp,
-    /// DeepSeek-V4.1's DSpark drafter (`mtp.0..2.*`, spec §7.2): a block of drafts at once.
+    /// The DSpark drafter of V4.1 and V4-Flash-0731-style checkpoints (`mtp.0..2.*`, spec
+    /// §7.2): a block of drafts at once.
     Dspark,
     /// For measurement only: proposes the tokens a plain run produced (`script`: prompt →
     /// output), each replaced by a wrong one with probability `1 − acceptance_rate`, so the
@@ -84,7 +85,7 @@ impl SpeculativeConfig {
                     "num_speculative_tokens {k} is not a positive integer"
                 ))
             }
-            // DSpark drafts a whole block (V4.1: 5) in one pass.
+            // DSpark drafts a whole block (5 as shipped) in one pass.
             None if method == SpecMethod::Dspark => 5,
             None => default_tokens.unwrap_or(1),
         };

@@ -34,7 +34,7 @@ impl DsparkProposer {
             .dspark
             .as_ref()
             .expect("the engine checks the checkpoint has a DSpark drafter");
-        let width = ds.config.target_layer_ids.len() * model.config.hidden_size;
+        let width = ds.config.aux_layers.len() * model.config.hidden_size;
         let window = model.config.sliding_window;
         let aux = runner.aux();
         for r in records {

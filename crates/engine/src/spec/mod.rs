@@ -10,7 +10,7 @@
 //! plain step, so drafting only pays with good acceptance: the [`policy`] measures both
 //! sides and stops drafting where it does not.
 //!
-//! Proposers: the checkpoint's MTP block ([`mtp`]), V4.1's DSpark drafter ([`dspark`]) and,
+//! Proposers: the checkpoint's MTP block ([`mtp`]), the DSpark drafter ([`dspark`]) and,
 //! for measurement, [`replay`].
 
 pub mod config;

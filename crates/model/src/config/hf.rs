@@ -326,12 +326,14 @@ pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
     )?;
     let (bos_token_id, eos_token_ids) = token_ids(f, Some(0), &[1])?;
     let index_topk = f.usize_or("index_topk", 512)?;
+    let vocab_size = f.usize_or("vocab_size", 129280)?;
+    let dspark = super::dspark::parse(f, n, vocab_size, v41)?;
     let v41 = match v41_ratios {
         Some(r) => Some(super::v41::parse(f, r, index_topk)?),
         None => None,
     };
     Ok(ModelConfig {
-        vocab_size: f.usize_or("vocab_size", 129280)?,
+        vocab_size,
         hidden_size: f.req_usize("hidden_size")?,
         num_hidden_layers: n,
         num_attention_heads: f.usize_or("num_attention_heads", 64)?,
@@ -368,6 +370,7 @@ pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
         eos_token_ids,
         numerics: Default::default(),
         v41,
+        dspark,
     })
 }
 

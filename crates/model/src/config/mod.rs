@@ -9,6 +9,7 @@
 //! error here instead.
 
 mod declared;
+mod dspark;
 mod fields;
 mod hf;
 mod official;
@@ -17,7 +18,8 @@ mod tests;
 mod v41;
 mod validate;
 
-pub use v41::{Candidates, DsparkConfig, EngramConfig, V41};
+pub use dspark::DsparkConfig;
+pub use v41::{Candidates, EngramConfig, V41};
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -130,6 +132,8 @@ pub struct ModelConfig {
     pub numerics: Numerics,
     /// V4.1's architecture (spec §8); `None` for V4.
     pub v41: Option<V41>,
+    /// The DSpark drafter the config announces (spec §7.2); the checkpoint may still lack it.
+    pub dspark: Option<DsparkConfig>,
 }
 
 /// Why a config could not be used. Messages name the offending field as written in the file.

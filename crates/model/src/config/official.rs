@@ -143,5 +143,6 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         eos_token_ids,
         numerics: Default::default(),
         v41: None,
+        dspark: None,
     })
 }

@@ -21,22 +21,6 @@ pub struct V41 {
     pub engram: Option<EngramConfig>,
     /// Positions holding image embeddings route with `gate.bias_vl`; text never has them.
     pub image_token_id: Option<u32>,
-    /// The DSpark drafter the checkpoint ships (spec §7.2), when the config announces one.
-    pub dspark: Option<DsparkConfig>,
-}
-
-/// The `dspark_*` settings of a checkpoint.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DsparkConfig {
-    /// Target layers whose input streams feed the drafter (V4.1-Flash: 37, 38, 39).
-    pub target_layer_ids: Vec<usize>,
-    pub block_size: usize,
-    pub noise_token_id: u32,
-    pub markov_rank: usize,
-    pub stages: usize,
-    /// The stages' routed experts (V4.1: 128, top 3).
-    pub n_routed_experts: usize,
-    pub num_experts_per_tok: usize,
 }
 
 /// The two-level indexer: the candidate source publishes the best blocks of compressed
@@ -150,8 +134,10 @@ pub(super) fn parse(t: &Fields, ratios: Vec<usize>, index_topk: usize) -> Result
         _ => None,
     };
     let engram = parse_engram(t, n)?;
-    let image_token_id = t.usize("image_token_id")?.map(|v| v as u32);
-    let dspark = parse_dspark(t, n)?;
+    let image_token_id = t
+        .usize("image_token_id")?
+        .map(|v| id32(t, "image_token_id", v))
+        .transpose()?;
     let v = V41 {
         compress_ratios: ratios,
         kv_source_layer_ids: kv_sources,
@@ -159,58 +145,9 @@ pub(super) fn parse(t: &Fields, ratios: Vec<usize>, index_topk: usize) -> Result
         candidates,
         engram,
         image_token_id,
-        dspark,
     };
     check_topology(&v, t, index_topk)?;
     Ok(v)
-}
-
-/// The `dspark_*` keys, when `dspark_target_layer_ids` is there; the stages are the
-/// config's next-token layers, their experts the main ones unless the config says otherwise.
-fn parse_dspark(t: &Fields, n: usize) -> Result<Option<DsparkConfig>, ConfigError> {
-    let Some(target_layer_ids) = t.usize_list("dspark_target_layer_ids")? else {
-        return Ok(None);
-    };
-    for (i, &l) in target_layer_ids.iter().enumerate() {
-        // Id `l` is the streams entering layer `l` (n: the final ones); layer 0 has none.
-        if l == 0 || l > n {
-            return Err(invalid(
-                format!("{}[{i}]", t.name("dspark_target_layer_ids")),
-                l,
-                format!("must be in 1..={n}"),
-            ));
-        }
-    }
-    let experts = t.usize_or("n_routed_experts", 256)?;
-    let dc = DsparkConfig {
-        target_layer_ids,
-        block_size: t.usize_or("dspark_block_size", 5)?,
-        noise_token_id: t.usize_or("dspark_noise_token_id", 128_799)? as u32,
-        markov_rank: t.req_usize("dspark_markov_rank")?,
-        stages: t.usize_or("num_nextn_predict_layers", 3)?,
-        n_routed_experts: t.usize_or("dspark_n_routed_experts", experts)?,
-        num_experts_per_tok: t.usize_or(
-            "dspark_num_experts_per_tok",
-            t.usize_or("num_experts_per_tok", 6)?,
-        )?,
-    };
-    for (key, v, lo, hi) in [
-        ("dspark_block_size", dc.block_size, 2, 64),
-        ("num_nextn_predict_layers", dc.stages, 1, 16),
-        ("dspark_markov_rank", dc.markov_rank, 1, 4096),
-        ("dspark_n_routed_experts", dc.n_routed_experts, 1, 4096),
-        (
-            "dspark_num_experts_per_tok",
-            dc.num_experts_per_tok,
-            1,
-            dc.n_routed_experts,
-        ),
-    ] {
-        if !(lo..=hi).contains(&v) {
-            return Err(invalid(t.name(key), v, format!("must be in {lo}..={hi}")));
-        }
-    }
-    Ok(Some(dc))
 }
 
 fn parse_engram(t: &Fields, n: usize) -> Result<Option<EngramConfig>, ConfigError> {
@@ -248,7 +185,11 @@ fn parse_engram(t: &Fields, n: usize) -> Result<Option<EngramConfig>, ConfigErro
         n_heads: t.req_usize("engram_n_heads")?,
         head_dim: t.req_usize("engram_head_dim")?,
         compressed_vocab_size: t.req_usize("engram_compressed_vocab_size")?,
-        pad_token_id: t.usize_or("engram_pad_token_id", 2)? as u32,
+        pad_token_id: id32(
+            t,
+            "engram_pad_token_id",
+            t.usize_or("engram_pad_token_id", 2)?,
+        )?,
     };
     for (key, v, lo, hi) in [
         ("engram_max_ngram_size", e.max_ngram_size, 2, 8),
@@ -355,4 +296,10 @@ fn check_topology(v: &V41, t: &Fields, index_topk: usize) -> Result<(), ConfigEr
         }
     }
     Ok(())
+}
+
+/// A token id: it may lie outside the vocabulary (V4.1's image id does in a text-only
+/// export), but not outside the ids' 32 bits.
+fn id32(t: &Fields, key: &str, v: usize) -> Result<u32, ConfigError> {
+    u32::try_from(v).map_err(|_| invalid(t.name(key), v, "a token id must fit 32 bits"))
 }

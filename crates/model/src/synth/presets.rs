@@ -122,6 +122,7 @@ fn flash_like() -> ModelConfig {
         eos_token_ids: vec![1],
         numerics: Default::default(),
         v41: None,
+        dspark: None,
     }
 }
 
@@ -185,7 +186,6 @@ fn v41_like(
                 pad_token_id: 2,
             }),
             image_token_id: Some(129_264),
-            dspark: None,
         }),
         ..base
     }

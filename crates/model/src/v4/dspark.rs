@@ -1,13 +1,16 @@
-//! DSpark's draft block for DeepSeek-V4.1 (spec §7.2; tools/make_dspark_golden.py is the
-//! reference and states the computation step by step): the target's streams entering its
-//! last layers, averaged and projected (`main_x`), give every stage a window of context keys;
-//! a block of `[anchor, noise, …]` rows runs through three V4.1 window-only stages whose rows
-//! all see each other and the context, and the head's logits become sequential drafts through
-//! the Markov head, each with a confidence. The engine drafts with it under
-//! `--speculative-config '{"method": "dspark"}'` (`engine/src/spec/dspark.rs`).
+//! DSpark's draft block (spec §7.2; tools/make_dspark_golden.py for V4.1 and
+//! tools/make_dspark_v4_golden.py for V4 are the references and state the computation step
+//! by step): the target's streams around its last layers, averaged and projected (`main_x`),
+//! give every stage a window of context keys; a block of `[anchor, noise, …]` rows runs
+//! through three window-only stages whose rows all see each other and the context, and the
+//! head's logits become sequential drafts through the Markov head, each with a confidence.
+//! The stages are the target's kind of block: V4.1's (shifted mHC, no per-head q norm,
+//! collapsed with the last `pre`) or V4's (own mHC, q norm, the drafter's own hyper head).
+//! The engine drafts with it under `--speculative-config '{"method": "dspark"}'`
+//! (`engine/src/spec/dspark.rs`).
 
 use super::attention::grouped_output;
-use super::hyper::{hc_mix, hc_post, Collapse};
+use super::hyper::{hc_head, hc_mix, hc_post, Collapse};
 use super::model::{embed_streams, Model};
 use super::moe::moe;
 use super::rows::Angles;
@@ -16,10 +19,10 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
-use crate::weights::{draft_stage, HeadProjections, HeadWeights, LayerWeights, Linear};
+use crate::weights::{draft_stage, HcHead, HeadProjections, HeadWeights, LayerWeights, Linear};
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::matrix::QMatrix;
-use deepinfer_kernels::norm::rms_norm_rows;
+use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
 use deepinfer_kernels::topk::argmax;
 use deepinfer_kernels::vector::{axpy, dot};
@@ -34,6 +37,8 @@ pub struct DsparkWeights {
     main_proj: Linear,
     main_norm: Vec<f32>,
     stages: Vec<LayerWeights>,
+    /// V4's collapse of the last stage's streams; V4.1 collapses with the last `pre`.
+    hc_head: Option<HcHead>,
     norm: Vec<f32>,
     /// `[vocab, rank]`: the previous token's Markov embedding…
     markov_embed: QMatrix,
@@ -66,17 +71,31 @@ impl DsparkWeights {
             .map(|i| draft_stage(ck, &sc, &format!("mtp.{i}"), c.num_hidden_layers + i))
             .collect::<Result<Vec<_>, _>>()?;
         let last = format!("mtp.{}", dc.stages.saturating_sub(1));
-        let width = dc.target_layer_ids.len() * d;
+        let width = dc.aux_layers.len() * d;
+        let hc_head = match c.v41 {
+            Some(_) => None,
+            None => Some(HcHead::load(ck, &format!("{last}.hc_head_"), c)?),
+        };
+        // vLLM's V4 loader maps `markov_head.*` onto the head's own names, V4.1's renames
+        // `embed`/`head` to them: checkpoints spell the factors either way.
+        let markov = |ours: &str, theirs: &str| {
+            let name = format!("{last}.markov_head.{ours}.weight");
+            match ck.contains(&name) {
+                true => name,
+                false => format!("{last}.markov_head.{theirs}.weight"),
+            }
+        };
         Ok(Self {
             main_proj: Linear {
                 w: ck.matrix("mtp.0.main_proj.weight", &[d, width])?,
             },
             main_norm: ck.tensor_f32("mtp.0.main_norm.weight", &[d])?,
             stages,
+            hc_head,
             norm: ck.tensor_f32(&format!("{last}.norm.weight"), &[d])?,
-            markov_embed: ck.matrix(&format!("{last}.markov_head.embed.weight"), &[v, r])?,
+            markov_embed: ck.matrix(&markov("embed", "markov_w1"), &[v, r])?,
             markov_head: Linear {
-                w: ck.matrix(&format!("{last}.markov_head.head.weight"), &[v, r])?,
+                w: ck.matrix(&markov("head", "markov_w2"), &[v, r])?,
             },
             confidence: ck
                 .tensor_f32(&format!("{last}.confidence_head.proj.weight"), &[1, d + r])?,
@@ -86,7 +105,7 @@ impl DsparkWeights {
     }
 
     /// The block after the committed positions `0..p0`: `aux` holds the mean input streams of
-    /// the target layers for the context rows `ctx0..p0` (`[p0 − ctx0, layers · D]`), `anchor`
+    /// the aux layers for the context rows `ctx0..p0` (`[p0 − ctx0, layers · D]`), `anchor`
     /// is the token at `p0`.
     pub fn draft(
         &self,
@@ -112,10 +131,14 @@ impl DsparkWeights {
             .collect();
         let mut x = ws.take(b * hc * d);
         embed_streams(&m.weights.embed, &ids, hc, d, &mut x);
+        let shifted = c.v41.is_some();
         let mut pre: Option<Vec<f32>> = None;
         for st in &self.stages {
             let ctx_kv = latents(st, c, &main_x, n_ctx, &ctx_angles, ws);
-            let collapse = pre.as_deref().map_or(Collapse::First, Collapse::Carried);
+            let collapse = match shifted {
+                true => pre.as_deref().map_or(Collapse::First, Collapse::Carried),
+                false => Collapse::Own,
+            };
             let mut mix = hc_mix(&x, b, &st.hc_attn, c, collapse, ws);
             rms_norm_rows(&mut mix.collapsed, &st.attn_norm, c.rms_norm_eps);
             let o = block_attention(st, c, &mix.collapsed, &ctx_kv, &angles, ws);
@@ -123,7 +146,11 @@ impl DsparkWeights {
             for v in [o, ctx_kv] {
                 ws.give(v);
             }
-            let mut ffn = hc_mix(&x, b, &st.hc_ffn, c, Collapse::Carried(&mix.pre), ws);
+            let collapse = match shifted {
+                true => Collapse::Carried(&mix.pre),
+                false => Collapse::Own,
+            };
+            let mut ffn = hc_mix(&x, b, &st.hc_ffn, c, collapse, ws);
             rms_norm_rows(&mut ffn.collapsed, &st.ffn_norm, c.rms_norm_eps);
             let f = moe(&st.ffn, c, &ffn.collapsed, &ids, ws)?;
             hc_post(&mut x, &f, &ffn, b, d, ws);
@@ -135,7 +162,8 @@ impl DsparkWeights {
             ffn.recycle(ws);
         }
         let pre = pre.expect("a drafter has stages");
-        let draft = self.head(m, &x, &pre, anchor, ws);
+        let h = self.head_hidden(&x, &pre, ws);
+        let draft = self.head(m, h, anchor, ws);
         for v in [main_x, x, pre] {
             ws.give(v);
         }
@@ -144,28 +172,33 @@ impl DsparkWeights {
         Ok(draft)
     }
 
-    /// The collapse with the last stage's `pre`, the head, the Markov chain and the
-    /// confidences.
-    fn head(&self, m: &Model, x: &[f32], pre: &[f32], anchor: u32, ws: &mut Workspace) -> Draft {
+    /// The block's streams collapsed for the head, `[block, D]` before the norm: by V4's
+    /// hyper head, or with V4.1's last `pre`.
+    fn head_hidden(&self, x: &[f32], pre: &[f32], ws: &mut Workspace) -> Vec<f32> {
         let c = &self.stage_config;
-        let (d, hc, v, b) = (
-            c.hidden_size,
-            c.hc_mult,
-            c.vocab_size,
-            self.config.block_size,
-        );
+        let (d, hc, b) = (c.hidden_size, c.hc_mult, self.config.block_size);
+        if let Some(hh) = &self.hc_head {
+            return hc_head(x, b, &hh.fn_, &hh.base, hh.scale, c, ws);
+        }
         let mut h = ws.take(b * d);
         for (i, out) in h.chunks_exact_mut(d).enumerate() {
             for (s, stream) in x[i * hc * d..(i + 1) * hc * d].chunks_exact(d).enumerate() {
                 axpy(out, pre[i * hc + s], stream);
             }
         }
+        h
+    }
+
+    /// The head on the collapsed block `h`, the Markov chain and the confidences.
+    fn head(&self, m: &Model, h: Vec<f32>, anchor: u32, ws: &mut Workspace) -> Draft {
+        let c = &self.stage_config;
+        let (d, v, b) = (c.hidden_size, c.vocab_size, self.config.block_size);
         let mut normed = h.clone();
         rms_norm_rows(&mut normed, &self.norm, c.rms_norm_eps);
         let mut base_logits = vec![0.0; b * v];
         match &m.weights.head {
             HeadWeights::Whole(head) => head.forward_into(&normed, b, &mut base_logits),
-            HeadWeights::Split { .. } => unreachable!("V4.1 runs in one process"),
+            HeadWeights::Split { .. } => unreachable!("the drafter loads in one process only"),
         }
         let r = self.config.markov_rank;
         let (mut e, mut bias) = (vec![0.0; r], vec![0.0; v]);
@@ -224,7 +257,7 @@ fn block_attention(
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let HeadProjections::Whole { wq_b, wo_a, wo_b } = &st.attn.heads else {
-        unreachable!("V4.1 runs in one process");
+        unreachable!("a drafter's stages load whole");
     };
     let (h, hd, eps) = (c.num_attention_heads, c.head_dim, c.rms_norm_eps);
     let n = a.len() / c.hidden_size;
@@ -233,10 +266,15 @@ fn block_attention(
     rms_norm_rows(&mut qr, &st.attn.q_norm, eps);
     let mut q = ws.take(n * h * hd);
     wq_b.forward_into(&qr, n, &mut q);
+    let q_norm = c.v41.is_none();
     for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
         let (cos, sin) = angles.row(i);
-        row.chunks_exact_mut(hd)
-            .for_each(|head| Rope::apply_with(head, cos, sin, false));
+        for head in row.chunks_exact_mut(hd) {
+            if q_norm {
+                rms_norm_unweighted(head, eps);
+            }
+            Rope::apply_with(head, cos, sin, false);
+        }
     }
     let kv = latents(st, c, a, n, angles, ws);
     let n_ctx = ctx_kv.len() / hd;

@@ -108,8 +108,8 @@ pub struct ForwardExtras<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
     /// Receives the streams after every layer (how a mismatch with the reference is found).
     pub trace: Option<&'a mut Vec<Vec<f32>>>,
-    /// Receives, for the DSpark drafter, the mean input streams of its target layers for
-    /// every row, `[N, targets · D]` (empty without a drafter).
+    /// Receives, for the DSpark drafter, the mean input streams of its aux layers for every
+    /// row, `[N, targets · D]` (empty without a drafter).
     pub aux: Option<&'a mut Vec<f32>>,
 }
 
@@ -126,7 +126,7 @@ pub struct Model {
     split_tensor: bool,
     /// V4.1's n-gram hashing, when the model has Engram layers.
     engram: Option<EngramHashing>,
-    /// V4.1's DSpark drafter, when the checkpoint ships one.
+    /// The DSpark drafter, when the checkpoint ships one (and the model runs in one process).
     pub dspark: Option<DsparkWeights>,
 }
 
@@ -221,7 +221,11 @@ impl Model {
         tracing::info!("memory plan: {why}");
         let weights =
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
-        let dspark = match config.v41.as_ref().and_then(|v| v.dspark.clone()) {
+        let dspark = match config.dspark.clone() {
+            Some(_) if placement.is_some() => {
+                tracing::info!("the DSpark drafter runs in one process: not loaded");
+                None
+            }
             Some(dc) if ck.contains("mtp.0.main_proj.weight") => {
                 Some(DsparkWeights::load(&ck, &config, dc)?)
             }
@@ -474,7 +478,7 @@ impl Model {
                 angles,
             };
             if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
-                capture_aux(&ds.config.target_layer_ids, l, &x, n, hc, d, aux);
+                capture_aux(&ds.config.aux_layers, l, &x, n, hc, d, aux);
             }
             if let Some(ew) = &lw.engram {
                 engram(ew, c, &mut x, &engram_rows[ew.index], &batch.token_ids, ws)?;
@@ -485,15 +489,7 @@ impl Model {
             }
         }
         if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
-            capture_aux(
-                &ds.config.target_layer_ids,
-                w.layers.len(),
-                &x,
-                n,
-                hc,
-                d,
-                aux,
-            );
+            capture_aux(&ds.config.aux_layers, w.layers.len(), &x, n, hc, d, aux);
         }
         let collapse = match (&w.hc_head, &carry.pre) {
             (Some(h), _) => FinalCollapse::Hyper(h),

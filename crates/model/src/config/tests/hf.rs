@@ -272,3 +272,53 @@ fn rope_width_sources() {
         "factor alone: int(128 × 0.25)"
     );
 }
+
+/// A V4-Flash-0731-style config: the DSpark fields beside `num_nextn_predict_layers: 1`
+/// (spec §1.1), ids naming the streams that leave a layer.
+#[test]
+fn reads_a_v4_dspark_drafter() {
+    let with = |extra: &str| TINY_HF.replacen('{', &format!("{{ {extra},"), 1);
+    let c = parse(&with(
+        r#""dspark_target_layer_ids": [1, 2, 3], "dspark_markov_rank": 16,
+           "dspark_noise_token_id": 511"#,
+    ));
+    let d = c.dspark.expect("a drafter");
+    assert_eq!(d.target_layer_ids, [1, 2, 3]);
+    assert_eq!(
+        d.aux_layers,
+        [2, 3, 4],
+        "after layer i = entering layer i + 1"
+    );
+    // Three stages whatever num_nextn_predict_layers says, the main model's experts.
+    assert_eq!(
+        (d.stages, d.n_routed_experts, d.num_experts_per_tok),
+        (3, 8, 2)
+    );
+    assert_eq!((d.block_size, d.noise_token_id), (5, 511));
+    assert_eq!(c.num_nextn_predict_layers, 1);
+    let staged = parse(&with(
+        r#""dspark_target_layer_ids": [3], "dspark_markov_rank": 16,
+           "dspark_noise_token_id": 0, "n_mtp_layers": 2"#,
+    ));
+    assert_eq!(staged.dspark.unwrap().stages, 2);
+    assert!(parse(TINY_HF).dspark.is_none());
+    for (extra, field) in [
+        (
+            r#""dspark_target_layer_ids": [4], "dspark_markov_rank": 16, "dspark_noise_token_id": 0"#,
+            "dspark_target_layer_ids[0]",
+        ),
+        (
+            r#""dspark_target_layer_ids": [3], "dspark_markov_rank": 16"#,
+            "dspark_noise_token_id",
+        ),
+        (
+            r#""dspark_target_layer_ids": [3], "dspark_markov_rank": 0, "dspark_noise_token_id": 0"#,
+            "dspark_markov_rank",
+        ),
+    ] {
+        let e = ModelConfig::from_json_str(&with(extra))
+            .expect_err(extra)
+            .to_string();
+        assert!(e.contains(field), "{e}");
+    }
+}

@@ -133,8 +133,10 @@ fn reads_the_dspark_fields() {
         ("dspark_n_routed_experts", Some(6.into())),
     ];
     let c = parse(&tiny_v41(&dspark));
-    let d = c.v41.unwrap().dspark.expect("a drafter");
+    let d = c.dspark.expect("a drafter");
     assert_eq!(d.target_layer_ids, [3, 4, 5]);
+    // V4.1's ids name the streams entering a layer (5: the final ones).
+    assert_eq!(d.aux_layers, [3, 4, 5]);
     // Unset fields take V4.1's values (block 5, noise 128799) or the main MoE's.
     assert_eq!(
         (d.block_size, d.noise_token_id, d.markov_rank),
@@ -144,11 +146,26 @@ fn reads_the_dspark_fields() {
         (d.stages, d.n_routed_experts, d.num_experts_per_tok),
         (3, 6, 2)
     );
-    assert!(parse(&tiny_v41(&[])).v41.unwrap().dspark.is_none());
+    assert!(parse(&tiny_v41(&[])).dspark.is_none());
     let mut bad = dspark.to_vec();
     bad[0] = ("dspark_target_layer_ids", Some(json_list(&[0, 4])));
     let msg = err(&tiny_v41(&bad));
     assert!(msg.contains("dspark_target_layer_ids[0]"), "{msg}");
     let msg = err(&tiny_v41(&dspark[..1]));
     assert!(msg.contains("dspark_markov_rank"), "{msg}");
+    let mut bad = dspark.to_vec();
+    bad.push(("dspark_noise_token_id", Some(129_280.into())));
+    let msg = err(&tiny_v41(&bad));
+    assert!(msg.contains("text_config.dspark_noise_token_id"), "{msg}");
+}
+
+#[test]
+fn token_ids_must_fit_32_bits() {
+    let msg = err(&tiny_v41(&[("image_token_id", Some((1u64 << 32).into()))]));
+    assert!(msg.contains("text_config.image_token_id"), "{msg}");
+    let msg = err(&tiny_v41(&[(
+        "engram_pad_token_id",
+        Some((1u64 << 33).into()),
+    )]));
+    assert!(msg.contains("engram_pad_token_id"), "{msg}");
 }

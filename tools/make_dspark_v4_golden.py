@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""DSpark drafting for DeepSeek-V4 (V4-Flash-0731 / -DSpark style checkpoints) on the CPU, in
+float32, and goldens from it.
+
+Run by hand (outputs are committed):
+
+    /tmp/venv/bin/python tools/make_dspark_v4_golden.py
+
+The target is tiny-a (tests/fixtures/golden/tiny-a). This script writes a second checkpoint
+directory, tests/fixtures/golden/tiny-a-dspark/, shaped like a V4-Flash-0731 release:
+
+  official/model-0000{1,2}-of-00002.safetensors
+      symbolic links to tiny-a's shards: the target is tiny-a, byte for byte;
+  official/dspark.safetensors
+      the DSpark weights (stages mtp.0..2, mtp.0.main_proj/main_norm, the head stack under
+      mtp.2) in their official names and storage formats (FP8 e4m3 with 128x128 E8M0 block
+      scales, ragged at the edges; FP4 e2m1 experts; BF16 norms, gate and Markov factors;
+      F32 mHC, sinks, gate bias, confidence), drawn with the Store of make_v41_golden;
+  official/config.json
+      tiny-a's config with the dspark_* fields added and compress_ratios given the stages'
+      three trailing 0 entries. num_nextn_predict_layers stays 1, as V4-Flash-0731's config
+      says while shipping three stages (spec §1.1, §11.5): vLLM's V4 drafter reads the stage
+      count from `n_mtp_layers` and otherwise takes 3, never num_nextn_predict_layers;
+  dspark_golden.safetensors, dspark_golden.json
+      in the format of tools/make_dspark_golden.py (its FORMAT and loop are reused): two fully
+      recorded draft blocks and a greedy speculative decode loop against plain greedy decoding.
+
+The target runs on tools/make_official_golden.py's port of DeepSeek's V4 inference code with
+its quantisation points off (`--plain`), which is checked here against HF transformers'
+float32 goldens of tiny-a before anything else runs (the same check as
+`make_official_golden.py --plain`).
+
+What differs from V4.1's DSpark (tools/make_dspark_golden.py states the shared computation,
+steps 2-4 and 8-10 there hold unchanged), and the vLLM 0.33.0 source each part follows:
+
+  1. Aux states (models/deepseek_v4/nvidia/model.py DeepseekV4Model.forward: the target
+     captures `mhc_post(...)` mean-over-hc when idx + 1 is an aux layer; v1/worker/gpu/
+     spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config adds 1 to V4's
+     dspark_target_layer_ids): for each id i the mean over the hc streams of the residual
+     AFTER layer i. The real [40, 41, 42] of V4-Flash's 43 layers are the outputs of its last
+     three layers (42: the final streams, before hc_head); the tiny analogue for 4 layers is
+     [1, 2, 3].
+  5. Stages (models/deepseek_v4/nvidia/dspark.py DSparkDeepseekV4Model): three V4 decoder
+     blocks (DeepseekV4DecoderLayer at layer ids num_hidden_layers + i), window only, scored
+     MoE with the target's expert counts (the V4 drafter passes no dspark_* overrides), V4's
+     own-`pre` mHC per sublayer (make_official_golden.Block.hc_pre/hc_post; vLLM fuses a
+     layer's post with the next layer's pre, the same arithmetic).
+  6. Attention of a stage: as V4.1's block attention (every block row sees the context window
+     and all block rows, sink softmax, inverse RoPE, grouped wo_a, wo_b), with V4's queries:
+     the per-head RMS of q (no weight) before RoPE (make_official_golden.Attention). Context
+     keys: the stage's wkv and kv_norm on main_x, RoPE'd at the context positions
+     (dspark.py precompute_and_store_context_kv: context_wkv_proj stacks the stages' wkv).
+  7. Head (dspark.py forward): after the last stage the streams go through the drafter's own
+     hc_head (mtp.2.hc_head_{fn,base,scale}; make_official_golden.head's collapse) into the
+     pre-norm head hidden h; base logits = head(norm(h)) with mtp.2.norm and the target's
+     head.
+  Names (dspark.py _remap_dspark_name): V4's loader maps `markov_head.*` straight onto
+  DSparkMarkovHead's parameters, so the Markov factors are
+  mtp.2.markov_head.markov_w1.weight / markov_w2.weight (spec §7.2 lists both spellings; the
+  V4.1 fixture uses the other one, embed/head).
+
+Choices: dspark_noise_token_id 319 (tiny-a's last id), dspark_markov_rank 16, block 5; the
+context window is tiny-a's sliding_window (8); everything else as tools/make_dspark_golden.py.
+"""
+
+import json
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_dspark_golden as dsg  # noqa: E402
+import make_official_golden as og  # noqa: E402
+from make_v41_golden import Store  # noqa: E402
+from storage_formats import write_safetensors  # noqa: E402
+
+TARGET = "tiny-a"
+CONFIG = "tiny-a-dspark"
+DSPARK_SEED = 4300
+PROMPT_SEED = 4400
+PROMPT_LEN = 21
+GEN_TOKENS = 16
+FORCED_ACCEPTED = 3
+MAX_LEN = 64
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+DSPARK_FIELDS = dict(
+    dspark_target_layer_ids=[1, 2, 3],
+    dspark_block_size=5,
+    dspark_noise_token_id=319,
+    dspark_markov_rank=16,
+)
+STAGES = 3
+
+
+class Store128(Store):
+    """V4's FP8 weights carry 128x128 scale blocks."""
+
+    def fp8(self, name, t, rb=128, cb=128):
+        return super().fp8(name, t, rb, cb)
+
+
+# ---------------------------------------------------------------- checkpoint
+
+def write_checkpoint(target_dir, out_dir):
+    """config.json, the shard links and dspark.safetensors; returns the config as HF keys."""
+    os.makedirs(out_dir, exist_ok=True)
+    for shard in SHARDS:
+        link = os.path.join(out_dir, shard)
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.join("..", "..", TARGET, "official", shard), link)
+    with open(os.path.join(target_dir, "config.json")) as f:
+        cfg = json.load(f)
+    n = cfg["num_hidden_layers"]
+    cfg.update(DSPARK_FIELDS)
+    cfg["compress_ratios"] = cfg["compress_ratios"][:n] + [0] * STAGES
+    assert cfg["dspark_noise_token_id"] < cfg["vocab_size"]
+    assert all(0 <= t < n for t in cfg["dspark_target_layer_ids"])
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    files = build_dspark(cfg)
+    write_safetensors(os.path.join(out_dir, "dspark.safetensors"), files)
+    return cfg, files
+
+
+def build_dspark(cfg):
+    """The drafter's tensors, drawn like V4.1's (make_dspark_golden.draw_stage) in V4's formats."""
+    s = Store128(DSPARK_SEED)
+    D, V, r, hc = cfg["hidden_size"], cfg["vocab_size"], cfg["dspark_markov_rank"], cfg["hc_mult"]
+    k, last = len(cfg["dspark_target_layer_ids"]), f"mtp.{STAGES - 1}"
+    stage_cfg = dict(cfg, dspark_n_routed_experts=cfg["n_routed_experts"])
+    s.fp8("mtp.0.main_proj.weight", s.draw((D, k * D), 0.05))
+    s.bf16("mtp.0.main_norm.weight", s.draw((D,), 0.1, 1.0))
+    for i in range(STAGES):
+        dsg.draw_stage(s, f"mtp.{i}", stage_cfg, bias_vl=False)
+    s.bf16(f"{last}.norm.weight", s.draw((D,), 0.1, 1.0))
+    s.f32(f"{last}.hc_head_fn", s.draw((hc, hc * D), 0.05))
+    s.f32(f"{last}.hc_head_base", s.draw((hc,), 0.3))
+    s.f32(f"{last}.hc_head_scale", torch.rand(1, generator=s.g) + 0.5)
+    s.bf16(f"{last}.markov_head.markov_w1.weight", s.draw((V, r), 0.5))
+    s.bf16(f"{last}.markov_head.markov_w2.weight", s.draw((V, r), 0.5))
+    s.f32(f"{last}.confidence_head.proj.weight", s.draw((1, D + r), 0.05))
+    return s.files
+
+
+# ---------------------------------------------------------------- target and drafter
+
+class Target:
+    """tiny-a on make_official_golden's plain port; every call a whole teacher-forced pass
+    from position 0 on a fresh model (the port keeps decode state in its layers)."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def model(self):
+        return og.Model(self.d, MAX_LEN)
+
+    @torch.no_grad()
+    def forward(self, ids, want_layers=True):
+        m = self.model()
+        x = torch.tensor(ids)
+        h = m.embed[x].unsqueeze(1).repeat(1, m.c["hc"], 1)
+        layers = []
+        for b in m.blocks:
+            h = b(h, 0, x)
+            layers.append(h)
+        logits = og.head(h, m.hc_head, m.norm, m.head, m.c)
+        gaps = SimpleNamespace(router=m.gaps["router"], indexer=m.gaps["indexer"], candidate=math.inf)
+        return logits, layers, gaps
+
+
+class DSparkV4:
+    def __init__(self, model, cfg):
+        self.m, self.cfg, c, raw = model, cfg, model.c, model.raw
+        self.c, self.eps, last = c, c["eps"], f"mtp.{STAGES - 1}"
+        self.gaps = {"router": math.inf, "indexer": math.inf}
+        n = c["layers"]
+        self.blocks = [og.Block(c, raw, n + i, MAX_LEN, self.gaps, prefix=f"mtp.{i}") for i in range(STAGES)]
+        t = lambda name: og.tensor(raw, name)
+        self.w = {
+            "main_proj": t("mtp.0.main_proj.weight"), "main_norm": t("mtp.0.main_norm.weight"),
+            "norm": t(f"{last}.norm.weight"),
+            "hc_head": [t(f"{last}.hc_head_{k}") for k in ["fn", "scale", "base"]],
+            "markov_w1": t(f"{last}.markov_head.markov_w1.weight"),
+            "markov_w2": t(f"{last}.markov_head.markov_w2.weight"),
+            "confidence": t(f"{last}.confidence_head.proj.weight"),
+        }
+
+    def aux_states(self, layers):
+        """Mean over hc of the streams AFTER each target layer (step 1 above)."""
+        return torch.cat([layers[i].mean(1) for i in self.cfg["dspark_target_layer_ids"]], -1)
+
+    def kv(self, attn, x, pos):
+        rd = self.c["rd"]
+        kv = og.rms_norm(x @ attn.wkv.T, attn.kv_norm, self.eps)
+        return torch.cat([kv[:, :-rd], og.rope(kv[:, -rd:], attn.fc[pos])], -1)
+
+    def attention(self, attn, x, pos, ctx_kv):
+        c, T = self.c, x.shape[0]
+        h, hd, rd = c["heads"], c["head_dim"], c["rd"]
+        fc = attn.fc[pos]
+        qr = og.rms_norm(x @ attn.wq_a.T, attn.q_norm, self.eps)
+        q = (qr @ attn.wq_b.T).unflatten(-1, (h, hd))
+        q = q * torch.rsqrt(q.square().mean(-1, keepdim=True) + self.eps)
+        q = torch.cat([q[..., :-rd], og.rope(q[..., -rd:], fc)], -1)
+        keys = torch.cat([ctx_kv, self.kv(attn, x, pos)], 0)
+        idx = torch.arange(keys.shape[0]).unsqueeze(0).repeat(T, 1)
+        o = og.sparse_attn(q, keys, attn.sink, idx, hd ** -0.5)
+        o = torch.cat([o[..., :-rd], og.rope(o[..., -rd:], fc, inverse=True)], -1)
+        g = c["groups"]
+        o = torch.einsum("sgd,grd->sgr", o.reshape(T, g, -1), attn.wo_a.view(g, c["o_lora"], -1))
+        return o.flatten(1) @ attn.wo_b.T
+
+    def stage(self, blk, X, pos, ctx_kv, ids):
+        r = X
+        a, post, comb = blk.hc_pre(X, *blk.hc["attn"])
+        a = self.attention(blk.attn, og.rms_norm(a, blk.attn_norm, self.eps), pos, ctx_kv)
+        X = blk.hc_post(a, r, post, comb)
+        r = X
+        f, post, comb = blk.hc_pre(X, *blk.hc["ffn"])
+        f = blk.ffn(og.rms_norm(f, blk.ffn_norm, self.eps), ids)
+        return blk.hc_post(f, r, post, comb)
+
+    def head_hidden(self, X):
+        fn, scale, base = self.w["hc_head"]
+        flat = X.flatten(1)
+        mixes = (flat @ fn.T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.eps)
+        pre = torch.sigmoid(mixes * scale + base) + self.c["hc_eps"]
+        return (pre.unsqueeze(-1) * X).sum(1)
+
+    @torch.no_grad()
+    def draft(self, aux, bonus):
+        """aux [P0, 3D] (one row per context token, positions 0..P0-1), bonus = the token at P0."""
+        cfg, c = self.cfg, self.c
+        P0, B, win = aux.shape[0], cfg["dspark_block_size"], c["window"]
+        self.gaps["router"] = math.inf
+        ctx_pos = torch.arange(max(0, P0 - win), P0)
+        mx = og.rms_norm(aux[ctx_pos] @ self.w["main_proj"].T, self.w["main_norm"], self.eps)
+        ctx_kv = [self.kv(b.attn, mx, ctx_pos) for b in self.blocks]
+        pos = torch.arange(P0, P0 + B)
+        ids = [bonus] + [cfg["dspark_noise_token_id"]] * (B - 1)
+        X = self.m.embed[torch.tensor(ids)].unsqueeze(1).repeat(1, c["hc"], 1)
+        stage_out = []
+        for blk, kv in zip(self.blocks, ctx_kv):
+            X = self.stage(blk, X, pos, kv, torch.tensor(ids))
+            stage_out.append(X.clone())
+        h = self.head_hidden(X)
+        base = og.rms_norm(h, self.w["norm"], self.eps) @ self.m.head.T
+        return dict(P0=P0, ids=ids, positions=pos, ctx_positions=ctx_pos, aux=aux[ctx_pos], main_x=mx,
+                    ctx_kv=torch.stack(ctx_kv), stage_out=torch.stack(stage_out), head_hidden=h,
+                    base_logits=base, router_gap=self.gaps["router"],
+                    **dsg.sequential_drafts(self.w, h, base, bonus))
+
+
+# ---------------------------------------------------------------- goldens
+
+def main():
+    torch.set_num_threads(os.cpu_count() or 1)
+    og.QUANTISE = False
+    target_dir = os.path.join(og.ROOT, TARGET, "official")
+    og.check_plain(TARGET, target_dir, json.load(open(os.path.join(og.ROOT, TARGET, "golden.json"))))
+    out_root = os.path.join(og.ROOT, CONFIG)
+    cfg, files = write_checkpoint(target_dir, os.path.join(out_root, "official"))
+    target = Target(os.path.join(out_root, "official"))
+    ds = DSparkV4(target.model(), cfg)
+
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    for attempt in range(dsg.RETRIES):
+        prompt = torch.randint(0, cfg["vocab_size"], (PROMPT_LEN,), generator=g).tolist()
+        margins = dsg.Margins()
+        spec_out, steps, block_a = dsg.speculative(target, ds, prompt, GEN_TOKENS, margins)
+        accepted = sum(s["accepted"] for s in steps)
+        print(f"attempt {attempt}: smallest margin {margins.smallest():.3g}, accepted "
+              f"{[s['accepted'] for s in steps]}", flush=True)
+        if margins.smallest() > dsg.MARGIN and accepted >= dsg.MIN_ACCEPTED:
+            break
+    else:
+        raise SystemExit("no prompt cleared the margins")
+    greedy = dsg.plain_greedy(target, prompt, GEN_TOKENS, margins)
+    assert spec_out == greedy, (spec_out, greedy)
+    committed = prompt + greedy[: 1 + FORCED_ACCEPTED]
+    logits, layers, gaps = target.forward(committed)
+    margins.add_target(gaps, logits[-1:])
+    assert int(logits[-1].argmax()) == greedy[1 + FORCED_ACCEPTED]
+    block_b = ds.draft(ds.aux_states(layers), greedy[1 + FORCED_ACCEPTED])
+    margins.add_draft(block_b)
+    tie_safe = margins.smallest() > dsg.TIE_GAP
+    print(f"prompt attempt {attempt}: target {margins.target:.3g} greedy {margins.greedy:.3g} "
+          f"draft {margins.draft:.3g} tie_safe {tie_safe}")
+
+    golden = {}
+    golden.update(dsg.tensors_of("a", block_a))
+    golden.update(dsg.tensors_of("b", block_b))
+    meta = {
+        "config": CONFIG,
+        "target": TARGET,
+        "dspark_config": {k: cfg[k] for k in list(DSPARK_FIELDS) + ["compress_ratios", "num_nextn_predict_layers"]},
+        "stages": STAGES,
+        "dspark_checkpoint": "official/dspark.safetensors",
+        "dspark_tensors": {k: [v[0], v[1]] for k, v in files.items()},
+        "prompt": prompt,
+        "greedy": greedy,
+        "speculative": {"output": spec_out, "steps": steps,
+                        "accepted_total": sum(s["accepted"] for s in steps)},
+        "blocks": {
+            "a": dsg.block_meta(block_a, PROMPT_LEN, "first draft after the prompt (= speculative step 0)"),
+            "b": dsg.block_meta(block_b, PROMPT_LEN + 1 + FORCED_ACCEPTED,
+                                f"context = prompt + greedy[:{1 + FORCED_ACCEPTED}] (bonus + "
+                                f"{FORCED_ACCEPTED} accepted), anchor greedy[{1 + FORCED_ACCEPTED}]"),
+        },
+        "tensors": {
+            "X.aux": "[ctx, 3D] mean-over-hc streams AFTER the target layers, context rows",
+            "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
+            "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
+            "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
+            "X.head_hidden": "[block, D] the drafter's hc_head collapse, before norm",
+            "X.base_logits": "[block, vocab] head(norm(head_hidden))",
+            "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
+            "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
+            "X.drafts": "[block] greedy drafts",
+            "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
+        },
+        "prompt_attempt": attempt,
+        "margins": {"target": margins.target, "greedy": margins.greedy, "draft": margins.draft,
+                    "tie_gap": dsg.TIE_GAP, "tie_safe": tie_safe},
+    }
+    write_safetensors(os.path.join(out_root, "dspark_golden.safetensors"), golden)
+    with open(os.path.join(out_root, "dspark_golden.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print("accepted per step", [s["accepted"] for s in steps], "tie_safe", tie_safe)
+
+
+if __name__ == "__main__":
+    main()
