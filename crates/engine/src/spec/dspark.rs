@@ -7,6 +7,7 @@ use super::StepRecord;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
+use deepinfer_model::v4::dspark::Draft;
 use deepinfer_model::v4::workspace::Workspace;
 use std::collections::HashMap;
 
@@ -20,6 +21,7 @@ pub struct DsparkContext {
 #[derive(Default)]
 pub struct DsparkProposer {
     ws: Workspace,
+    draft: Draft,
 }
 
 impl DsparkProposer {
@@ -48,6 +50,10 @@ impl DsparkProposer {
                 ctx.first = r.start;
                 ctx.rows.clear();
             }
+            // The window and a whole verified block: a steady step never grows the rows.
+            let most =
+                (window + ds.config.block_size + 1).max(ctx.rows.len() / width + r.committed);
+            ctx.rows.reserve(most * width - ctx.rows.len());
             ctx.rows
                 .extend_from_slice(&aux[r.row * width..(r.row + r.committed) * width]);
             let held = ctx.rows.len() / width;
@@ -62,11 +68,18 @@ impl DsparkProposer {
             }
             let anchor = s.token(p0);
             let ctx = &s.spec.dspark;
-            let draft = ds
-                .draft(model, &ctx.rows, ctx.first, p0, anchor, &mut self.ws)
-                .map_err(|e| RunnerError::Model(e.into()))?;
-            let n = planned.min(draft.tokens.len());
-            s.spec.draft_ids.extend_from_slice(&draft.tokens[..n]);
+            ds.draft_into(
+                model,
+                &ctx.rows,
+                ctx.first,
+                p0,
+                anchor,
+                &mut self.draft,
+                &mut self.ws,
+            )
+            .map_err(|e| RunnerError::Model(e.into()))?;
+            let n = planned.min(self.draft.tokens.len());
+            s.spec.draft_ids.extend_from_slice(&self.draft.tokens[..n]);
         }
         Ok(())
     }

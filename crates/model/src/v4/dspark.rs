@@ -48,13 +48,21 @@ pub struct DsparkWeights {
     confidence: Vec<f32>,
 }
 
-/// One draft block.
-#[derive(Debug)]
+/// One draft block, and the buffers a block reuses: hand the same `Draft` to
+/// [`DsparkWeights::draft_into`] block after block and, with a workspace, drafting allocates
+/// nothing in steady state.
+#[derive(Debug, Default)]
 pub struct Draft {
     /// `[block, vocab]`: the head's logits before the Markov bias.
     pub base_logits: Vec<f32>,
     pub tokens: Vec<u32>,
     pub confidence: Vec<f32>,
+    /// The context rows' positions, then the block's.
+    positions: Vec<usize>,
+    /// The block's input ids: the anchor, then noise.
+    ids: Vec<u32>,
+    scores: Vec<f32>,
+    key_at: Vec<usize>,
 }
 
 impl DsparkWeights {
@@ -116,33 +124,77 @@ impl DsparkWeights {
         anchor: u32,
         ws: &mut Workspace,
     ) -> Result<Draft, ExpertError> {
+        let mut out = Draft::default();
+        self.draft_into(m, aux, ctx0, p0, anchor, &mut out, ws)?;
+        Ok(out)
+    }
+
+    /// [`Self::draft`] into a reused `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft_into(
+        &self,
+        m: &Model,
+        aux: &[f32],
+        ctx0: usize,
+        p0: usize,
+        anchor: u32,
+        out: &mut Draft,
+        ws: &mut Workspace,
+    ) -> Result<(), ExpertError> {
         let (c, b) = (&self.stage_config, self.config.block_size);
         let (d, hc) = (c.hidden_size, c.hc_mult);
         let n_ctx = p0 - ctx0;
         let mut main_x = ws.take(n_ctx * d);
         self.main_proj.forward_into(aux, n_ctx, &mut main_x);
         rms_norm_rows(&mut main_x, &self.main_norm, c.rms_norm_eps);
-        let ctx_pos: Vec<usize> = (ctx0..p0).collect();
-        let pos: Vec<usize> = (p0..p0 + b).collect();
-        let ctx_angles = Angles::new(&m.rope_main, &ctx_pos, ws);
-        let angles = Angles::new(&m.rope_main, &pos, ws);
-        let ids: Vec<u32> = std::iter::once(anchor)
-            .chain(std::iter::repeat_n(self.config.noise_token_id, b - 1))
-            .collect();
+        out.positions.clear();
+        out.positions.extend(ctx0..p0 + b);
+        let ctx_angles = Angles::new(&m.rope_main, &out.positions[..n_ctx], ws);
+        let angles = Angles::new(&m.rope_main, &out.positions[n_ctx..], ws);
+        out.ids.clear();
+        out.ids.push(anchor);
+        out.ids
+            .extend(std::iter::repeat_n(self.config.noise_token_id, b - 1));
         let mut x = ws.take(b * hc * d);
-        embed_streams(&m.weights.embed, &ids, hc, d, &mut x);
+        embed_streams(&m.weights.embed, &out.ids, hc, d, &mut x);
+        let context = Context {
+            main_x: &main_x,
+            angles: &ctx_angles,
+        };
+        let pre = self.stages(&mut x, &context, &angles, out, ws)?;
+        let h = self.head_hidden(&x, &pre, ws);
+        self.head(m, &h, anchor, out, ws);
+        for v in [main_x, x, pre, h] {
+            ws.give(v);
+        }
+        ctx_angles.recycle(ws);
+        angles.recycle(ws);
+        Ok(())
+    }
+
+    /// The block's streams `x` through every stage; returns the last sublayer's `pre`.
+    fn stages(
+        &self,
+        x: &mut [f32],
+        context: &Context,
+        angles: &Angles,
+        out: &mut Draft,
+        ws: &mut Workspace,
+    ) -> Result<Vec<f32>, ExpertError> {
+        let (c, b) = (&self.stage_config, self.config.block_size);
+        let d = c.hidden_size;
         let shifted = c.v41.is_some();
         let mut pre: Option<Vec<f32>> = None;
         for st in &self.stages {
-            let ctx_kv = latents(st, c, &main_x, n_ctx, &ctx_angles, ws);
+            let ctx_kv = latents(st, c, context.main_x, context.angles, ws);
             let collapse = match shifted {
                 true => pre.as_deref().map_or(Collapse::First, Collapse::Carried),
                 false => Collapse::Own,
             };
-            let mut mix = hc_mix(&x, b, &st.hc_attn, c, collapse, ws);
+            let mut mix = hc_mix(x, b, &st.hc_attn, c, collapse, ws);
             rms_norm_rows(&mut mix.collapsed, &st.attn_norm, c.rms_norm_eps);
-            let o = block_attention(st, c, &mix.collapsed, &ctx_kv, &angles, ws);
-            hc_post(&mut x, &o, &mix, b, d, ws);
+            let o = block_attention(st, c, &mix.collapsed, &ctx_kv, angles, out, ws);
+            hc_post(x, &o, &mix, b, d, ws);
             for v in [o, ctx_kv] {
                 ws.give(v);
             }
@@ -150,10 +202,10 @@ impl DsparkWeights {
                 true => Collapse::Carried(&mix.pre),
                 false => Collapse::Own,
             };
-            let mut ffn = hc_mix(&x, b, &st.hc_ffn, c, collapse, ws);
+            let mut ffn = hc_mix(x, b, &st.hc_ffn, c, collapse, ws);
             rms_norm_rows(&mut ffn.collapsed, &st.ffn_norm, c.rms_norm_eps);
-            let f = moe(&st.ffn, c, &ffn.collapsed, &ids, ws)?;
-            hc_post(&mut x, &f, &ffn, b, d, ws);
+            let f = moe(&st.ffn, c, &ffn.collapsed, &out.ids, ws)?;
+            hc_post(x, &f, &ffn, b, d, ws);
             ws.give(f);
             if let Some(old) = pre.replace(std::mem::take(&mut ffn.pre)) {
                 ws.give(old);
@@ -161,15 +213,7 @@ impl DsparkWeights {
             mix.recycle(ws);
             ffn.recycle(ws);
         }
-        let pre = pre.expect("a drafter has stages");
-        let h = self.head_hidden(&x, &pre, ws);
-        let draft = self.head(m, h, anchor, ws);
-        for v in [main_x, x, pre] {
-            ws.give(v);
-        }
-        ctx_angles.recycle(ws);
-        angles.recycle(ws);
-        Ok(draft)
+        Ok(pre.expect("a drafter has stages"))
     }
 
     /// The block's streams collapsed for the head, `[block, D]` before the norm: by V4's
@@ -190,40 +234,45 @@ impl DsparkWeights {
     }
 
     /// The head on the collapsed block `h`, the Markov chain and the confidences.
-    fn head(&self, m: &Model, h: Vec<f32>, anchor: u32, ws: &mut Workspace) -> Draft {
+    fn head(&self, m: &Model, h: &[f32], anchor: u32, out: &mut Draft, ws: &mut Workspace) {
         let c = &self.stage_config;
         let (d, v, b) = (c.hidden_size, c.vocab_size, self.config.block_size);
-        let mut normed = h.clone();
+        let mut normed = ws.take(b * d);
+        normed.copy_from_slice(h);
         rms_norm_rows(&mut normed, &self.norm, c.rms_norm_eps);
-        let mut base_logits = vec![0.0; b * v];
+        out.base_logits.clear();
+        out.base_logits.resize(b * v, 0.0);
         match &m.weights.head {
-            HeadWeights::Whole(head) => head.forward_into(&normed, b, &mut base_logits),
+            HeadWeights::Whole(head) => head.forward_into(&normed, b, &mut out.base_logits),
             HeadWeights::Split { .. } => unreachable!("the drafter loads in one process only"),
         }
         let r = self.config.markov_rank;
-        let (mut e, mut bias) = (vec![0.0; r], vec![0.0; v]);
-        let (mut prev, mut tokens, mut confidence) = (anchor, Vec::new(), Vec::new());
+        let (mut e, mut logits) = (ws.take(r), ws.take(v));
+        let mut prev = anchor;
+        out.tokens.clear();
+        out.confidence.clear();
         for j in 0..b {
             self.markov_embed.dequantize_row(prev as usize, &mut e);
-            self.markov_head.forward_into(&e, 1, &mut bias);
-            let logits: Vec<f32> = base_logits[j * v..(j + 1) * v]
-                .iter()
-                .zip(&bias)
-                .map(|(l, b)| l + b)
-                .collect();
+            self.markov_head.forward_into(&e, 1, &mut logits);
+            for (l, base) in logits.iter_mut().zip(&out.base_logits[j * v..(j + 1) * v]) {
+                *l += base;
+            }
             let z =
                 dot(&self.confidence[..d], &h[j * d..(j + 1) * d]) + dot(&self.confidence[d..], &e);
-            confidence.push(1.0 / (1.0 + (-z).exp()));
+            out.confidence.push(1.0 / (1.0 + (-z).exp()));
             prev = argmax(&logits) as u32;
-            tokens.push(prev);
+            out.tokens.push(prev);
         }
-        ws.give(h);
-        Draft {
-            base_logits,
-            tokens,
-            confidence,
+        for v in [normed, e, logits] {
+            ws.give(v);
         }
     }
+}
+
+/// What every stage reads of the context: `main_x` `[ctx, D]` and the context rows' angles.
+struct Context<'a> {
+    main_x: &'a [f32],
+    angles: &'a Angles,
 }
 
 /// A stage's keys for `x: [n, D]`: `kv_norm(wkv · x)`, rotated at each row's position.
@@ -231,11 +280,11 @@ fn latents(
     st: &LayerWeights,
     c: &ModelConfig,
     x: &[f32],
-    n: usize,
     angles: &Angles,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let hd = c.head_dim;
+    let n = x.len() / c.hidden_size;
     let mut kv = ws.take(n * hd);
     st.attn.wkv.forward_into(x, n, &mut kv);
     rms_norm_rows(&mut kv, &st.attn.kv_norm, c.rms_norm_eps);
@@ -254,6 +303,7 @@ fn block_attention(
     a: &[f32],
     ctx_kv: &[f32],
     angles: &Angles,
+    scratch: &mut Draft,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let HeadProjections::Whole { wq_b, wo_a, wo_b } = &st.attn.heads else {
@@ -276,7 +326,7 @@ fn block_attention(
             Rope::apply_with(head, cos, sin, false);
         }
     }
-    let kv = latents(st, c, a, n, angles, ws);
+    let kv = latents(st, c, a, angles, ws);
     let n_ctx = ctx_kv.len() / hd;
     let key = |j: usize| {
         if j < n_ctx {
@@ -286,7 +336,7 @@ fn block_attention(
         }
     };
     let mut out = ws.take(n * h * hd);
-    let (mut scores, mut key_at) = (Vec::new(), Vec::new());
+    let Draft { scores, key_at, .. } = scratch;
     for (i, o) in out.chunks_exact_mut(h * hd).enumerate() {
         let qi = &q[i * h * hd..(i + 1) * h * hd];
         let scale = (hd as f32).powf(-0.5);
@@ -297,8 +347,8 @@ fn block_attention(
             key,
             &st.attn.sink,
             scale,
-            &mut scores,
-            &mut key_at,
+            scores,
+            key_at,
             o,
         );
         let (cos, sin) = angles.row(i);

@@ -39,8 +39,12 @@ impl Workspace {
         take_from(&mut self.floats, len)
     }
 
+    /// Takes `v` back for reuse. An empty buffer (one never taken, such as a V4 forward's
+    /// unused V4.1 carry) is dropped: kept, it would lengthen the pool step after step.
     pub fn give(&mut self, v: Vec<f32>) {
-        self.floats.push(v);
+        if v.capacity() > 0 {
+            self.floats.push(v);
+        }
     }
 
     /// A zeroed buffer of `len` indices.
@@ -49,7 +53,9 @@ impl Workspace {
     }
 
     pub fn give_idx(&mut self, v: Vec<usize>) {
-        self.indices.push(v);
+        if v.capacity() > 0 {
+            self.indices.push(v);
+        }
     }
 
     /// Bytes held, for the logs.
@@ -79,6 +85,14 @@ mod tests {
         };
         step(&mut ws);
         let held = ws.bytes();
+        let pools = (ws.floats.len(), ws.indices.len());
+        ws.give(Vec::new());
+        ws.give_idx(Vec::new());
+        assert_eq!(
+            (ws.floats.len(), ws.indices.len()),
+            pools,
+            "empty buffers are not kept"
+        );
         for _ in 0..3 {
             step(&mut ws);
             assert_eq!(ws.bytes(), held);
