@@ -412,8 +412,8 @@ fn speculator(config: &EngineConfig) -> Option<Speculator> {
 }
 
 /// The cache an engine with `config` builds for `model`. Rejected drafts are truncated away:
-/// the rings keep that many extra rows, and the MTP block keeps its own window ring after
-/// the main layers.
+/// the rings keep that many extra rows; the MTP block keeps its own window ring after the
+/// main layers, DSpark one context ring per stage.
 fn cache_config(
     model: &ModelConfig,
     config: &EngineConfig,
@@ -422,10 +422,7 @@ fn cache_config(
     let mut cache = config.cache;
     if let Some(sp) = spec {
         cache.rollback_slack = cache.rollback_slack.max(sp.num_speculative_tokens());
-        if sp.needs_hidden() {
-            let layers = model.num_nextn_predict_layers.max(1);
-            cache.draft_layers = cache.draft_layers.max(layers);
-        }
+        cache.draft_layers = cache.draft_layers.max(sp.draft_layers(model));
     }
     cache
 }

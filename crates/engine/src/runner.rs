@@ -36,8 +36,6 @@ pub struct ModelRunner {
     logits: Logits,
     /// The final residual streams of the last step's rows (`[N, hc, D]`) when it kept them.
     hidden: Vec<f32>,
-    /// The DSpark drafter's context streams of the last step's rows (`[N, targets · D]`).
-    aux: Vec<f32>,
     ids: Vec<SeqId>,
 }
 
@@ -52,7 +50,6 @@ impl ModelRunner {
             batch: ForwardBatch::default(),
             logits,
             hidden: Vec::new(),
-            aux: Vec::new(),
             ids: Vec::new(),
         }
     }
@@ -104,10 +101,8 @@ impl ModelRunner {
         keep_hidden: bool,
     ) -> Result<&Logits, RunnerError> {
         let mut view = cache.view(&self.ids)?;
-        let drafter = self.model.dspark.is_some();
         let extras = ForwardExtras {
             hidden: keep_hidden.then_some(&mut self.hidden),
-            aux: drafter.then_some(&mut self.aux),
             ..ForwardExtras::default()
         };
         self.model
@@ -138,12 +133,6 @@ impl ModelRunner {
     /// The final residual streams `[N, hc, D]` of the last [`Self::run`] that kept them.
     pub fn hidden(&self) -> &[f32] {
         &self.hidden
-    }
-
-    /// The DSpark drafter's context streams `[N, targets · D]` of the last [`Self::run`]
-    /// (empty without a drafter).
-    pub fn aux(&self) -> &[f32] {
-        &self.aux
     }
 
     /// Batch row of span `i`'s first token in the last batch.

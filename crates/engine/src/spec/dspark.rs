@@ -1,9 +1,10 @@
-//! The DSpark drafter (spec §7.2): after every step it keeps, per sequence, the target's
-//! context streams of the last `sliding_window` committed positions (what the step's rows
-//! computed, [`ModelRunner::aux`]), and for each sequence that drafts next step runs one
-//! draft block after its newest token: all its drafts in one pass, no cache of its own.
+//! The DSpark drafter (spec §7.2): every target pass leaves its rows' context keys in the
+//! drafter's rings (the cache's draft layers, filled by the model), and after every step
+//! each sequence that drafts next runs one draft block after its newest token: all its
+//! drafts in one pass over its window of context.
 
 use super::StepRecord;
+use crate::cache::CacheManager;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
@@ -11,11 +12,13 @@ use deepinfer_model::v4::dspark::Draft;
 use deepinfer_model::v4::workspace::Workspace;
 use std::collections::HashMap;
 
-/// A sequence's context rows: positions `first..first + rows.len() / width`.
-#[derive(Debug, Default)]
-pub struct DsparkContext {
-    first: usize,
-    rows: Vec<f32>,
+/// How far the target has filled a sequence's rings: positions `floor..len` hold context.
+/// A step that does not start at `len` (a cached prefix, a restart) leaves nothing older in
+/// them, so the context restarts at its first position.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DsparkProgress {
+    len: usize,
+    floor: usize,
 }
 
 #[derive(Default)]
@@ -30,48 +33,40 @@ impl DsparkProposer {
         records: &[StepRecord],
         seqs: &mut HashMap<RequestId, Sequence>,
         runner: &mut ModelRunner,
+        cache: &mut CacheManager,
     ) -> Result<(), RunnerError> {
         let model = runner.model();
         let ds = model
             .dspark
             .as_ref()
             .expect("the engine checks the checkpoint has a DSpark drafter");
-        let width = ds.config.aux_layers.len() * model.config.hidden_size;
         let window = model.config.sliding_window;
-        let aux = runner.aux();
         for r in records {
             let Some(s) = seqs.get_mut(&r.id) else {
                 continue;
             };
             s.spec.draft_ids.clear();
-            let ctx = &mut s.spec.dspark;
-            if ctx.first + ctx.rows.len() / width != r.start {
-                // A gap (a paused or restarted sequence): the context starts over here.
-                ctx.first = r.start;
-                ctx.rows.clear();
+            let progress = &mut s.spec.dspark;
+            if progress.len != r.start {
+                progress.floor = r.start;
             }
-            // The window and a whole verified block: a steady step never grows the rows.
-            let most =
-                (window + ds.config.block_size + 1).max(ctx.rows.len() / width + r.committed);
-            ctx.rows.reserve(most * width - ctx.rows.len());
-            ctx.rows
-                .extend_from_slice(&aux[r.row * width..(r.row + r.committed) * width]);
-            let held = ctx.rows.len() / width;
-            if held > window {
-                ctx.rows.drain(..(held - window) * width);
-                ctx.first += held - window;
-            }
+            progress.len = r.start + r.committed;
+            let (floor, p0) = (progress.floor, progress.len);
             let planned = s.spec.policy.planned;
-            let p0 = r.start + r.committed;
+            let Some(cache_id) = s.cache else {
+                continue;
+            };
             if planned == 0 || r.committed == 0 || p0 >= s.num_tokens() {
                 continue;
             }
             let anchor = s.token(p0);
-            let ctx = &s.spec.dspark;
+            let view = cache.view(std::slice::from_ref(&cache_id))?;
+            let ctx0 = p0.saturating_sub(window).max(floor);
             ds.draft_into(
                 model,
-                &ctx.rows,
-                ctx.first,
+                &view,
+                0,
+                ctx0,
                 p0,
                 anchor,
                 &mut self.draft,

@@ -26,7 +26,8 @@ use crate::cache::CacheManager;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
-use dspark::{DsparkContext, DsparkProposer};
+use deepinfer_model::config::ModelConfig;
+use dspark::{DsparkProgress, DsparkProposer};
 use mtp::{MtpProgress, MtpProposer};
 use policy::{Policy, SeqPolicy};
 use replay::ReplayProposer;
@@ -38,7 +39,7 @@ pub struct SeqSpec {
     /// Draft tokens for the next step, to follow the sequence's last token.
     pub draft_ids: Vec<u32>,
     mtp: MtpProgress,
-    dspark: DsparkContext,
+    dspark: DsparkProgress,
     policy: SeqPolicy,
 }
 
@@ -48,7 +49,7 @@ impl SeqSpec {
     pub fn reset(&mut self) {
         self.draft_ids.clear();
         self.mtp = MtpProgress::default();
-        self.dspark = DsparkContext::default();
+        self.dspark = DsparkProgress::default();
     }
 }
 
@@ -107,6 +108,16 @@ impl Speculator {
         matches!(self.proposer, Proposer::Mtp(_))
     }
 
+    /// Window-only layers the drafter keeps in the cache after the main ones: the MTP
+    /// block's ring, or one context ring per DSpark stage.
+    pub fn draft_layers(&self, c: &ModelConfig) -> usize {
+        match self.proposer {
+            Proposer::Mtp(_) => c.num_nextn_predict_layers.max(1),
+            Proposer::Dspark(_) => c.dspark.as_ref().map_or(0, |d| d.stages),
+            Proposer::Replay(_) => 0,
+        }
+    }
+
     /// Learns from the step just run (its timing and every verified draft).
     pub fn observe(
         &mut self,
@@ -130,7 +141,7 @@ impl Speculator {
         self.policy.plan(records, seqs, max_model_len);
         match &mut self.proposer {
             Proposer::Mtp(p) => p.propose(records, seqs, self.policy.step, runner, cache),
-            Proposer::Dspark(p) => p.propose(records, seqs, runner),
+            Proposer::Dspark(p) => p.propose(records, seqs, runner, cache),
             Proposer::Replay(p) => {
                 p.propose(records, seqs, runner.model().config.vocab_size);
                 Ok(())

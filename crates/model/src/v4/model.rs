@@ -108,9 +108,6 @@ pub struct ForwardExtras<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
     /// Receives the streams after every layer (how a mismatch with the reference is found).
     pub trace: Option<&'a mut Vec<Vec<f32>>>,
-    /// Receives, for the DSpark drafter, the mean input streams of its aux layers for every
-    /// row, `[N, targets · D]` (empty without a drafter).
-    pub aux: Option<&'a mut Vec<f32>>,
 }
 
 pub struct Model {
@@ -464,6 +461,9 @@ impl Model {
         prefetch_hash_routed(w, c.num_experts_per_tok, &batch.token_ids);
         let mut x = ws.take(n * hc * d);
         embed_streams(&w.embed, &batch.token_ids, hc, d, &mut x);
+        // The drafter's context rings, where the cache keeps them: every row's aux streams.
+        let dspark = dspark.filter(|ds| ds.has_rings(c, &*cache));
+        let mut aux = dspark.map(|ds| ws.take(n * ds.aux_width()));
         for (l, lw) in w.layers.iter().enumerate() {
             let (rope, angles) = match c.layer_types[l] {
                 AttnKind::Sliding => (&*rope_main, &angles_main),
@@ -477,8 +477,8 @@ impl Model {
                 rope,
                 angles,
             };
-            if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
-                capture_aux(&ds.config.aux_layers, l, &x, n, hc, d, aux);
+            if let (Some(aux), Some(ds)) = (aux.as_deref_mut(), dspark) {
+                capture_aux(&ds.config.aux_layers, l, &x, hc, d, aux);
             }
             if let Some(ew) = &lw.engram {
                 engram(ew, c, &mut x, &engram_rows[ew.index], &batch.token_ids, ws)?;
@@ -488,8 +488,10 @@ impl Model {
                 tr.push(x.clone());
             }
         }
-        if let (Some(aux), Some(ds)) = (extras.aux.as_deref_mut(), dspark) {
-            capture_aux(&ds.config.aux_layers, w.layers.len(), &x, n, hc, d, aux);
+        if let (Some(mut aux), Some(ds)) = (aux.take(), dspark) {
+            capture_aux(&ds.config.aux_layers, w.layers.len(), &x, hc, d, &mut aux);
+            ds.store_context(c, &aux, &rows, &angles_main, cache, ws);
+            ws.give(aux);
         }
         let collapse = match (&w.hc_head, &carry.pre) {
             (Some(h), _) => FinalCollapse::Hyper(h),
@@ -518,21 +520,13 @@ impl Model {
 }
 
 /// The mean of each row's streams `x: [N, hc, D]` into its slot of `aux` (`[N, targets · D]`)
-/// when layer `l` (or, at `l` = the layer count, the final streams) is a drafter target.
-fn capture_aux(
-    targets: &[usize],
-    l: usize,
-    x: &[f32],
-    n: usize,
-    hc: usize,
-    d: usize,
-    aux: &mut Vec<f32>,
-) {
+/// when the streams entering layer `l` (at `l` = the layer count, the final ones) feed the
+/// drafter.
+fn capture_aux(targets: &[usize], l: usize, x: &[f32], hc: usize, d: usize, aux: &mut [f32]) {
     let Some(k) = targets.iter().position(|&t| t == l) else {
         return;
     };
     let width = targets.len() * d;
-    aux.resize(n * width, 0.0);
     for (row, out) in x.chunks_exact(hc * d).zip(aux.chunks_exact_mut(width)) {
         let out = &mut out[k * d..(k + 1) * d];
         out.fill(0.0);

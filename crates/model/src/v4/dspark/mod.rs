@@ -9,21 +9,24 @@
 //! The engine drafts with it under `--speculative-config '{"method": "dspark"}'`
 //! (`engine/src/spec/dspark.rs`).
 
-use super::attention::grouped_output;
+mod attention;
+mod context;
+
 use super::hyper::{hc_head, hc_mix, hc_post, Collapse};
 use super::model::{embed_streams, Model};
 use super::moe::moe;
 use super::rows::Angles;
 use super::workspace::Workspace;
+use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
-use crate::weights::{draft_stage, HcHead, HeadProjections, HeadWeights, LayerWeights, Linear};
-use deepinfer_kernels::attention::sink_attention;
+use crate::weights::{draft_stage, HcHead, HeadWeights, LayerWeights, Linear};
+use attention::block_attention;
+use context::ContextRing;
 use deepinfer_kernels::matrix::QMatrix;
-use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
-use deepinfer_kernels::rope::Rope;
+use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::topk::argmax;
 use deepinfer_kernels::vector::{axpy, dot};
 
@@ -112,20 +115,22 @@ impl DsparkWeights {
         })
     }
 
-    /// The block after the committed positions `0..p0`: `aux` holds the mean input streams of
-    /// the aux layers for the context rows `ctx0..p0` (`[p0 − ctx0, layers · D]`), `anchor`
-    /// is the token at `p0`.
+    /// The block after the committed positions `0..p0` of sequence `seq` of `cache`, whose
+    /// context rings hold the keys of positions `ctx0..p0` (a target pass wrote them,
+    /// [`Self::store_context`]); `anchor` is the token at `p0`.
+    #[allow(clippy::too_many_arguments)]
     pub fn draft(
         &self,
         m: &Model,
-        aux: &[f32],
+        cache: &dyn CacheView,
+        seq: usize,
         ctx0: usize,
         p0: usize,
         anchor: u32,
         ws: &mut Workspace,
     ) -> Result<Draft, ExpertError> {
         let mut out = Draft::default();
-        self.draft_into(m, aux, ctx0, p0, anchor, &mut out, ws)?;
+        self.draft_into(m, cache, seq, ctx0, p0, anchor, &mut out, ws)?;
         Ok(out)
     }
 
@@ -134,7 +139,8 @@ impl DsparkWeights {
     pub fn draft_into(
         &self,
         m: &Model,
-        aux: &[f32],
+        cache: &dyn CacheView,
+        seq: usize,
         ctx0: usize,
         p0: usize,
         anchor: u32,
@@ -143,31 +149,27 @@ impl DsparkWeights {
     ) -> Result<(), ExpertError> {
         let (c, b) = (&self.stage_config, self.config.block_size);
         let (d, hc) = (c.hidden_size, c.hc_mult);
-        let n_ctx = p0 - ctx0;
-        let mut main_x = ws.take(n_ctx * d);
-        self.main_proj.forward_into(aux, n_ctx, &mut main_x);
-        rms_norm_rows(&mut main_x, &self.main_norm, c.rms_norm_eps);
         out.positions.clear();
-        out.positions.extend(ctx0..p0 + b);
-        let ctx_angles = Angles::new(&m.rope_main, &out.positions[..n_ctx], ws);
-        let angles = Angles::new(&m.rope_main, &out.positions[n_ctx..], ws);
+        out.positions.extend(p0..p0 + b);
+        let angles = Angles::new(&m.rope_main, &out.positions, ws);
         out.ids.clear();
         out.ids.push(anchor);
         out.ids
             .extend(std::iter::repeat_n(self.config.noise_token_id, b - 1));
         let mut x = ws.take(b * hc * d);
         embed_streams(&m.weights.embed, &out.ids, hc, d, &mut x);
-        let context = Context {
-            main_x: &main_x,
-            angles: &ctx_angles,
+        let context = ContextRing {
+            config: &m.config,
+            cache,
+            seq,
+            positions: ctx0..p0,
         };
         let pre = self.stages(&mut x, &context, &angles, out, ws)?;
         let h = self.head_hidden(&x, &pre, ws);
         self.head(m, &h, anchor, out, ws);
-        for v in [main_x, x, pre, h] {
+        for v in [x, pre, h] {
             ws.give(v);
         }
-        ctx_angles.recycle(ws);
         angles.recycle(ws);
         Ok(())
     }
@@ -176,7 +178,7 @@ impl DsparkWeights {
     fn stages(
         &self,
         x: &mut [f32],
-        context: &Context,
+        context: &ContextRing,
         angles: &Angles,
         out: &mut Draft,
         ws: &mut Workspace,
@@ -185,8 +187,8 @@ impl DsparkWeights {
         let d = c.hidden_size;
         let shifted = c.v41.is_some();
         let mut pre: Option<Vec<f32>> = None;
-        for st in &self.stages {
-            let ctx_kv = latents(st, c, context.main_x, context.angles, ws);
+        for (s, st) in self.stages.iter().enumerate() {
+            let ctx_kv = context.keys(s, ws);
             let collapse = match shifted {
                 true => pre.as_deref().map_or(Collapse::First, Collapse::Carried),
                 false => Collapse::Own,
@@ -267,99 +269,4 @@ impl DsparkWeights {
             ws.give(v);
         }
     }
-}
-
-/// What every stage reads of the context: `main_x` `[ctx, D]` and the context rows' angles.
-struct Context<'a> {
-    main_x: &'a [f32],
-    angles: &'a Angles,
-}
-
-/// A stage's keys for `x: [n, D]`: `kv_norm(wkv · x)`, rotated at each row's position.
-fn latents(
-    st: &LayerWeights,
-    c: &ModelConfig,
-    x: &[f32],
-    angles: &Angles,
-    ws: &mut Workspace,
-) -> Vec<f32> {
-    let hd = c.head_dim;
-    let n = x.len() / c.hidden_size;
-    let mut kv = ws.take(n * hd);
-    st.attn.wkv.forward_into(x, n, &mut kv);
-    rms_norm_rows(&mut kv, &st.attn.kv_norm, c.rms_norm_eps);
-    for (i, row) in kv.chunks_exact_mut(hd).enumerate() {
-        let (cos, sin) = angles.row(i);
-        Rope::apply_with(row, cos, sin, false);
-    }
-    kv
-}
-
-/// The block's attention: every row over the context keys and every block row (non-causal),
-/// with the sink; `[block, D]`.
-fn block_attention(
-    st: &LayerWeights,
-    c: &ModelConfig,
-    a: &[f32],
-    ctx_kv: &[f32],
-    angles: &Angles,
-    scratch: &mut Draft,
-    ws: &mut Workspace,
-) -> Vec<f32> {
-    let HeadProjections::Whole { wq_b, wo_a, wo_b } = &st.attn.heads else {
-        unreachable!("a drafter's stages load whole");
-    };
-    let (h, hd, eps) = (c.num_attention_heads, c.head_dim, c.rms_norm_eps);
-    let n = a.len() / c.hidden_size;
-    let mut qr = ws.take(n * c.q_lora_rank);
-    st.attn.wq_a.forward_into(a, n, &mut qr);
-    rms_norm_rows(&mut qr, &st.attn.q_norm, eps);
-    let mut q = ws.take(n * h * hd);
-    wq_b.forward_into(&qr, n, &mut q);
-    let q_norm = c.v41.is_none();
-    for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
-        let (cos, sin) = angles.row(i);
-        for head in row.chunks_exact_mut(hd) {
-            if q_norm {
-                rms_norm_unweighted(head, eps);
-            }
-            Rope::apply_with(head, cos, sin, false);
-        }
-    }
-    let kv = latents(st, c, a, angles, ws);
-    let n_ctx = ctx_kv.len() / hd;
-    let key = |j: usize| {
-        if j < n_ctx {
-            &ctx_kv[j * hd..(j + 1) * hd]
-        } else {
-            &kv[(j - n_ctx) * hd..(j - n_ctx + 1) * hd]
-        }
-    };
-    let mut out = ws.take(n * h * hd);
-    let Draft { scores, key_at, .. } = scratch;
-    for (i, o) in out.chunks_exact_mut(h * hd).enumerate() {
-        let qi = &q[i * h * hd..(i + 1) * h * hd];
-        let scale = (hd as f32).powf(-0.5);
-        sink_attention(
-            qi,
-            hd,
-            n_ctx + n,
-            key,
-            &st.attn.sink,
-            scale,
-            scores,
-            key_at,
-            o,
-        );
-        let (cos, sin) = angles.row(i);
-        o.chunks_exact_mut(hd)
-            .for_each(|head| Rope::apply_with(head, cos, sin, true));
-    }
-    let z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, &out, n, ws);
-    let mut res = ws.take(n * c.hidden_size);
-    wo_b.forward_into(&z, n, &mut res);
-    for v in [qr, q, kv, out, z] {
-        ws.give(v);
-    }
-    res
 }
