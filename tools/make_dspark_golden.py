@@ -189,49 +189,10 @@ def announce_drafter(path, dc):
 
 
 def draw_stage(s, p, c, bias_vl=True):
-    """One window-only decoder layer, drawn like make_v41_golden.build draws its layers (a V4
-    stage, tools/make_dspark_v4_golden.py, has no `gate.bias_vl`; its Store rounds onto V4's
-    128-wide FP8 blocks)."""
-    D, hc = c["hidden_size"], c["hc_mult"]
-    H, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
-    g, ol = c["o_groups"], c["o_lora_rank"]
-    E, inter = c["dspark_n_routed_experts"], c["moe_intermediate_size"]
-    mix = (2 + hc) * hc
-    lw = {}
-    for sub in ("attn", "ffn"):
-        lw[f"hc_{sub}"] = (
-            s.f32(f"{p}.hc_{sub}_fn", s.draw((mix, hc * D), 0.05)),
-            s.f32(f"{p}.hc_{sub}_scale", torch.rand(3, generator=s.g) + 0.5),
-            s.f32(f"{p}.hc_{sub}_base", s.draw((mix,), 0.3)),
-        )
-    lw["attn_norm"] = s.bf16(f"{p}.attn_norm.weight", s.draw((D,), 0.1, 1.0))
-    lw["ffn_norm"] = s.bf16(f"{p}.ffn_norm.weight", s.draw((D,), 0.1, 1.0))
-    a = f"{p}.attn"
-    lw["wq_a"] = s.fp8(f"{a}.wq_a.weight", s.draw((ql, D), 0.05))
-    lw["q_norm"] = s.bf16(f"{a}.q_norm.weight", s.draw((ql,), 0.1, 1.0))
-    lw["wq_b"] = s.fp8(f"{a}.wq_b.weight", s.draw((H * hd, ql), 0.05))
-    lw["wkv"] = s.fp8(f"{a}.wkv.weight", s.draw((hd, D), 0.05))
-    lw["kv_norm"] = s.bf16(f"{a}.kv_norm.weight", s.draw((hd,), 0.1, 1.0))
-    lw["wo_a"] = s.fp8(f"{a}.wo_a.weight", s.draw((g * ol, H * hd // g), 0.05))
-    lw["wo_b"] = s.fp8(f"{a}.wo_b.weight", s.draw((D, g * ol), 0.05))
-    lw["sink"] = s.f32(f"{a}.attn_sink", s.draw((H,), 1.0))
-    f = f"{p}.ffn"
-    lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((E, D), 0.15))
-    lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((E,), 0.1))
-    if bias_vl:
-        s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
-    lw["experts"] = [{
-        "w1": s.fp4(f"{f}.experts.{e}.w1.weight", s.draw((inter, D), 0.06)),
-        "w3": s.fp4(f"{f}.experts.{e}.w3.weight", s.draw((inter, D), 0.06)),
-        "w2": s.fp4(f"{f}.experts.{e}.w2.weight", s.draw((D, inter), 0.06)),
-    } for e in range(E)]
-    sp = f"{f}.shared_experts"
-    lw["shared"] = {
-        "w1": s.fp8(f"{sp}.w1.weight", s.draw((inter, D), 0.06)),
-        "w3": s.fp8(f"{sp}.w3.weight", s.draw((inter, D), 0.06)),
-        "w2": s.fp8(f"{sp}.w2.weight", s.draw((D, inter), 0.06)),
-    }
-    return lw
+    """One window-only decoder layer with the stages' expert count (make_v41_golden.draw_layer;
+    a V4 stage, tools/make_dspark_v4_golden.py, has no `gate.bias_vl` and its Store rounds onto
+    V4's 128-wide FP8 blocks)."""
+    return v41.draw_layer(s, p, c, c["dspark_n_routed_experts"], bias_vl=bias_vl)
 
 
 def build_dspark(c):

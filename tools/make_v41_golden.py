@@ -197,15 +197,78 @@ class Topology:
 
 # ---------------------------------------------------------------- weights
 
+def draw_layer(s, p, c, n_experts, between=None, bias_vl=True):
+    """One decoder layer's weights under prefix `p`, in the order they are drawn (which fixes
+    the committed bytes): mHC, norms, attention, `between(lw, attn_prefix)` (a main layer's
+    compressor and indexer), router, routed and shared experts. A drafter's stage
+    (make_dspark_golden.py, make_dspark_v4_golden.py) is the same minus `between`; V4 has no
+    `gate.bias_vl`."""
+    D, hc = c["hidden_size"], c["hc_mult"]
+    H, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+    g, ol, inter = c["o_groups"], c["o_lora_rank"], c["moe_intermediate_size"]
+    mix = (2 + hc) * hc
+    lw = {}
+    for sub in ("attn", "ffn"):
+        lw[f"hc_{sub}"] = (
+            s.f32(f"{p}.hc_{sub}_fn", s.draw((mix, hc * D), 0.05)),
+            s.f32(f"{p}.hc_{sub}_scale", torch.rand(3, generator=s.g) + 0.5),
+            s.f32(f"{p}.hc_{sub}_base", s.draw((mix,), 0.3)),
+        )
+    lw["attn_norm"] = s.bf16(f"{p}.attn_norm.weight", s.draw((D,), 0.1, 1.0))
+    lw["ffn_norm"] = s.bf16(f"{p}.ffn_norm.weight", s.draw((D,), 0.1, 1.0))
+    a = f"{p}.attn"
+    lw["wq_a"] = s.fp8(f"{a}.wq_a.weight", s.draw((ql, D), 0.05))
+    lw["q_norm"] = s.bf16(f"{a}.q_norm.weight", s.draw((ql,), 0.1, 1.0))
+    lw["wq_b"] = s.fp8(f"{a}.wq_b.weight", s.draw((H * hd, ql), 0.05))
+    lw["wkv"] = s.fp8(f"{a}.wkv.weight", s.draw((hd, D), 0.05))
+    lw["kv_norm"] = s.bf16(f"{a}.kv_norm.weight", s.draw((hd,), 0.1, 1.0))
+    lw["wo_a"] = s.fp8(f"{a}.wo_a.weight", s.draw((g * ol, H * hd // g), 0.05))
+    lw["wo_b"] = s.fp8(f"{a}.wo_b.weight", s.draw((D, g * ol), 0.05))
+    lw["sink"] = s.f32(f"{a}.attn_sink", s.draw((H,), 1.0))
+    if between:
+        between(lw, a)
+    f = f"{p}.ffn"
+    lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((n_experts, D), 0.15))
+    lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((n_experts,), 0.1))
+    if bias_vl:
+        lw["bias_vl"] = s.f32(f"{f}.gate.bias_vl", s.draw((n_experts,), 0.1))
+    lw["experts"] = [{
+        "w1": s.fp4(f"{f}.experts.{e}.w1.weight", s.draw((inter, D), 0.06)),
+        "w3": s.fp4(f"{f}.experts.{e}.w3.weight", s.draw((inter, D), 0.06)),
+        "w2": s.fp4(f"{f}.experts.{e}.w2.weight", s.draw((D, inter), 0.06)),
+    } for e in range(n_experts)]
+    sp = f"{f}.shared_experts"
+    lw["shared"] = {
+        "w1": s.fp8(f"{sp}.w1.weight", s.draw((inter, D), 0.06)),
+        "w3": s.fp8(f"{sp}.w3.weight", s.draw((inter, D), 0.06)),
+        "w2": s.fp8(f"{sp}.w2.weight", s.draw((D, inter), 0.06)),
+    }
+    return lw
+
+
+def draw_sources(s, lw, a, c, topo, l):
+    """Layer `l`'s compressor (a kv source) and indexer (an index source)."""
+    D, hd, ql = c["hidden_size"], c["head_dim"], c["q_lora_rank"]
+    ih, ihd = c["index_n_heads"], c["index_head_dim"]
+    ratio = topo.ratios[l]
+    if ratio and topo.kv_source(l) == l:
+        lw["c_wkv"] = s.bf16(f"{a}.compressor.wkv.weight", s.draw((hd, D), 0.05))
+        if ratio > 1:
+            lw["c_wgate"] = s.bf16(f"{a}.compressor.wgate.weight", s.draw((hd, D), 0.05))
+        lw["c_norm"] = s.bf16(f"{a}.compressor.norm.weight", s.draw((hd,), 0.1, 1.0))
+    if ratio and topo.index_source(l) == l:
+        lw["i_wq_b"] = s.fp8(f"{a}.indexer.wq_b.weight", s.draw((ih * ihd, ql), 0.1))
+        lw["i_weights"] = s.bf16(f"{a}.indexer.weights_proj.weight", s.draw((ih, D), 0.3))
+        if topo.kv_source(l) == l:
+            lw["i_wk"] = s.bf16(f"{a}.indexer.wk.weight", s.draw((ihd, hd), 0.1))
+            lw["i_k_norm"] = s.bf16(f"{a}.indexer.k_norm.weight", s.draw((ihd,), 0.1, 1.0))
+
+
 def build(cfg_name, spec):
     c = spec["cfg"]
     s = Store(spec["seed"])
     D, hc, L = c["hidden_size"], c["hc_mult"], c["num_hidden_layers"]
-    H, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
-    g, ol = c["o_groups"], c["o_lora_rank"]
-    ih, ihd = c["index_n_heads"], c["index_head_dim"]
-    E, inter = c["n_routed_experts"], c["moe_intermediate_size"]
-    mix = (2 + hc) * hc
+    E = c["n_routed_experts"]
     topo = Topology(c)
     w = {
         "embed": s.bf16("embed.weight", s.draw((c["vocab_size"], D), 1.0)),
@@ -215,61 +278,12 @@ def build(cfg_name, spec):
     }
     eng = engram_layout(c)
     for l in range(L):
-        p = f"layers.{l}"
-        lw = {}
-        for sub in ("attn", "ffn"):
-            lw[f"hc_{sub}"] = (
-                s.f32(f"{p}.hc_{sub}_fn", s.draw((mix, hc * D), 0.05)),
-                s.f32(f"{p}.hc_{sub}_scale", torch.rand(3, generator=s.g) + 0.5),
-                s.f32(f"{p}.hc_{sub}_base", s.draw((mix,), 0.3)),
-            )
-        lw["attn_norm"] = s.bf16(f"{p}.attn_norm.weight", s.draw((D,), 0.1, 1.0))
-        lw["ffn_norm"] = s.bf16(f"{p}.ffn_norm.weight", s.draw((D,), 0.1, 1.0))
-        a = f"{p}.attn"
-        lw["wq_a"] = s.fp8(f"{a}.wq_a.weight", s.draw((ql, D), 0.05))
-        lw["q_norm"] = s.bf16(f"{a}.q_norm.weight", s.draw((ql,), 0.1, 1.0))
-        lw["wq_b"] = s.fp8(f"{a}.wq_b.weight", s.draw((H * hd, ql), 0.05))
-        lw["wkv"] = s.fp8(f"{a}.wkv.weight", s.draw((hd, D), 0.05))
-        lw["kv_norm"] = s.bf16(f"{a}.kv_norm.weight", s.draw((hd,), 0.1, 1.0))
-        lw["wo_a"] = s.fp8(f"{a}.wo_a.weight", s.draw((g * ol, H * hd // g), 0.05))
-        lw["wo_b"] = s.fp8(f"{a}.wo_b.weight", s.draw((D, g * ol), 0.05))
-        lw["sink"] = s.f32(f"{a}.attn_sink", s.draw((H,), 1.0))
-        ratio = topo.ratios[l]
-        if ratio and topo.kv_source(l) == l:
-            lw["c_wkv"] = s.bf16(f"{a}.compressor.wkv.weight", s.draw((hd, D), 0.05))
-            if ratio > 1:
-                lw["c_wgate"] = s.bf16(f"{a}.compressor.wgate.weight", s.draw((hd, D), 0.05))
-            lw["c_norm"] = s.bf16(f"{a}.compressor.norm.weight", s.draw((hd,), 0.1, 1.0))
-        if ratio and topo.index_source(l) == l:
-            lw["i_wq_b"] = s.fp8(f"{a}.indexer.wq_b.weight", s.draw((ih * ihd, ql), 0.1))
-            lw["i_weights"] = s.bf16(f"{a}.indexer.weights_proj.weight", s.draw((ih, D), 0.3))
-            if topo.kv_source(l) == l:
-                lw["i_wk"] = s.bf16(f"{a}.indexer.wk.weight", s.draw((ihd, hd), 0.1))
-                lw["i_k_norm"] = s.bf16(f"{a}.indexer.k_norm.weight", s.draw((ihd,), 0.1, 1.0))
-        f = f"{p}.ffn"
-        lw["gate"] = s.bf16(f"{f}.gate.weight", s.draw((E, D), 0.15))
-        lw["bias"] = s.f32(f"{f}.gate.bias", s.draw((E,), 0.1))
-        lw["bias_vl"] = s.f32(f"{f}.gate.bias_vl", s.draw((E,), 0.1))
-        experts = []
-        for e in range(E):
-            ep = f"{f}.experts.{e}"
-            experts.append({
-                "w1": s.fp4(f"{ep}.w1.weight", s.draw((inter, D), 0.06)),
-                "w3": s.fp4(f"{ep}.w3.weight", s.draw((inter, D), 0.06)),
-                "w2": s.fp4(f"{ep}.w2.weight", s.draw((D, inter), 0.06)),
-            })
-        lw["experts"] = experts
-        sp = f"{f}.shared_experts"
-        lw["shared"] = {
-            "w1": s.fp8(f"{sp}.w1.weight", s.draw((inter, D), 0.06)),
-            "w3": s.fp8(f"{sp}.w3.weight", s.draw((inter, D), 0.06)),
-            "w2": s.fp8(f"{sp}.w2.weight", s.draw((D, inter), 0.06)),
-        }
+        lw = draw_layer(s, f"layers.{l}", c, E, lambda lw, a: draw_sources(s, lw, a, c, topo, l))
         if eng and l in eng["layer_ids"]:
             k = eng["layer_ids"].index(l)
             rows, edim = eng["rows"][k], c["engram_head_dim"]
             cols = eng["cols"] * edim
-            ep = f"{p}.engram"
+            ep = f"layers.{l}.engram"
             # Table rows are FP8 with one E8M0 scale per 32 columns (1x32 blocks).
             lw["engram"] = {
                 "embed": s.fp8(f"{ep}.embed.weight", s.draw((rows, edim), 0.5), 1, 32),
