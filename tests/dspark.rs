@@ -200,7 +200,10 @@ fn dspark_speculation_keeps_the_greedy_output() {
         // the target resumed only; the drafts may differ, the output may not.
         let (toks, _) = collect(h.add_request(prompt, greedy(want.len())).unwrap().1);
         assert_eq!(toks, want, "{cfg}: the same prompt from the prefix cache");
-        assert!(h.metrics.prefix_cache_hits.get() > 0, "{cfg}: no prefix hit");
+        assert!(
+            h.metrics.prefix_cache_hits.get() > 0,
+            "{cfg}: no prefix hit"
+        );
         h.shutdown();
         join.join().unwrap().unwrap();
     }

@@ -303,3 +303,36 @@ fn bench_cache_reports_bytes_per_token_of_both_numerics() {
     assert_eq!(official[1..5], [74.0, 18.5, 18.0, 110.5]);
     assert!(official[5] > 3.0 * reference[5], "{stdout}");
 }
+
+/// `bench cache` on V4.1 reports the pools V4.1 has (entries and indexer keys of its ratio-2
+/// and ratio-1 sources: tiny-v41-a's layers 1 and 3, 64 floats each) in reference numerics,
+/// the only one V4.1 runs in.
+#[test]
+fn bench_cache_reports_v41_pools() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden/tiny-v41-a/official");
+    let out = Command::new(support::binary())
+        .args(["bench", "cache", "--model", dir.to_str().unwrap()])
+        .args(["--budget-mib", "16"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = stdout.lines().find(|l| l.starts_with("numerics")).unwrap();
+    for pool in ["c2_entries", "c1_entries", "c2_keys", "c1_keys"] {
+        assert!(header.contains(pool), "{stdout}");
+    }
+    let line = stdout.lines().find(|l| l.starts_with("reference")).unwrap();
+    let row: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    // 64·4 bytes per entry: every other token at ratio 2, every token at ratio 1.
+    assert_eq!(row[1..6], [128.0, 256.0, 128.0, 256.0, 768.0]);
+    assert!(!stdout.lines().any(|l| l.starts_with("official")), "{stdout}");
+}

@@ -4,7 +4,6 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use deepinfer_engine::cache::layout::{CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS};
 use deepinfer_engine::cache::CacheManager;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig, CacheLayout};
 use deepinfer_model::config::ModelConfig;
@@ -31,28 +30,31 @@ pub fn run(args: CacheArgs) -> Result<()> {
         base.num_hidden_layers,
         args.budget_mib
     );
-    println!(
-        "{:<10} {:>14} {:>14} {:>14} {:>14} {:>16} {:>14}",
-        "numerics",
-        "state B/seq",
-        "CSA KV B/tok",
-        "HCA KV B/tok",
-        "idx keys B/tok",
-        "total B/tok",
-        "longest ctx"
-    );
-    for numerics in [Numerics::Reference, Numerics::Official] {
+    // V4.1's official rounding is not published: it runs in reference numerics only.
+    let modes: &[Numerics] = match base.v41 {
+        Some(_) => &[Numerics::Reference],
+        None => &[Numerics::Reference, Numerics::Official],
+    };
+    let mut header = false;
+    for &numerics in modes {
         let mut c = base.clone();
         c.numerics = numerics;
         let layout = CacheLayout::new(&c, 0, default_block_tokens(&c), 0)?;
-        let per_token = |name: &str| {
-            layout
-                .pools
-                .iter()
-                .find(|p| p.name == name)
-                .map_or(0.0, |p| (p.window_floats() * 4) as f64 / p.ratio as f64)
-        };
-        let kinds = [CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS].map(per_token);
+        // One column per paged pool the model has (V4: CSA/HCA entries and indexer keys;
+        // V4.1: entries and keys of its ratio-1 and ratio-2 sources).
+        let pools: Vec<(&str, f64)> = layout
+            .pools
+            .iter()
+            .map(|p| (p.name, (p.window_floats() * 4) as f64 / p.ratio as f64))
+            .collect();
+        if !header {
+            print!("{:<10} {:>14}", "numerics", "state B/seq");
+            for (name, _) in &pools {
+                print!(" {:>16}", format!("{name} B/tok"));
+            }
+            println!(" {:>14} {:>14}", "total B/tok", "longest ctx");
+            header = true;
+        }
         let cache = CacheConfig {
             budget: CacheBudget::Bytes(args.budget_mib << 20),
             max_seqs: 1,
@@ -62,16 +64,12 @@ pub fn run(args: CacheArgs) -> Result<()> {
             draft_layers: 0,
         };
         let longest = CacheManager::max_tokens_for(&c, cache)?;
-        println!(
-            "{:<10} {:>14} {:>14.1} {:>14.1} {:>14.1} {:>16.1} {:>14}",
-            numerics.name(),
-            layout.slot_bytes(),
-            kinds[0],
-            kinds[1],
-            kinds[2],
-            kinds.iter().sum::<f64>(),
-            longest
-        );
+        print!("{:<10} {:>14}", numerics.name(), layout.slot_bytes());
+        for (_, per_token) in &pools {
+            print!(" {per_token:>16.1}");
+        }
+        let total: f64 = pools.iter().map(|(_, b)| b).sum();
+        println!(" {total:>14.1} {longest:>14}");
     }
     println!(
         "(state: each sequence's window rings and compressor pending rows; the pools grow per \
