@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::kernels::topk::argmax;
 
 const CONFIGS: [&str; 2] = ["tiny-v41-a", "tiny-v41-b"];
@@ -40,32 +39,7 @@ fn forward_matches_the_reference() {
 #[test]
 fn layer_streams_match_the_reference() {
     for config in CONFIGS {
-        let g = Golden::load(config);
-        let mut model = load(config, "official");
-        let pi = g.meta["intermediates_prompt"].as_u64().unwrap() as usize;
-        let prompt = ids(&g.prompts()[pi]["ids"]);
-        let mut cache = cache_for(&model, 1);
-        let seq = cache.add_seq().unwrap();
-        cache.ensure_capacity(seq, prompt.len()).unwrap();
-        let batch = ForwardBatch::from_prompts(std::slice::from_ref(&prompt), false);
-        let mut trace = Vec::new();
-        model
-            .forward_traced(&batch, &mut cache.view(&[seq]).unwrap(), &mut trace)
-            .unwrap();
-        assert_eq!(trace.len(), model.config.num_hidden_layers);
-        let keep = g.meta["intermediates_positions"].as_u64().unwrap() as usize;
-        let row = model.config.hc_mult * model.config.hidden_size;
-        let from = prompt.len().saturating_sub(keep) * row;
-        for (l, got) in trace.iter().enumerate() {
-            let want = g.f32s(&format!("p{pi}.layer{l}"));
-            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-            let diff = max_abs_diff(&got[from..], &want);
-            eprintln!("{config} layer {l}: streams differ by {diff:.2e} (scale {scale:.1})");
-            assert!(
-                diff <= 1e-5 * scale,
-                "{config} layer {l}: streams differ by {diff}"
-            );
-        }
+        check_layer_streams(config, 1e-5);
     }
 }
 
@@ -129,47 +103,16 @@ fn cached_greedy_decode_reproduces_the_reference() {
 fn batched_equals_solo() {
     let config = "tiny-v41-a";
     let g = Golden::load(config);
-    let seqs: Vec<Vec<u32>> = (0..4).map(|pi| long_sequence(&g, pi)).collect();
-    let mut solo_runner = runner(load(config, "official"), 1, 0);
-    let solo: Vec<Vec<Vec<f32>>> = seqs
-        .iter()
-        .map(|s| chunked_logits(&mut solo_runner, s, s.len()))
-        .collect();
-    let mut r = runner(load(config, "official"), seqs.len(), 0);
-    let ids: Vec<_> = seqs.iter().map(|_| r.add_sequence().unwrap()).collect();
     // Different chunk sizes per sequence: 64, 9, 1 and 5 tokens a step.
-    let per_step = [64, 9, 1, 5];
-    let mut fed = vec![0usize; seqs.len()];
-    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
-    while fed.iter().zip(&seqs).any(|(f, s)| *f < s.len()) {
-        let mut work = Vec::new();
-        let mut who = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
-            let n = per_step[i].min(s.len() - fed[i]);
-            if n > 0 {
-                work.push(Feed {
-                    seq: ids[i],
-                    tokens: &s[fed[i]..fed[i] + n],
-                    all_logits: true,
-                });
-                who.push((i, n));
-            }
-        }
-        let logits = r.step(&work).unwrap();
-        let mut row = 0;
-        for (i, n) in who {
-            got[i].extend((row..row + n).map(|j| logits.row(j).to_vec()));
-            row += n;
-            fed[i] += n;
-        }
-    }
-    for (i, (a_i, b_i)) in got.iter().zip(&solo).enumerate() {
-        for (pos, (a, b)) in a_i.iter().zip(b_i).enumerate() {
-            assert!(
-                same_bits(a, b),
-                "sequence {i} position {pos} differs by {} in a batch",
-                max_abs_diff(a, b)
-            );
-        }
-    }
+    let plans: Vec<BatchPlan> = [64, 9, 1, 5]
+        .into_iter()
+        .enumerate()
+        .map(|(pi, chunk)| BatchPlan {
+            tokens: long_sequence(&g, pi),
+            first: chunk,
+            later: chunk,
+            joins: 0,
+        })
+        .collect();
+    check_mixed_batches(config, &plans);
 }

@@ -94,61 +94,23 @@ fn chunked_prefill_equals_full_forward_at_every_position() {
 #[test]
 fn mixed_batches_equal_running_alone() {
     let g = Golden::load("tiny-a");
-    // (tokens, first chunk, later chunks, step it joins at)
-    let plans: Vec<(Vec<u32>, usize, usize, usize)> = vec![
-        (long_sequence(&g, 3), 64, 64, 0), // 731 tokens, 64 per step
-        (long_sequence(&g, 2), 7, 7, 1),   // joins at step 1, 7 per step
-        (long_sequence(&g, 1), 1, 1, 2),   // token by token from step 2
-        (long_sequence(&g, 0), 5, 1, 4),   // whole prompt, then decode one by one
-    ];
-    let mut alone_runner = runner(load("tiny-a", "official"), 1, 0);
-    let alone: Vec<Vec<Vec<f32>>> = plans
-        .iter()
-        .map(|p| chunked_logits(&mut alone_runner, &p.0, p.0.len()))
-        .collect();
-
-    let mut r = runner(load("tiny-a", "official"), plans.len(), 0);
-    let seqs: Vec<_> = plans.iter().map(|_| r.add_sequence().unwrap()).collect();
-    let mut fed = vec![0usize; plans.len()];
-    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); plans.len()];
-    let mut step = 0;
-    while fed.iter().zip(&plans).any(|(f, p)| *f < p.0.len()) {
-        let mut work = Vec::new();
-        let mut who = Vec::new();
-        for (i, (tokens, first, later, start)) in plans.iter().enumerate() {
-            if step < *start || fed[i] == tokens.len() {
-                continue;
-            }
-            let n = if fed[i] == 0 { *first } else { *later }.min(tokens.len() - fed[i]);
-            work.push(Feed {
-                seq: seqs[i],
-                tokens: &tokens[fed[i]..fed[i] + n],
-                all_logits: true,
-            });
-            who.push((i, n));
-        }
-        let logits = r.step(&work).unwrap();
-        let mut row = 0;
-        for (i, n) in who {
-            got[i].extend((row..row + n).map(|j| logits.row(j).to_vec()));
-            row += n;
-            fed[i] += n;
-        }
-        step += 1;
-    }
-    for (i, (g_i, a_i)) in got.iter().zip(&alone).enumerate() {
-        assert_eq!(g_i.len(), a_i.len());
-        for (pos, (a, b)) in g_i.iter().zip(a_i).enumerate() {
-            assert!(
-                same_bits(a, b),
-                "sequence {i} position {pos} differs by {} in a mixed batch",
-                max_abs_diff(a, b)
-            );
-        }
-    }
+    let plan = |pi, first, later, joins| BatchPlan {
+        tokens: long_sequence(&g, pi),
+        first,
+        later,
+        joins,
+    };
+    check_mixed_batches(
+        "tiny-a",
+        &[
+            plan(3, 64, 64, 0), // 731 tokens, 64 per step
+            plan(2, 7, 7, 1),   // joins at step 1, 7 per step
+            plan(1, 1, 1, 2),   // token by token from step 2
+            plan(0, 5, 1, 4),   // whole prompt, then decode one by one
+        ],
+    );
 }
 
-/// Run k tokens past a point, truncate back, continue: identical to never having run them.
 #[test]
 fn truncation_is_exact() {
     // (config, prefix length, k): k crosses CSA (m=4) and HCA (m=8 / m=16) window ends.

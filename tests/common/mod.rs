@@ -420,3 +420,96 @@ pub fn expect_golden_greedy(h: &EngineHandle, g: &Golden, label: &str) {
         assert_eq!(reason, Some(FinishReason::Length));
     }
 }
+
+/// The residual streams after every layer of one whole forward over the golden's
+/// intermediates prompt, against the reference's (the positions it kept), each layer within
+/// `tol` times the larger of 1 and its largest |value|: where a mismatch first shows.
+pub fn check_layer_streams(config: &str, tol: f32) {
+    use deepinfer_model::batch::ForwardBatch;
+    let g = Golden::load(config);
+    let mut model = load(config, "official");
+    let pi = g.meta["intermediates_prompt"].as_u64().unwrap() as usize;
+    let prompt = ids(&g.prompts()[pi]["ids"]);
+    let mut cache = cache_for(&model, 1);
+    let seq = cache.add_seq().unwrap();
+    cache.ensure_capacity(seq, prompt.len()).unwrap();
+    let batch = ForwardBatch::from_prompts(std::slice::from_ref(&prompt), false);
+    let mut trace = Vec::new();
+    model
+        .forward_traced(&batch, &mut cache.view(&[seq]).unwrap(), &mut trace)
+        .unwrap();
+    assert_eq!(trace.len(), model.config.num_hidden_layers);
+    let keep = g.meta["intermediates_positions"].as_u64().unwrap() as usize;
+    let row = model.config.hc_mult * model.config.hidden_size;
+    let from = prompt.len().saturating_sub(keep) * row;
+    for (l, got) in trace.iter().enumerate() {
+        let want = g.f32s(&format!("p{pi}.layer{l}"));
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(&got[from..], &want);
+        eprintln!("{config} layer {l}: streams differ by {diff:.2e} (scale {scale:.1})");
+        assert!(
+            diff <= tol * scale,
+            "{config} layer {l}: streams differ by {diff}"
+        );
+    }
+}
+
+/// One sequence of a mixed-batch run: its tokens, the size of its first chunk and of every
+/// later one, and the step it joins at.
+pub struct BatchPlan {
+    pub tokens: Vec<u32>,
+    pub first: usize,
+    pub later: usize,
+    pub joins: usize,
+}
+
+/// Runs `plans` side by side in one runner of `config` (chunks of different sizes, sequences
+/// joining at different steps): every position's logits are, bit for bit, what the sequence
+/// gets alone.
+pub fn check_mixed_batches(config: &str, plans: &[BatchPlan]) {
+    let mut alone_runner = runner(load(config, "official"), 1, 0);
+    let alone: Vec<Vec<Vec<f32>>> = plans
+        .iter()
+        .map(|p| chunked_logits(&mut alone_runner, &p.tokens, p.tokens.len()))
+        .collect();
+    let mut r = runner(load(config, "official"), plans.len(), 0);
+    let seqs: Vec<_> = plans.iter().map(|_| r.add_sequence().unwrap()).collect();
+    let mut fed = vec![0usize; plans.len()];
+    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); plans.len()];
+    let mut step = 0;
+    while fed.iter().zip(plans).any(|(f, p)| *f < p.tokens.len()) {
+        let mut work = Vec::new();
+        let mut who = Vec::new();
+        for (i, p) in plans.iter().enumerate() {
+            if step < p.joins || fed[i] == p.tokens.len() {
+                continue;
+            }
+            let chunk = if fed[i] == 0 { p.first } else { p.later };
+            let n = chunk.min(p.tokens.len() - fed[i]);
+            work.push(Feed {
+                seq: seqs[i],
+                tokens: &p.tokens[fed[i]..fed[i] + n],
+                all_logits: true,
+            });
+            who.push((i, n));
+        }
+        let logits = r.step(&work).unwrap();
+        let mut row = 0;
+        for (i, n) in who {
+            got[i].extend((row..row + n).map(|j| logits.row(j).to_vec()));
+            row += n;
+            fed[i] += n;
+        }
+        step += 1;
+    }
+    for (i, (g_i, a_i)) in got.iter().zip(&alone).enumerate() {
+        assert_eq!(g_i.len(), a_i.len());
+        for (pos, (a, b)) in g_i.iter().zip(a_i).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "{config}: sequence {i} position {pos} differs by {} in a mixed batch",
+                max_abs_diff(a, b)
+            );
+        }
+    }
+}

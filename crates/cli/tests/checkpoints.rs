@@ -334,5 +334,8 @@ fn bench_cache_reports_v41_pools() {
         .collect();
     // 64·4 bytes per entry: every other token at ratio 2, every token at ratio 1.
     assert_eq!(row[1..6], [128.0, 256.0, 128.0, 256.0, 768.0]);
-    assert!(!stdout.lines().any(|l| l.starts_with("official")), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("official")),
+        "{stdout}"
+    );
 }
