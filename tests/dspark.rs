@@ -208,3 +208,61 @@ fn dspark_speculation_keeps_the_greedy_output() {
         join.join().unwrap().unwrap();
     }
 }
+
+/// A synthetic checkpoint with a drafter (`synth` writes one where the config announces it,
+/// as `bench-v41` does): the tiny V4 and V4.1 presets given three stages load, draft, and keep
+/// the plain greedy output.
+#[test]
+fn synthetic_drafters_load_and_keep_the_greedy_output() {
+    use deepinfer_engine::engine::{self, EngineConfig};
+    use deepinfer_engine::scheduler::SchedulerConfig;
+    use deepinfer_engine::spec::SpeculativeConfig;
+    use deepinfer_model::config::DsparkConfig;
+    use deepinfer_model::synth::{preset, write_checkpoint};
+
+    for (name, aux_layers, shift) in [("tiny", [2, 3, 4], 1), ("tiny-v41", [3, 4, 5], 0)] {
+        let mut spec = preset(name).unwrap();
+        spec.config.num_nextn_predict_layers = 3;
+        spec.config.dspark = Some(DsparkConfig {
+            target_layer_ids: aux_layers.iter().map(|l| l - shift).collect(),
+            aux_layers: aux_layers.to_vec(),
+            block_size: 5,
+            noise_token_id: 128_799,
+            markov_rank: 32,
+            stages: 3,
+            n_routed_experts: spec.config.n_routed_experts / 2,
+            num_experts_per_tok: 2,
+        });
+        spec.validate().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_checkpoint(&spec, dir.path(), 5, |_, _| {}).unwrap();
+        let run = |speculative: Option<SpeculativeConfig>| {
+            let model = deepinfer_model::v4::Model::load(dir.path()).unwrap();
+            assert!(model.dspark.is_some(), "{name}: the drafter loads");
+            let config = EngineConfig {
+                scheduler: SchedulerConfig {
+                    max_num_seqs: 2,
+                    max_num_batched_tokens: 256,
+                    prefill_chunk: None,
+                    max_model_len: 4096,
+                },
+                cache: cache_config(64 << 20, 2, 0),
+                model_name: "test".into(),
+                forced_output: None,
+                speculative,
+            };
+            let (h, join) = engine::start(model, config).unwrap();
+            let prompt: Vec<u32> = (0..40).map(|i| (i * 7919 % 120_000) as u32).collect();
+            let (toks, _) = collect(h.add_request(prompt, greedy(24)).unwrap().1);
+            let drafts = h.metrics.spec_decode_num_drafts.get();
+            h.shutdown();
+            join.join().unwrap().unwrap();
+            (toks, drafts)
+        };
+        let (plain, _) = run(None);
+        let spec = SpeculativeConfig::from_json(r#"{"method": "dspark", "adaptive": false}"#, None);
+        let (drafted, drafts) = run(Some(spec.unwrap()));
+        assert_eq!(drafted, plain, "{name}: greedy output with DSpark drafting");
+        assert!(drafts > 0, "{name}: nothing was drafted");
+    }
+}

@@ -3,7 +3,7 @@
 
 use safetensors::Dtype;
 
-use crate::config::{AttnKind, MlpKind, ModelConfig};
+use crate::config::{AttnKind, DsparkConfig, MlpKind, ModelConfig};
 
 /// How a tensor's values are drawn before they are rounded onto its storage format.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -232,7 +232,48 @@ impl Planner {
         self.layer(s, "mtp.0", AttnKind::Sliding, MlpKind::Scored);
     }
 
-    /// A decoder block under `p` (`layers.N`, or `mtp.0` for the MTP block, which is
+    /// The DSpark drafter (spec §7.2): `main_proj`/`main_norm` under `mtp.0`, window-only
+    /// stages with their own expert counts, and the head stack under the last stage (V4's
+    /// hyper head; the Markov factors; the confidence projection).
+    fn dspark(&mut self, s: &ModelConfig, dc: &DsparkConfig) {
+        let (d, v, r) = (s.hidden_size, s.vocab_size, dc.markov_rank);
+        self.fp8("mtp.0.main_proj", d, dc.aux_layers.len() * d);
+        self.bf16("mtp.0.main_norm.weight".into(), &[d], NORM);
+        let mut stage = s.clone();
+        stage.n_routed_experts = dc.n_routed_experts;
+        stage.num_experts_per_tok = dc.num_experts_per_tok;
+        for i in 0..dc.stages {
+            self.layer(
+                &stage,
+                &format!("mtp.{i}"),
+                AttnKind::Sliding,
+                MlpKind::Scored,
+            );
+        }
+        let last = format!("mtp.{}", dc.stages - 1);
+        self.bf16(format!("{last}.norm.weight"), &[d], NORM);
+        if s.v41.is_none() {
+            self.hyper(&format!("{last}.hc_head"), s.hc_mult, s, 1);
+        }
+        let unit = Init::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        self.bf16(format!("{last}.markov_head.embed.weight"), &[v, r], unit);
+        self.bf16(
+            format!("{last}.markov_head.head.weight"),
+            &[v, r],
+            fan_in(r),
+        );
+        let proj = fan_in(d + r);
+        self.f32(
+            format!("{last}.confidence_head.proj.weight"),
+            &[1, d + r],
+            proj,
+        );
+    }
+
+    /// A decoder block under `p` (`layers.N`, or `mtp.N` for a drafter's block, which is
     /// sliding-window and score-routed).
     fn layer(&mut self, s: &ModelConfig, p: &str, kind: AttnKind, mlp: MlpKind) {
         let (d, h, hd) = (s.hidden_size, s.num_attention_heads, s.head_dim);
@@ -341,8 +382,11 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
         p.hyper("hc_head", s.hc_mult, s, 1);
     }
     p.bf16("head.weight".into(), &[v, d], fan_in(d));
-    if s.num_nextn_predict_layers > 0 {
-        p.mtp(s);
+    // The `mtp.*` names hold one drafter: DSpark's stages where the config announces them.
+    match &s.dspark {
+        Some(dc) => p.dspark(s, dc),
+        None if s.num_nextn_predict_layers > 0 => p.mtp(s),
+        None => {}
     }
     p.out
 }

@@ -4,7 +4,8 @@ use serde_json::{json, Value};
 
 use super::SynthError;
 use crate::config::{
-    AttnKind, Candidates, EngramConfig, MlpKind, ModelConfig, RopeParams, ScoringFunc, Yarn, V41,
+    AttnKind, Candidates, DsparkConfig, EngramConfig, MlpKind, ModelConfig, RopeParams,
+    ScoringFunc, Yarn, V41,
 };
 use crate::engram::{EngramLayout, EngramParams};
 
@@ -323,7 +324,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 block_size: 8,
             };
             let ratios = [0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1];
-            v41_like(
+            let v41 = v41_like(
                 base,
                 &ratios,
                 &[2, 6],
@@ -331,7 +332,23 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 cand,
                 &[1, 5],
                 170_000,
-            )
+            );
+            // V4.1's drafter: the streams entering the last three layers, stages with a
+            // third of the experts, top 3 (128 of 384 in V4.1-Flash).
+            ModelConfig {
+                num_nextn_predict_layers: 3,
+                dspark: Some(DsparkConfig {
+                    target_layer_ids: vec![9, 10, 11],
+                    aux_layers: vec![9, 10, 11],
+                    block_size: 5,
+                    noise_token_id: 128_799,
+                    markov_rank: 256,
+                    stages: 3,
+                    n_routed_experts: 21,
+                    num_experts_per_tok: 3,
+                }),
+                ..v41
+            }
         }
         "flash-slice" => {
             let ratios = [0, 0, 4, 128, 4, 128];
@@ -468,6 +485,11 @@ impl SynthSpec {
                     .into(),
             ));
         }
+        if reread.dspark != c.dspark {
+            return Err(invalid(
+                "the DSpark drafter does not survive config.json".into(),
+            ));
+        }
         for (field, v) in [
             ("hidden_size", c.hidden_size),
             ("moe_intermediate_size", c.moe_intermediate_size),
@@ -551,6 +573,16 @@ impl SynthSpec {
             ("torch_dtype", json!("bfloat16")),
             ("expert_dtype", json!("fp4")),
         ];
+        if let Some(dc) = &c.dspark {
+            pairs.extend([
+                ("dspark_target_layer_ids", json!(dc.target_layer_ids)),
+                ("dspark_block_size", json!(dc.block_size)),
+                ("dspark_noise_token_id", json!(dc.noise_token_id)),
+                ("dspark_markov_rank", json!(dc.markov_rank)),
+                ("dspark_n_routed_experts", json!(dc.n_routed_experts)),
+                ("dspark_num_experts_per_tok", json!(dc.num_experts_per_tok)),
+            ]);
+        }
         if self.dense == DenseFormat::Fp8 {
             pairs.push((
                 "quantization_config",
