@@ -339,3 +339,45 @@ fn bench_cache_reports_v41_pools() {
         "{stdout}"
     );
 }
+
+/// `bench model` times a DSpark draft block where the checkpoint ships the drafter, and
+/// only there.
+#[test]
+fn bench_model_times_the_dspark_draft_block() {
+    let golden = |name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../../tests/fixtures/golden/{name}/official"))
+    };
+    for (name, drafter) in [("tiny-a-dspark", true), ("tiny-a", false)] {
+        let out = Command::new(support::binary())
+            .args(["bench", "model", "--model", golden(name).to_str().unwrap()])
+            .args([
+                "--batch",
+                "1",
+                "--prompt",
+                "16",
+                "--context",
+                "16",
+                "--reps",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("DSpark draft block"));
+        assert_eq!(at.is_some(), drafter, "{name}: {stdout}");
+        if let Some(at) = at {
+            // batch 1, a block of 5 after 16 tokens of context.
+            let row: Vec<&str> = lines[at + 1].split_whitespace().collect();
+            assert_eq!(row[..3], ["1", "5", "16"], "{stdout}");
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! `vllm bench serve` (TTFT, TPOT, ITL, E2E; mean, median, p90, p99), plus tokens per step.
 
 mod cache;
+mod drafter;
 mod kernels;
 mod model;
 mod multi_turn;

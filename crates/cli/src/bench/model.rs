@@ -51,10 +51,10 @@ pub struct ModelArgs {
     prompt: Vec<usize>,
     /// Repetitions per measurement; the median is reported.
     #[arg(short = 'r', long, default_value_t = 5)]
-    reps: usize,
+    pub reps: usize,
     /// Also print time per op kind for one decode step and one prefill.
     #[arg(long)]
-    profile: bool,
+    pub profile: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -65,13 +65,13 @@ pub struct ModelArgs {
 }
 
 #[derive(Serialize, Clone)]
-struct Roofs {
+pub(super) struct Roofs {
     read_gbs: f64,
     fma_gflops: f64,
 }
 
 #[derive(Serialize)]
-struct DecodeRow {
+pub(super) struct DecodeRow {
     batch: usize,
     /// Tokens each sequence appends per step (1: plain decode; more: a verify step).
     tokens_per_seq: usize,
@@ -84,7 +84,7 @@ struct DecodeRow {
     gbs: f64,
     /// Medians of the roofs measured right before each repetition; the percentages are
     /// medians of each repetition against its own roofs.
-    roofs: Roofs,
+    pub roofs: Roofs,
     pct_of_bandwidth: f64,
     gflops: f64,
     pct_of_fma: f64,
@@ -153,6 +153,8 @@ struct Report {
     threads: usize,
     roofs: Roofs,
     decode: Vec<DecodeRow>,
+    /// One DSpark draft block, where the checkpoint ships the drafter.
+    dspark: Option<DecodeRow>,
     /// Decode runs when the experts stream from disk (then `decode` is empty).
     streamed_decode: Vec<streamed::StreamedRow>,
     prefill: Vec<PrefillRow>,
@@ -173,7 +175,7 @@ fn roofs(threads: usize) -> Roofs {
 /// A quick reading of both roofs, taken right before each timed repetition: on a shared
 /// machine they drift from one minute to the next, so every repetition is set against the
 /// roofs of its own moment.
-fn quick_roofs(threads: usize) -> Roofs {
+pub(super) fn quick_roofs(threads: usize) -> Roofs {
     Roofs {
         read_gbs: read_bandwidth(256 << 20, threads, 2),
         fma_gflops: fma_peak(threads, 1),
@@ -288,7 +290,7 @@ fn decode_row(
 
 /// A decode row from one step's counters and each repetition's time with the roofs
 /// measured right before it.
-fn summarize(
+pub(super) fn summarize(
     b: usize,
     t: usize,
     context: usize,
@@ -339,7 +341,7 @@ fn summarize(
     }
 }
 
-fn print_decode_row(row: &DecodeRow) {
+pub(super) fn print_decode_row(row: &DecodeRow) {
     println!(
         "{:>6} {:>7} {:>8} {:>9.2} {:>9.2} {:>11.1} {:>8.1} {:>7.1}% {:>9.1} {:>7.1}% {:>8.1}% {}",
         row.batch,
@@ -359,7 +361,7 @@ fn print_decode_row(row: &DecodeRow) {
 
 /// Prints one step's time per op kind (it must have run with profiling on), and for the
 /// matrix products the bytes and FLOPs they did against the roofs.
-fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roofs) {
+pub(super) fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roofs) {
     let total: u64 = d.time_ns.iter().sum();
     println!("{title} — time per op kind (per step, profiled run)");
     println!(
@@ -500,6 +502,10 @@ fn bench(args: ModelArgs) -> Result<()> {
             decode.push(row);
         }
     }
+    let dspark = match store {
+        None => super::drafter::dspark_row(&mut bench, &args, threads)?,
+        Some(_) => None,
+    };
 
     let mut prefill_rows = Vec::new();
     println!();
@@ -587,6 +593,7 @@ fn bench(args: ModelArgs) -> Result<()> {
             threads,
             roofs: r0,
             decode,
+            dspark,
             streamed_decode: streamed_rows,
             prefill: prefill_rows,
         };

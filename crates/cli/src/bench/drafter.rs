@@ -1,0 +1,96 @@
+//! `bench model`'s DSpark row: what one draft block costs (batch 1) after the decode rows'
+//! context — its weight reads (three stages, the vocabulary head over the block, the Markov
+//! head once per row) against the roofs, like a decode step. Its own cache carries the
+//! drafter's context rings, so the decode rows above stay plain decoding.
+
+use super::model::{print_decode_row, print_profile, quick_roofs, summarize, tokens};
+use super::model::{Bench, DecodeRow, ModelArgs};
+use anyhow::Result;
+use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig, CacheManager};
+use deepinfer_engine::runner::SeqWork;
+use deepinfer_model::profile::{self, Snapshot};
+use deepinfer_model::v4::dspark::Draft;
+use deepinfer_model::v4::workspace::Workspace;
+use std::time::Instant;
+
+/// The row, or `None` when the checkpoint has no drafter.
+pub(super) fn dspark_row(
+    bench: &mut Bench,
+    args: &ModelArgs,
+    threads: usize,
+) -> Result<Option<DecodeRow>> {
+    let Some(stages) = bench
+        .runner
+        .model()
+        .dspark
+        .as_ref()
+        .map(|d| d.config.stages)
+    else {
+        return Ok(None);
+    };
+    let c = bench.runner.model().config.clone();
+    let mut cache = CacheManager::new(
+        &c,
+        CacheConfig {
+            budget: CacheBudget::Bytes(256 << 20),
+            max_seqs: 1,
+            rollback_slack: 0,
+            block_tokens: default_block_tokens(&c),
+            prefix_caching: false,
+            draft_layers: stages,
+        },
+    )?;
+    // The context, through the target: it leaves the context keys in the rings.
+    let (p0, seq) = (args.context, cache.add_seq()?);
+    let ids = tokens(p0 + 1, c.vocab_size, 3);
+    cache.ensure_capacity(seq, p0)?;
+    for start in (0..p0).step_by(512) {
+        let work = SeqWork {
+            seq,
+            start,
+            tokens: &ids[start..p0.min(start + 512)],
+            num_logits: 1,
+            history: &ids[..start],
+        };
+        bench.runner.step(&mut cache, &[work])?;
+    }
+    let model = bench.runner.model();
+    let ds = model.dspark.as_ref().expect("checked above");
+    let ctx0 = p0.saturating_sub(c.sliding_window);
+    let (mut draft, mut ws) = (Draft::default(), Workspace::default());
+    let mut block = || -> Result<(f64, Snapshot)> {
+        let view = cache.view(&[seq])?;
+        let before = Snapshot::now();
+        let clock = Instant::now();
+        ds.draft_into(model, &view, 0, ctx0, p0, ids[p0], &mut draft, &mut ws)?;
+        Ok((
+            clock.elapsed().as_secs_f64(),
+            Snapshot::now().since(&before),
+        ))
+    };
+    let (_, counters) = block()?; // warm-up: the workspace grows once
+    let mut timed = Vec::new();
+    for _ in 0..args.reps.max(1) {
+        let roofs = quick_roofs(threads);
+        timed.push((block()?.0, roofs));
+    }
+    let row = summarize(1, ds.config.block_size, p0, &counters, &timed);
+    println!();
+    println!(
+        "DSpark draft block: {} rows through {stages} stages, the head and the Markov chain \
+         (batch 1, same columns; tok/seq = the block)",
+        ds.config.block_size
+    );
+    print_decode_row(&row);
+    if args.profile {
+        profile::set_enabled(true);
+        let before = Snapshot::now();
+        for _ in 0..args.reps.max(1) {
+            block()?;
+        }
+        profile::set_enabled(false);
+        let d = Snapshot::now().since(&before);
+        print_profile("DSpark draft block", &d, args.reps.max(1), &row.roofs);
+    }
+    Ok(Some(row))
+}
