@@ -266,3 +266,46 @@ fn synthetic_drafters_load_and_keep_the_greedy_output() {
         assert!(drafts > 0, "{name}: nothing was drafted");
     }
 }
+
+/// `enable_adaptive_verification` (vLLM's, with the adaptive policy that times the plain
+/// steps it weighs drafts against): drafts are dropped by their confidences, never a token
+/// of the output.
+#[test]
+fn adaptive_verification_keeps_the_greedy_output() {
+    use deepinfer_engine::engine::{self, EngineConfig};
+    use deepinfer_engine::scheduler::SchedulerConfig;
+    use deepinfer_engine::spec::SpeculativeConfig;
+
+    for cfg in CONFIGS {
+        let g = Golden::load_named(cfg, "dspark_golden");
+        let json = r#"{"method": "dspark", "enable_adaptive_verification": true}"#;
+        let config = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_seqs: 2,
+                max_num_batched_tokens: 256,
+                prefill_chunk: None,
+                max_model_len: 4096,
+            },
+            cache: cache_config(64 << 20, 2, 0),
+            model_name: "test".into(),
+            forced_output: None,
+            speculative: Some(SpeculativeConfig::from_json(json, None).unwrap()),
+        };
+        let (h, join) = engine::start(load(cfg, "official"), config).unwrap();
+        let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
+        let rx: Vec<_> = (0..2)
+            .map(|_| h.add_request(prompt.clone(), greedy(want.len())).unwrap().1)
+            .collect();
+        for rx in rx {
+            assert_eq!(collect(rx).0, want, "{cfg}: greedy output");
+        }
+        let (drafts, tokens) = (
+            h.metrics.spec_decode_num_drafts.get(),
+            h.metrics.spec_decode_num_draft_tokens.get(),
+        );
+        eprintln!("{cfg}: {tokens} draft tokens verified over {drafts} drafts");
+        assert!(tokens <= 5 * drafts);
+        h.shutdown();
+        join.join().unwrap().unwrap();
+    }
+}

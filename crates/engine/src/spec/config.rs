@@ -31,6 +31,10 @@ pub struct SpeculativeConfig {
     /// every decoding sequence drafts `num_speculative_tokens` every step: for tests and
     /// for measuring the cost of verification.
     pub adaptive: bool,
+    /// vLLM's adaptive verification (DSpark only, off by default): each step verifies the
+    /// drafts whose chance of surviving (the running product of the drafter's confidences)
+    /// buys most tokens per second, the rest are dropped unverified.
+    pub enable_adaptive_verification: bool,
 }
 
 /// The most draft tokens a step may verify per sequence.
@@ -94,16 +98,25 @@ impl SpeculativeConfig {
                 "num_speculative_tokens {k} is above the limit of {MAX_SPECULATIVE_TOKENS}"
             ));
         }
-        let adaptive = match o.get("adaptive") {
-            None => true,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return err(format!("adaptive must be true or false, not {v}")),
+        let flag = |key: &str, default: bool| match o.get(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => err(format!("{key} must be true or false, not {v}")),
         };
+        let adaptive = flag("adaptive", true)?;
+        let enable_adaptive_verification = flag("enable_adaptive_verification", false)?;
+        if enable_adaptive_verification && method != SpecMethod::Dspark {
+            return err(
+                "enable_adaptive_verification needs the DSpark drafter's confidences \
+                 (method \"dspark\")",
+            );
+        }
         for key in o.keys() {
             let known = [
                 "method",
                 "num_speculative_tokens",
                 "adaptive",
+                "enable_adaptive_verification",
                 "acceptance_rate",
                 "seed",
             ];
@@ -115,6 +128,7 @@ impl SpeculativeConfig {
             method,
             num_speculative_tokens: k,
             adaptive,
+            enable_adaptive_verification,
         })
     }
 }
@@ -154,6 +168,13 @@ mod tests {
             SpecMethod::Replay { acceptance_rate, .. } if acceptance_rate == 0.3
         ));
         assert!(!c.adaptive);
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "dspark", "enable_adaptive_verification": true}"#,
+            None,
+        )
+        .unwrap();
+        assert!(c.enable_adaptive_verification);
+        assert_eq!(c.num_speculative_tokens, 5);
     }
 
     #[test]
@@ -180,6 +201,14 @@ mod tests {
                 "number",
             ),
             (r#"{"method": "mtp", "adaptive": 1}"#, "adaptive"),
+            (
+                r#"{"method": "mtp", "enable_adaptive_verification": true}"#,
+                "confidences",
+            ),
+            (
+                r#"{"method": "dspark", "enable_adaptive_verification": "yes"}"#,
+                "true or false",
+            ),
             (r#"{"method": "replay", "acceptance_rate": 1.5}"#, "[0, 1]"),
         ] {
             let e = SpeculativeConfig::from_json(json, None).unwrap_err();

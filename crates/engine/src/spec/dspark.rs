@@ -11,6 +11,8 @@ use crate::sequence::Sequence;
 use deepinfer_model::v4::dspark::Draft;
 use deepinfer_model::v4::workspace::Workspace;
 use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Instant;
 
 /// How far the target has filled a sequence's rings: positions `floor..len` hold context.
 /// A step that does not start at `len` (a cached prefix, a restart) leaves nothing older in
@@ -25,6 +27,12 @@ pub struct DsparkProgress {
 pub struct DsparkProposer {
     ws: Workspace,
     draft: Draft,
+    /// The last step's drafting sequences, each with the range of `confidence` that
+    /// scores its drafts.
+    pub drafted: Vec<(RequestId, Range<usize>)>,
+    pub confidence: Vec<f32>,
+    /// Seconds the last step's drafting took.
+    pub seconds: f64,
 }
 
 impl DsparkProposer {
@@ -41,6 +49,9 @@ impl DsparkProposer {
             .as_ref()
             .expect("the engine checks the checkpoint has a DSpark drafter");
         let window = model.config.sliding_window;
+        let clock = Instant::now();
+        self.drafted.clear();
+        self.confidence.clear();
         for r in records {
             let Some(s) = seqs.get_mut(&r.id) else {
                 continue;
@@ -75,7 +86,12 @@ impl DsparkProposer {
             .map_err(|e| RunnerError::Model(e.into()))?;
             let n = planned.min(self.draft.tokens.len());
             s.spec.draft_ids.extend_from_slice(&self.draft.tokens[..n]);
+            let at = self.confidence.len();
+            self.confidence
+                .extend_from_slice(&self.draft.confidence[..n]);
+            self.drafted.push((r.id, at..at + n));
         }
+        self.seconds = clock.elapsed().as_secs_f64();
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ mod dspark;
 mod mtp;
 mod policy;
 mod replay;
+mod verification;
 
 pub use config::{SpecMethod, SpeculativeConfig};
 pub use policy::StepTiming;
@@ -32,6 +33,7 @@ use mtp::{MtpProgress, MtpProposer};
 use policy::{Policy, SeqPolicy};
 use replay::ReplayProposer;
 use std::collections::HashMap;
+use verification::AdaptiveVerification;
 
 /// A sequence's speculative-decoding state.
 #[derive(Debug, Default)]
@@ -78,6 +80,8 @@ pub struct Speculator {
     k: usize,
     proposer: Proposer,
     policy: Policy,
+    /// `enable_adaptive_verification`: DSpark's drafts trimmed by their confidences.
+    verification: Option<AdaptiveVerification>,
 }
 
 impl Speculator {
@@ -95,6 +99,9 @@ impl Speculator {
             k: cfg.num_speculative_tokens,
             proposer,
             policy: Policy::new(cfg.num_speculative_tokens, cfg.adaptive, max_seqs),
+            verification: cfg
+                .enable_adaptive_verification
+                .then(AdaptiveVerification::default),
         }
     }
 
@@ -141,7 +148,22 @@ impl Speculator {
         self.policy.plan(records, seqs, max_model_len);
         match &mut self.proposer {
             Proposer::Mtp(p) => p.propose(records, seqs, self.policy.step, runner, cache),
-            Proposer::Dspark(p) => p.propose(records, seqs, runner, cache),
+            Proposer::Dspark(p) => {
+                p.propose(records, seqs, runner, cache)?;
+                let Some(v) = &mut self.verification else {
+                    return Ok(());
+                };
+                let decoding = records
+                    .iter()
+                    .filter(|r| seqs.get(&r.id).is_some_and(Sequence::is_decoding))
+                    .count();
+                // Until a plain step has been timed there is nothing to weigh them against.
+                if let Some((per_draft, plain)) = self.policy.verify_costs(decoding) {
+                    let step = (decoding as f64, plain + p.seconds, per_draft);
+                    v.trim(&p.drafted, &p.confidence, seqs, step);
+                }
+                Ok(())
+            }
             Proposer::Replay(p) => {
                 p.propose(records, seqs, runner.model().config.vocab_size);
                 Ok(())

@@ -202,6 +202,15 @@ impl Policy {
         Some((extra + draft, plain))
     }
 
+    /// The extra target time of one verified draft token in a step of `b` sequences, and
+    /// the plain step time; `None` until a plain step of about that size has been timed.
+    pub fn verify_costs(&self, b: usize) -> Option<(f64, f64)> {
+        let b = b.clamp(1, self.plain.len() - 1);
+        let plain = nearest(&self.plain, b)?;
+        let extra = nearest(&self.extra, b).unwrap_or(0.5 * plain / b as f64);
+        Some((extra, plain))
+    }
+
     /// Decides every participating sequence's drafts for the next step
     /// (`SeqPolicy::planned`), capped by what the sequence may still emit.
     pub fn plan(
