@@ -10,6 +10,7 @@ use common::*;
 use deepinfer_engine::cache::{CacheManager, SeqId};
 use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::cache::CacheView;
+use deepinfer_model::v4::dspark::DraftContext;
 use deepinfer_model::v4::model::Model;
 use deepinfer_model::v4::workspace::Workspace;
 use serde_json::Value;
@@ -126,9 +127,12 @@ fn draft_blocks_match_the_reference() {
             let view = cache.view(&[seq]).unwrap();
             let ds = model.dspark.as_ref().unwrap();
             let p0 = committed.len();
-            let got = ds
-                .draft(&model, &view, 0, ctx0, p0, anchor, &mut ws)
-                .unwrap();
+            let context = DraftContext {
+                cache: &view,
+                seq: 0,
+                positions: ctx0..p0,
+            };
+            let got = ds.draft(&model, &context, anchor, &mut ws).unwrap();
             let want = g.f32s(&format!("{name}.base_logits"));
             let diff = max_abs_diff(&got.base_logits, &want);
             eprintln!("{cfg} block {name}: base logits differ by {diff:.2e}");
@@ -308,4 +312,43 @@ fn adaptive_verification_keeps_the_greedy_output() {
         h.shutdown();
         join.join().unwrap().unwrap();
     }
+}
+
+/// Under official numerics the context rings hold packed records (FP8 and bf16, as the
+/// target's rings do) and drafting still keeps the plain greedy output.
+#[test]
+fn official_numerics_drafting_keeps_the_greedy_output() {
+    use deepinfer_engine::engine::{self, EngineConfig};
+    use deepinfer_engine::scheduler::SchedulerConfig;
+    use deepinfer_engine::spec::SpeculativeConfig;
+    use deepinfer_model::numerics::Numerics;
+
+    let g = Golden::load_named("tiny-a-dspark", "dspark_golden");
+    let run = |speculative: Option<SpeculativeConfig>| {
+        let mut model = load("tiny-a-dspark", "official");
+        model.set_numerics(Numerics::Official).unwrap();
+        let config = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_seqs: 1,
+                max_num_batched_tokens: 256,
+                prefill_chunk: None,
+                max_model_len: 4096,
+            },
+            cache: cache_config(64 << 20, 1, 0),
+            model_name: "test".into(),
+            forced_output: None,
+            speculative,
+        };
+        let (h, join) = engine::start(model, config).unwrap();
+        let (toks, _) = collect(h.add_request(ids(&g.meta["prompt"]), greedy(16)).unwrap().1);
+        let drafts = h.metrics.spec_decode_num_drafts.get();
+        h.shutdown();
+        join.join().unwrap().unwrap();
+        (toks, drafts)
+    };
+    let (plain, _) = run(None);
+    let json = r#"{"method": "dspark", "adaptive": false}"#;
+    let (drafted, drafts) = run(Some(SpeculativeConfig::from_json(json, None).unwrap()));
+    assert_eq!(drafted, plain);
+    assert!(drafts > 0);
 }

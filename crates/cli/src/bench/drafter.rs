@@ -9,7 +9,7 @@ use anyhow::Result;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig, CacheManager};
 use deepinfer_engine::runner::SeqWork;
 use deepinfer_model::profile::{self, Snapshot};
-use deepinfer_model::v4::dspark::Draft;
+use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::workspace::Workspace;
 use std::time::Instant;
 
@@ -62,7 +62,12 @@ pub(super) fn dspark_row(
         let view = cache.view(&[seq])?;
         let before = Snapshot::now();
         let clock = Instant::now();
-        ds.draft_into(model, &view, 0, ctx0, p0, ids[p0], &mut draft, &mut ws)?;
+        let context = DraftContext {
+            cache: &view,
+            seq: 0,
+            positions: ctx0..p0,
+        };
+        ds.draft_into(model, &context, ids[p0], &mut draft, &mut ws)?;
         Ok((
             clock.elapsed().as_secs_f64(),
             Snapshot::now().since(&before),

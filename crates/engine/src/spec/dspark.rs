@@ -8,7 +8,7 @@ use crate::cache::CacheManager;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
-use deepinfer_model::v4::dspark::Draft;
+use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::workspace::Workspace;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -72,18 +72,13 @@ impl DsparkProposer {
             }
             let anchor = s.token(p0);
             let view = cache.view(std::slice::from_ref(&cache_id))?;
-            let ctx0 = p0.saturating_sub(window).max(floor);
-            ds.draft_into(
-                model,
-                &view,
-                0,
-                ctx0,
-                p0,
-                anchor,
-                &mut self.draft,
-                &mut self.ws,
-            )
-            .map_err(|e| RunnerError::Model(e.into()))?;
+            let context = DraftContext {
+                cache: &view,
+                seq: 0,
+                positions: p0.saturating_sub(window).max(floor)..p0,
+            };
+            ds.draft_into(model, &context, anchor, &mut self.draft, &mut self.ws)
+                .map_err(|e| RunnerError::Model(e.into()))?;
             let n = planned.min(self.draft.tokens.len());
             s.spec.draft_ids.extend_from_slice(&self.draft.tokens[..n]);
             let at = self.confidence.len();

@@ -75,18 +75,18 @@ impl DsparkWeights {
     }
 }
 
-/// The context a draft block reads: sequence `seq`'s keys at `positions` in the rings.
-pub(super) struct ContextRing<'a> {
-    pub config: &'a ModelConfig,
+/// The context a draft block reads: sequence `seq` of `cache`, whose rings hold the context
+/// keys of `positions` (a target pass wrote them, [`DsparkWeights::store_context`]); the
+/// block follows them, at `positions.end`.
+pub struct DraftContext<'a> {
     pub cache: &'a dyn CacheView,
     pub seq: usize,
     pub positions: Range<usize>,
 }
 
-impl ContextRing<'_> {
-    /// Stage `stage`'s context keys, `[positions, head_dim]`.
-    pub fn keys(&self, stage: usize, ws: &mut Workspace) -> Vec<f32> {
-        let c = self.config;
+impl DraftContext<'_> {
+    /// Stage `stage`'s context keys, `[positions, head_dim]`, as the target `c` stored them.
+    pub(super) fn keys(&self, c: &ModelConfig, stage: usize, ws: &mut Workspace) -> Vec<f32> {
         let (hd, ring) = (c.head_dim, self.cache.window_slots());
         let (packed, words) = (c.numerics.packs_cache(), record::kv_words(c));
         let layer = c.num_hidden_layers + stage;

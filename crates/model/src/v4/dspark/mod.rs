@@ -17,14 +17,13 @@ use super::model::{embed_streams, Model};
 use super::moe::moe;
 use super::rows::Angles;
 use super::workspace::Workspace;
-use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
 use crate::weights::{draft_stage, HcHead, HeadWeights, LayerWeights, Linear};
 use attention::block_attention;
-use context::ContextRing;
+pub use context::DraftContext;
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::topk::argmax;
@@ -60,7 +59,7 @@ pub struct Draft {
     pub base_logits: Vec<f32>,
     pub tokens: Vec<u32>,
     pub confidence: Vec<f32>,
-    /// The context rows' positions, then the block's.
+    /// The block's positions.
     positions: Vec<usize>,
     /// The block's input ids: the anchor, then noise.
     ids: Vec<u32>,
@@ -115,40 +114,32 @@ impl DsparkWeights {
         })
     }
 
-    /// The block after the committed positions `0..p0` of sequence `seq` of `cache`, whose
-    /// context rings hold the keys of positions `ctx0..p0` (a target pass wrote them,
-    /// [`Self::store_context`]); `anchor` is the token at `p0`.
-    #[allow(clippy::too_many_arguments)]
+    /// The block after the committed positions `0..p0` (`p0` = the end of `context`'s
+    /// positions); `anchor` is the token at `p0`.
     pub fn draft(
         &self,
         m: &Model,
-        cache: &dyn CacheView,
-        seq: usize,
-        ctx0: usize,
-        p0: usize,
+        context: &DraftContext,
         anchor: u32,
         ws: &mut Workspace,
     ) -> Result<Draft, ExpertError> {
         let mut out = Draft::default();
-        self.draft_into(m, cache, seq, ctx0, p0, anchor, &mut out, ws)?;
+        self.draft_into(m, context, anchor, &mut out, ws)?;
         Ok(out)
     }
 
     /// [`Self::draft`] into a reused `out`.
-    #[allow(clippy::too_many_arguments)]
     pub fn draft_into(
         &self,
         m: &Model,
-        cache: &dyn CacheView,
-        seq: usize,
-        ctx0: usize,
-        p0: usize,
+        context: &DraftContext,
         anchor: u32,
         out: &mut Draft,
         ws: &mut Workspace,
     ) -> Result<(), ExpertError> {
         let (c, b) = (&self.stage_config, self.config.block_size);
         let (d, hc) = (c.hidden_size, c.hc_mult);
+        let p0 = context.positions.end;
         out.positions.clear();
         out.positions.extend(p0..p0 + b);
         let angles = Angles::new(&m.rope_main, &out.positions, ws);
@@ -158,13 +149,7 @@ impl DsparkWeights {
             .extend(std::iter::repeat_n(self.config.noise_token_id, b - 1));
         let mut x = ws.take(b * hc * d);
         embed_streams(&m.weights.embed, &out.ids, hc, d, &mut x);
-        let context = ContextRing {
-            config: &m.config,
-            cache,
-            seq,
-            positions: ctx0..p0,
-        };
-        let pre = self.stages(&mut x, &context, &angles, out, ws)?;
+        let pre = self.stages(&m.config, &mut x, context, &angles, out, ws)?;
         let h = self.head_hidden(&x, &pre, ws);
         self.head(m, &h, anchor, out, ws);
         for v in [x, pre, h] {
@@ -177,8 +162,9 @@ impl DsparkWeights {
     /// The block's streams `x` through every stage; returns the last sublayer's `pre`.
     fn stages(
         &self,
+        target: &ModelConfig,
         x: &mut [f32],
-        context: &ContextRing,
+        context: &DraftContext,
         angles: &Angles,
         out: &mut Draft,
         ws: &mut Workspace,
@@ -188,7 +174,7 @@ impl DsparkWeights {
         let shifted = c.v41.is_some();
         let mut pre: Option<Vec<f32>> = None;
         for (s, st) in self.stages.iter().enumerate() {
-            let ctx_kv = context.keys(s, ws);
+            let ctx_kv = context.keys(target, s, ws);
             let collapse = match shifted {
                 true => pre.as_deref().map_or(Collapse::First, Collapse::Carried),
                 false => Collapse::Own,
