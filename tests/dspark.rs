@@ -8,6 +8,9 @@ mod common;
 
 use common::*;
 use deepinfer_engine::cache::{CacheManager, SeqId};
+use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
+use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::cache::CacheView;
 use deepinfer_model::v4::dspark::DraftContext;
@@ -80,6 +83,31 @@ fn blocks(g: &Golden) -> Vec<(String, Vec<u32>, usize, u32)> {
             (name.clone(), committed, ctx0, n(&b["anchor"]) as u32)
         })
         .collect()
+}
+
+/// An engine over `model` for `max_seqs` sequences, drafting as the `spec` JSON says (none:
+/// plain decoding); stop it with [`stop`].
+fn start(model: Model, max_seqs: usize, spec: Option<&str>) -> (EngineHandle, Engine) {
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: max_seqs,
+            max_num_batched_tokens: 256,
+            prefill_chunk: None,
+            max_model_len: 4096,
+        },
+        cache: cache_config(64 << 20, max_seqs, 0),
+        model_name: "test".into(),
+        forced_output: None,
+        speculative: spec.map(|s| SpeculativeConfig::from_json(s, None).unwrap()),
+    };
+    engine::start(model, config).unwrap()
+}
+
+type Engine = std::thread::JoinHandle<Result<EngineCore, EngineError>>;
+
+fn stop((h, join): (EngineHandle, Engine)) {
+    h.shutdown();
+    join.join().unwrap().unwrap();
 }
 
 /// A target pass leaves the reference's context keys (`main_x` from its aux streams — for
@@ -161,33 +189,20 @@ fn draft_blocks_match_the_reference() {
     }
 }
 
+/// Fixed drafting: a whole block every step.
+const DSPARK: &str = r#"{"method": "dspark", "adaptive": false}"#;
+
 /// `--speculative-config '{"method": "dspark"}'` through the engine: the greedy output is
 /// the plain greedy output, and the target accepts what it accepts in the reference's own
 /// speculative loop (the drafts are the reference's, step by step).
 #[test]
 fn dspark_speculation_keeps_the_greedy_output() {
-    use deepinfer_engine::engine::{self, EngineConfig};
-    use deepinfer_engine::scheduler::SchedulerConfig;
-    use deepinfer_engine::spec::SpeculativeConfig;
-
+    let spec = SpeculativeConfig::from_json(r#"{"method": "dspark"}"#, None).unwrap();
+    assert_eq!(spec.num_speculative_tokens, 5, "a whole block by default");
     for cfg in CONFIGS {
         let g = Golden::load_named(cfg, "dspark_golden");
-        let spec = SpeculativeConfig::from_json(r#"{"method": "dspark", "adaptive": false}"#, None)
-            .unwrap();
-        assert_eq!(spec.num_speculative_tokens, 5, "a whole block by default");
-        let config = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: 1,
-                max_num_batched_tokens: 256,
-                prefill_chunk: None,
-                max_model_len: 4096,
-            },
-            cache: cache_config(64 << 20, 1, 0),
-            model_name: "test".into(),
-            forced_output: None,
-            speculative: Some(spec),
-        };
-        let (h, join) = engine::start(load(cfg, "official"), config).unwrap();
+        let engine = start(load(cfg, "official"), 1, Some(DSPARK));
+        let h = &engine.0;
         let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
         let (toks, _) = collect(h.add_request(prompt.clone(), greedy(want.len())).unwrap().1);
         assert_eq!(toks, want, "{cfg}: greedy output with DSpark drafting");
@@ -208,9 +223,18 @@ fn dspark_speculation_keeps_the_greedy_output() {
             h.metrics.prefix_cache_hits.get() > 0,
             "{cfg}: no prefix hit"
         );
-        h.shutdown();
-        join.join().unwrap().unwrap();
+        stop(engine);
     }
+}
+
+/// The greedy tokens a fresh engine over `model` gives `prompt`, and how many verify
+/// rounds drafted.
+fn generate(model: Model, spec: Option<&str>, prompt: Vec<u32>, n: usize) -> (Vec<u32>, u64) {
+    let engine = start(model, 1, spec);
+    let (toks, _) = collect(engine.0.add_request(prompt, greedy(n)).unwrap().1);
+    let drafts = engine.0.metrics.spec_decode_num_drafts.get();
+    stop(engine);
+    (toks, drafts)
 }
 
 /// A synthetic checkpoint with a drafter (`synth` writes one where the config announces it,
@@ -218,9 +242,6 @@ fn dspark_speculation_keeps_the_greedy_output() {
 /// the plain greedy output.
 #[test]
 fn synthetic_drafters_load_and_keep_the_greedy_output() {
-    use deepinfer_engine::engine::{self, EngineConfig};
-    use deepinfer_engine::scheduler::SchedulerConfig;
-    use deepinfer_engine::spec::SpeculativeConfig;
     use deepinfer_model::config::DsparkConfig;
     use deepinfer_model::synth::{preset, write_checkpoint};
 
@@ -240,32 +261,11 @@ fn synthetic_drafters_load_and_keep_the_greedy_output() {
         spec.validate().unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_checkpoint(&spec, dir.path(), 5, |_, _| {}).unwrap();
-        let run = |speculative: Option<SpeculativeConfig>| {
-            let model = deepinfer_model::v4::Model::load(dir.path()).unwrap();
-            assert!(model.dspark.is_some(), "{name}: the drafter loads");
-            let config = EngineConfig {
-                scheduler: SchedulerConfig {
-                    max_num_seqs: 2,
-                    max_num_batched_tokens: 256,
-                    prefill_chunk: None,
-                    max_model_len: 4096,
-                },
-                cache: cache_config(64 << 20, 2, 0),
-                model_name: "test".into(),
-                forced_output: None,
-                speculative,
-            };
-            let (h, join) = engine::start(model, config).unwrap();
-            let prompt: Vec<u32> = (0..40).map(|i| (i * 7919 % 120_000) as u32).collect();
-            let (toks, _) = collect(h.add_request(prompt, greedy(24)).unwrap().1);
-            let drafts = h.metrics.spec_decode_num_drafts.get();
-            h.shutdown();
-            join.join().unwrap().unwrap();
-            (toks, drafts)
-        };
-        let (plain, _) = run(None);
-        let spec = SpeculativeConfig::from_json(r#"{"method": "dspark", "adaptive": false}"#, None);
-        let (drafted, drafts) = run(Some(spec.unwrap()));
+        let model = || Model::load(dir.path()).unwrap();
+        assert!(model().dspark.is_some(), "{name}: the drafter loads");
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 7919 % 120_000) as u32).collect();
+        let (plain, _) = generate(model(), None, prompt.clone(), 24);
+        let (drafted, drafts) = generate(model(), Some(DSPARK), prompt, 24);
         assert_eq!(drafted, plain, "{name}: greedy output with DSpark drafting");
         assert!(drafts > 0, "{name}: nothing was drafted");
     }
@@ -276,26 +276,11 @@ fn synthetic_drafters_load_and_keep_the_greedy_output() {
 /// of the output.
 #[test]
 fn adaptive_verification_keeps_the_greedy_output() {
-    use deepinfer_engine::engine::{self, EngineConfig};
-    use deepinfer_engine::scheduler::SchedulerConfig;
-    use deepinfer_engine::spec::SpeculativeConfig;
-
+    let json = r#"{"method": "dspark", "enable_adaptive_verification": true}"#;
     for cfg in CONFIGS {
         let g = Golden::load_named(cfg, "dspark_golden");
-        let json = r#"{"method": "dspark", "enable_adaptive_verification": true}"#;
-        let config = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: 2,
-                max_num_batched_tokens: 256,
-                prefill_chunk: None,
-                max_model_len: 4096,
-            },
-            cache: cache_config(64 << 20, 2, 0),
-            model_name: "test".into(),
-            forced_output: None,
-            speculative: Some(SpeculativeConfig::from_json(json, None).unwrap()),
-        };
-        let (h, join) = engine::start(load(cfg, "official"), config).unwrap();
+        let engine = start(load(cfg, "official"), 2, Some(json));
+        let h = &engine.0;
         let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
         let rx: Vec<_> = (0..2)
             .map(|_| h.add_request(prompt.clone(), greedy(want.len())).unwrap().1)
@@ -309,8 +294,7 @@ fn adaptive_verification_keeps_the_greedy_output() {
         );
         eprintln!("{cfg}: {tokens} draft tokens verified over {drafts} drafts");
         assert!(tokens <= 5 * drafts);
-        h.shutdown();
-        join.join().unwrap().unwrap();
+        stop(engine);
     }
 }
 
@@ -318,37 +302,17 @@ fn adaptive_verification_keeps_the_greedy_output() {
 /// target's rings do) and drafting still keeps the plain greedy output.
 #[test]
 fn official_numerics_drafting_keeps_the_greedy_output() {
-    use deepinfer_engine::engine::{self, EngineConfig};
-    use deepinfer_engine::scheduler::SchedulerConfig;
-    use deepinfer_engine::spec::SpeculativeConfig;
     use deepinfer_model::numerics::Numerics;
 
     let g = Golden::load_named("tiny-a-dspark", "dspark_golden");
-    let run = |speculative: Option<SpeculativeConfig>| {
-        let mut model = load("tiny-a-dspark", "official");
-        model.set_numerics(Numerics::Official).unwrap();
-        let config = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: 1,
-                max_num_batched_tokens: 256,
-                prefill_chunk: None,
-                max_model_len: 4096,
-            },
-            cache: cache_config(64 << 20, 1, 0),
-            model_name: "test".into(),
-            forced_output: None,
-            speculative,
-        };
-        let (h, join) = engine::start(model, config).unwrap();
-        let (toks, _) = collect(h.add_request(ids(&g.meta["prompt"]), greedy(16)).unwrap().1);
-        let drafts = h.metrics.spec_decode_num_drafts.get();
-        h.shutdown();
-        join.join().unwrap().unwrap();
-        (toks, drafts)
+    let model = || {
+        let mut m = load("tiny-a-dspark", "official");
+        m.set_numerics(Numerics::Official).unwrap();
+        m
     };
-    let (plain, _) = run(None);
-    let json = r#"{"method": "dspark", "adaptive": false}"#;
-    let (drafted, drafts) = run(Some(SpeculativeConfig::from_json(json, None).unwrap()));
+    let prompt = ids(&g.meta["prompt"]);
+    let (plain, _) = generate(model(), None, prompt.clone(), 16);
+    let (drafted, drafts) = generate(model(), Some(DSPARK), prompt, 16);
     assert_eq!(drafted, plain);
     assert!(drafts > 0);
 }

@@ -424,13 +424,30 @@ def main():
     write_safetensors(os.path.join(out_dir, "official", "dspark.safetensors"), dfiles)
     announce_drafter(os.path.join(out_dir, "official", "config.json"), dc)
     ds = DSpark(target, dc, dw)
+    head = {
+        "config": CONFIG,
+        "dspark_config": {k: dc[k] for k in list(DSPARK_FIELDS) + ["compress_ratios"]},
+        "dspark_checkpoint": "official/dspark.safetensors",
+        "dspark_tensors": {k: [v[0], v[1]] for k, v in dfiles.items()},
+    }
+    notes = {
+        "X.aux": "[ctx, 3D] mean-over-hc entry streams of the target layers, context rows",
+        "X.head_hidden": "[block, D] collapse with the last stage's ffn pre, before norm",
+    }
+    record(target, ds, c["vocab_size"], out_dir, head, notes, PROMPT_SEED)
 
+
+def record(target, ds, vocab, out_dir, head, notes, seed):
+    """Picks the prompt, checks the speculative loop against plain greedy decoding, records
+    blocks A and B, and writes dspark_golden.safetensors/json into `out_dir`: `head` leads
+    the JSON, `notes` describes the tensors whose meaning depends on the target (X.aux,
+    X.head_hidden). Shared with tools/make_dspark_v4_golden.py."""
     # Prompts are drawn in turn; the first whose every recorded decision (target router,
     # indexer and candidate picks, target argmax, stage routers, draft argmax) clears MARGIN and
     # whose speculative loop accepts at least MIN_ACCEPTED drafts is kept.
-    g = torch.Generator().manual_seed(PROMPT_SEED)
+    g = torch.Generator().manual_seed(seed)
     for attempt in range(RETRIES):
-        prompt = torch.randint(0, c["vocab_size"], (PROMPT_LEN,), generator=g).tolist()
+        prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist()
         margins = Margins()
         spec_out, steps, block_a = speculative(target, ds, prompt, GEN_TOKENS, margins)
         accepted = sum(s["accepted"] for s in steps)
@@ -438,6 +455,8 @@ def main():
               f"{[s['accepted'] for s in steps]}", flush=True)
         if margins.smallest() > MARGIN and accepted >= MIN_ACCEPTED:
             break
+    else:
+        raise SystemExit("no prompt cleared the margins")
     greedy = plain_greedy(target, prompt, GEN_TOKENS, margins)
     assert spec_out == greedy, (spec_out, greedy)
     # Block B: as if the target had accepted FORCED_ACCEPTED drafts of block A (the greedy
@@ -455,11 +474,21 @@ def main():
     golden = {}
     golden.update(tensors_of("a", block_a))
     golden.update(tensors_of("b", block_b))
-    meta = {
-        "config": CONFIG,
-        "dspark_config": {k: dc[k] for k in list(DSPARK_FIELDS) + ["compress_ratios"]},
-        "dspark_checkpoint": "official/dspark.safetensors",
-        "dspark_tensors": {k: [v[0], v[1]] for k, v in dfiles.items()},
+    tensors = {  # per block, X = a or b
+        "X.aux": None,
+        "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
+        "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
+        "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
+        "X.head_hidden": None,
+        "X.base_logits": "[block, vocab] head(norm(head_hidden))",
+        "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
+        "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
+        "X.drafts": "[block] greedy drafts",
+        "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
+    }
+    tensors.update(notes)
+    meta = dict(head)
+    meta.update({
         "prompt": prompt,
         "greedy": greedy,
         "speculative": {"output": spec_out, "steps": steps,
@@ -470,22 +499,11 @@ def main():
                             f"context = prompt + greedy[:{1 + FORCED_ACCEPTED}] (bonus + "
                             f"{FORCED_ACCEPTED} accepted), anchor greedy[{1 + FORCED_ACCEPTED}]"),
         },
-        "tensors": {  # per block, X = a or b
-            "X.aux": "[ctx, 3D] mean-over-hc entry streams of the target layers, context rows",
-            "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
-            "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
-            "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
-            "X.head_hidden": "[block, D] collapse with the last stage's ffn pre, before norm",
-            "X.base_logits": "[block, vocab] head(norm(head_hidden))",
-            "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
-            "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
-            "X.drafts": "[block] greedy drafts",
-            "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
-        },
+        "tensors": tensors,
         "prompt_attempt": attempt,
         "margins": {"target": margins.target, "greedy": margins.greedy, "draft": margins.draft,
                     "tie_gap": TIE_GAP, "tie_safe": tie_safe},
-    }
+    })
     write_safetensors(os.path.join(out_dir, "dspark_golden.safetensors"), golden)
     with open(os.path.join(out_dir, "dspark_golden.json"), "w") as f:
         json.dump(meta, f, indent=1)

@@ -81,9 +81,6 @@ TARGET = "tiny-a"
 CONFIG = "tiny-a-dspark"
 DSPARK_SEED = 4300
 PROMPT_SEED = 4400
-PROMPT_LEN = 21
-GEN_TOKENS = 16
-FORCED_ACCEPTED = 3
 MAX_LEN = 64
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
@@ -268,70 +265,19 @@ def main():
     target = Target(os.path.join(out_root, "official"))
     ds = DSparkV4(target.model(), cfg)
 
-    g = torch.Generator().manual_seed(PROMPT_SEED)
-    for attempt in range(dsg.RETRIES):
-        prompt = torch.randint(0, cfg["vocab_size"], (PROMPT_LEN,), generator=g).tolist()
-        margins = dsg.Margins()
-        spec_out, steps, block_a = dsg.speculative(target, ds, prompt, GEN_TOKENS, margins)
-        accepted = sum(s["accepted"] for s in steps)
-        print(f"attempt {attempt}: smallest margin {margins.smallest():.3g}, accepted "
-              f"{[s['accepted'] for s in steps]}", flush=True)
-        if margins.smallest() > dsg.MARGIN and accepted >= dsg.MIN_ACCEPTED:
-            break
-    else:
-        raise SystemExit("no prompt cleared the margins")
-    greedy = dsg.plain_greedy(target, prompt, GEN_TOKENS, margins)
-    assert spec_out == greedy, (spec_out, greedy)
-    committed = prompt + greedy[: 1 + FORCED_ACCEPTED]
-    logits, layers, gaps = target.forward(committed)
-    margins.add_target(gaps, logits[-1:])
-    assert int(logits[-1].argmax()) == greedy[1 + FORCED_ACCEPTED]
-    block_b = ds.draft(ds.aux_states(layers), greedy[1 + FORCED_ACCEPTED])
-    margins.add_draft(block_b)
-    tie_safe = margins.smallest() > dsg.TIE_GAP
-    print(f"prompt attempt {attempt}: target {margins.target:.3g} greedy {margins.greedy:.3g} "
-          f"draft {margins.draft:.3g} tie_safe {tie_safe}")
-
-    golden = {}
-    golden.update(dsg.tensors_of("a", block_a))
-    golden.update(dsg.tensors_of("b", block_b))
-    meta = {
+    head = {
         "config": CONFIG,
         "target": TARGET,
         "dspark_config": {k: cfg[k] for k in list(DSPARK_FIELDS) + ["compress_ratios", "num_nextn_predict_layers"]},
         "stages": STAGES,
         "dspark_checkpoint": "official/dspark.safetensors",
         "dspark_tensors": {k: [v[0], v[1]] for k, v in files.items()},
-        "prompt": prompt,
-        "greedy": greedy,
-        "speculative": {"output": spec_out, "steps": steps,
-                        "accepted_total": sum(s["accepted"] for s in steps)},
-        "blocks": {
-            "a": dsg.block_meta(block_a, PROMPT_LEN, "first draft after the prompt (= speculative step 0)"),
-            "b": dsg.block_meta(block_b, PROMPT_LEN + 1 + FORCED_ACCEPTED,
-                                f"context = prompt + greedy[:{1 + FORCED_ACCEPTED}] (bonus + "
-                                f"{FORCED_ACCEPTED} accepted), anchor greedy[{1 + FORCED_ACCEPTED}]"),
-        },
-        "tensors": {
-            "X.aux": "[ctx, 3D] mean-over-hc streams AFTER the target layers, context rows",
-            "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
-            "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
-            "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
-            "X.head_hidden": "[block, D] the drafter's hc_head collapse, before norm",
-            "X.base_logits": "[block, vocab] head(norm(head_hidden))",
-            "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
-            "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
-            "X.drafts": "[block] greedy drafts",
-            "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
-        },
-        "prompt_attempt": attempt,
-        "margins": {"target": margins.target, "greedy": margins.greedy, "draft": margins.draft,
-                    "tie_gap": dsg.TIE_GAP, "tie_safe": tie_safe},
     }
-    write_safetensors(os.path.join(out_root, "dspark_golden.safetensors"), golden)
-    with open(os.path.join(out_root, "dspark_golden.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-    print("accepted per step", [s["accepted"] for s in steps], "tie_safe", tie_safe)
+    notes = {
+        "X.aux": "[ctx, 3D] mean-over-hc streams AFTER the target layers, context rows",
+        "X.head_hidden": "[block, D] the drafter's hc_head collapse, before norm",
+    }
+    dsg.record(target, ds, cfg["vocab_size"], out_root, head, notes, PROMPT_SEED)
 
 
 if __name__ == "__main__":

@@ -274,30 +274,40 @@ fn the_default_context_is_what_the_cache_holds() {
     );
 }
 
-/// `bench cache` reports each numerics' bytes per token from the config alone: tiny-a's
-/// official records are 148 bytes per KV vector (48 FP8 + 1 scale + 48 bf16 RoPE dims, padded)
-/// and 36 per indexer key (64 FP4 + 2 scales, padded); 2 CSA layers (m = 4), 1 HCA (m = 8).
-#[test]
-fn bench_cache_reports_bytes_per_token_of_both_numerics() {
+/// `bench cache --budget-mib 16` on the checkpoint in `dir`: its output, and the row of a
+/// numerics (its numbers), if printed.
+fn bench_cache(dir: &Path) -> (String, impl Fn(&str) -> Option<Vec<f64>>) {
     let out = Command::new(support::binary())
-        .args(["bench", "cache", "--model", golden().to_str().unwrap()])
+        .args(["bench", "cache", "--model", dir.to_str().unwrap()])
         .args(["--budget-mib", "16"])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row = |name: &str| -> Vec<f64> {
-        let line = stdout.lines().find(|l| l.starts_with(name)).unwrap();
-        line.split_whitespace()
-            .skip(1)
-            .map(|v| v.parse().unwrap())
-            .collect()
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = stdout.clone();
+    let row = move |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        Some(
+            line.split_whitespace()
+                .skip(1)
+                .map(|v| v.parse().unwrap())
+                .collect(),
+        )
     };
-    let (reference, official) = (row("reference"), row("official"));
+    (stdout, row)
+}
+
+/// `bench cache` reports each numerics' bytes per token from the config alone: tiny-a's
+/// official records are 148 bytes per KV vector (48 FP8 + 1 scale + 48 bf16 RoPE dims, padded)
+/// and 36 per indexer key (64 FP4 + 2 scales, padded); 2 CSA layers (m = 4), 1 HCA (m = 8).
+#[test]
+fn bench_cache_reports_bytes_per_token_of_both_numerics() {
+    let (stdout, row) = bench_cache(&golden());
+    let (reference, official) = (row("reference").unwrap(), row("official").unwrap());
     // CSA 2·96·4 / 4, HCA 96·4 / 8, keys 2·64·4 / 4.
     assert_eq!(reference[1..5], [192.0, 48.0, 128.0, 368.0]);
     assert_eq!(official[1..5], [74.0, 18.5, 18.0, 110.5]);
@@ -311,33 +321,17 @@ fn bench_cache_reports_bytes_per_token_of_both_numerics() {
 fn bench_cache_reports_v41_pools() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/golden/tiny-v41-a/official");
-    let out = Command::new(support::binary())
-        .args(["bench", "cache", "--model", dir.to_str().unwrap()])
-        .args(["--budget-mib", "16"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, row) = bench_cache(&dir);
     let header = stdout.lines().find(|l| l.starts_with("numerics")).unwrap();
     for pool in ["c2_entries", "c1_entries", "c2_keys", "c1_keys"] {
         assert!(header.contains(pool), "{stdout}");
     }
-    let line = stdout.lines().find(|l| l.starts_with("reference")).unwrap();
-    let row: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap())
-        .collect();
     // 64·4 bytes per entry: every other token at ratio 2, every token at ratio 1.
-    assert_eq!(row[1..6], [128.0, 256.0, 128.0, 256.0, 768.0]);
-    assert!(
-        !stdout.lines().any(|l| l.starts_with("official")),
-        "{stdout}"
+    assert_eq!(
+        row("reference").unwrap()[1..6],
+        [128.0, 256.0, 128.0, 256.0, 768.0]
     );
+    assert!(row("official").is_none(), "{stdout}");
 }
 
 /// `bench model` times a DSpark draft block where the checkpoint ships the drafter, and
