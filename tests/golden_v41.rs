@@ -49,20 +49,7 @@ fn layer_streams_match_the_reference() {
 #[test]
 fn chunked_prefill_and_decode_equal_the_whole_forward() {
     for (config, pi) in [("tiny-v41-a", 2), ("tiny-v41-b", 2)] {
-        let g = Golden::load(config);
-        let tokens = long_sequence(&g, pi);
-        let mut r = runner(load(config, "official"), 1, 0);
-        let full = chunked_logits(&mut r, &tokens, tokens.len());
-        for chunk in [1, 2, 3, 7, 16] {
-            let got = chunked_logits(&mut r, &tokens, chunk);
-            for (i, (a, b)) in got.iter().zip(&full).enumerate() {
-                assert!(
-                    same_bits(a, b),
-                    "{config} chunk {chunk}: position {i} differs by {}",
-                    max_abs_diff(a, b)
-                );
-            }
-        }
+        check_chunked_prefill(config, pi, &[1, 2, 3, 7, 16]);
     }
 }
 

@@ -63,20 +63,7 @@ fn cached_greedy_decode_reproduces_hf() {
 #[test]
 fn chunked_prefill_equals_full_forward_at_every_position() {
     for (config, pi) in [("tiny-a", 2), ("tiny-b", 1), ("tiny-c", 3)] {
-        let g = Golden::load(config);
-        let tokens = long_sequence(&g, pi);
-        let mut r = runner(load(config, "official"), 1, 0);
-        let full = chunked_logits(&mut r, &tokens, tokens.len());
-        for chunk in [1, 7, 13, 64] {
-            let got = chunked_logits(&mut r, &tokens, chunk);
-            for (i, (a, b)) in got.iter().zip(&full).enumerate() {
-                assert!(
-                    same_bits(a, b),
-                    "{config} chunk {chunk}: position {i} differs by {}",
-                    max_abs_diff(a, b)
-                );
-            }
-        }
+        let r = check_chunked_prefill(config, pi, &[1, 7, 13, 64]);
         assert_eq!(
             r.cache()
                 .usage()

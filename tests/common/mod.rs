@@ -513,3 +513,24 @@ pub fn check_mixed_batches(config: &str, plans: &[BatchPlan]) {
         }
     }
 }
+
+/// Prefill of `config`'s long sequence `pi` in chunks of each of `chunks` tokens (1 =
+/// decode) gives, bit for bit, the whole forward's logits at every position; returns the
+/// runner for checks on what it left behind.
+pub fn check_chunked_prefill(config: &str, pi: usize, chunks: &[usize]) -> TestRunner {
+    let g = Golden::load(config);
+    let tokens = long_sequence(&g, pi);
+    let mut r = runner(load(config, "official"), 1, 0);
+    let full = chunked_logits(&mut r, &tokens, tokens.len());
+    for &chunk in chunks {
+        let got = chunked_logits(&mut r, &tokens, chunk);
+        for (i, (a, b)) in got.iter().zip(&full).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "{config} chunk {chunk}: position {i} differs by {}",
+                max_abs_diff(a, b)
+            );
+        }
+    }
+    r
+}

@@ -68,6 +68,44 @@ fn mlp_kinds(layers: usize, hash: usize) -> Vec<MlpKind> {
         .collect()
 }
 
+/// `tiny`'s widths (its layers aside), which `tiny-v41` shares.
+fn tiny_widths() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 128,
+        num_attention_heads: 2,
+        head_dim: 128,
+        q_lora_rank: 128,
+        o_groups: 2,
+        o_lora_rank: 64,
+        sliding_window: 16,
+        index_n_heads: 16,
+        // Strictly wider than the rope slice (spec §10.1), unlike a 64-wide indexer head.
+        index_head_dim: 128,
+        index_topk: 4,
+        n_routed_experts: 8,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 64,
+        max_position_embeddings: 65536,
+        ..flash_like()
+    }
+}
+
+/// `bench`'s widths (its layers aside), which `bench-v41` shares: V4-Flash scaled to this
+/// machine.
+fn bench_widths() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 2048,
+        num_attention_heads: 16,
+        q_lora_rank: 512,
+        o_groups: 4,
+        o_lora_rank: 512,
+        index_n_heads: 16,
+        n_routed_experts: 64,
+        moe_intermediate_size: 768,
+        ..flash_like()
+    }
+}
+
 /// V4-Flash's settings; presets change only the shape.
 fn flash_like() -> ModelConfig {
     let ratios: Vec<usize> = [0, 0]
@@ -228,26 +266,11 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         "tiny" => {
             let ratios = [0, 4, 8, 4];
             ModelConfig {
-                hidden_size: 128,
                 num_hidden_layers: ratios.len(),
-                num_attention_heads: 2,
-                head_dim: 128,
-                q_lora_rank: 128,
-                o_groups: 2,
-                o_lora_rank: 64,
-                sliding_window: 16,
                 layer_types: kinds(&ratios),
                 compress_rate_hca: 8,
                 mlp_layer_types: mlp_kinds(ratios.len(), 2),
-                index_n_heads: 16,
-                // Strictly wider than the rope slice (spec §10.1), unlike a 64-wide indexer head.
-                index_head_dim: 128,
-                index_topk: 4,
-                n_routed_experts: 8,
-                num_experts_per_tok: 2,
-                moe_intermediate_size: 64,
-                max_position_embeddings: 65536,
-                ..flash_like()
+                ..tiny_widths()
             }
         }
         "bench" | "bench-bf16" | "big" => {
@@ -258,38 +281,17 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
                 .chain((2..layers).map(|l| if l % 2 == 0 { 4 } else { 128 }))
                 .collect();
             ModelConfig {
-                hidden_size: 2048,
                 num_hidden_layers: ratios.len(),
-                num_attention_heads: 16,
-                q_lora_rank: 512,
-                o_groups: 4,
-                o_lora_rank: 512,
                 layer_types: kinds(&ratios),
                 mlp_layer_types: mlp_kinds(ratios.len(), 3),
-                index_n_heads: 16,
                 n_routed_experts: if name == "big" { 256 } else { 64 },
-                moe_intermediate_size: 768,
-                ..flash_like()
+                ..bench_widths()
             }
         }
         "tiny-v41" => {
             let base = ModelConfig {
-                hidden_size: 128,
-                num_attention_heads: 2,
-                head_dim: 128,
-                q_lora_rank: 128,
-                o_groups: 2,
-                o_lora_rank: 64,
-                sliding_window: 16,
-                index_n_heads: 16,
-                index_head_dim: 128,
-                index_topk: 4,
-                n_routed_experts: 8,
-                num_experts_per_tok: 2,
-                moe_intermediate_size: 64,
                 hc_mult: 2,
-                max_position_embeddings: 65536,
-                ..flash_like()
+                ..tiny_widths()
             };
             let cand = Candidates {
                 source_layer: 3,
@@ -307,17 +309,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
             )
         }
         "bench-v41" => {
-            let base = ModelConfig {
-                hidden_size: 2048,
-                num_attention_heads: 16,
-                q_lora_rank: 512,
-                o_groups: 4,
-                o_lora_rank: 512,
-                index_n_heads: 16,
-                n_routed_experts: 64,
-                moe_intermediate_size: 768,
-                ..flash_like()
-            };
+            let base = bench_widths();
             let cand = Candidates {
                 source_layer: 6,
                 topk_blocks: 256,
