@@ -193,22 +193,28 @@ impl Policy {
     /// The cost of one draft token in a step of `b` sequences, and the plain step time;
     /// `None` until a plain step of about that size has been timed.
     fn costs(&self, b: usize) -> Option<(f64, f64)> {
-        let b = b.clamp(1, self.plain.len() - 1);
-        let plain = nearest(&self.plain, b)?;
-        // Until measured: verifying a token costs half a plain token, drafting a third.
-        let per_token = plain / b as f64;
-        let extra = nearest(&self.extra, b).unwrap_or(0.5 * per_token);
-        let draft = self.draft.get().unwrap_or(0.3 * per_token);
+        let (extra, plain) = self.verify_costs(b)?;
+        // Until measured: drafting a token costs a third of a plain token.
+        let draft = self
+            .draft
+            .get()
+            .unwrap_or(0.3 * (plain / self.clamp(b) as f64));
         Some((extra + draft, plain))
     }
 
     /// The extra target time of one verified draft token in a step of `b` sequences, and
     /// the plain step time; `None` until a plain step of about that size has been timed.
     pub fn verify_costs(&self, b: usize) -> Option<(f64, f64)> {
-        let b = b.clamp(1, self.plain.len() - 1);
+        let b = self.clamp(b);
         let plain = nearest(&self.plain, b)?;
-        let extra = nearest(&self.extra, b).unwrap_or(0.5 * plain / b as f64);
+        // Until measured: verifying a token costs half a plain token.
+        let extra = nearest(&self.extra, b).unwrap_or(0.5 * (plain / b as f64));
         Some((extra, plain))
+    }
+
+    /// `b` within the step sizes timed.
+    fn clamp(&self, b: usize) -> usize {
+        b.clamp(1, self.plain.len() - 1)
     }
 
     /// Decides every participating sequence's drafts for the next step
