@@ -1,21 +1,27 @@
 //! The engine's knobs, shared by every subcommand that runs one.
 
-use crate::load_args::LoadArgs;
-use anyhow::Result;
+use crate::load_args::{available, LoadArgs};
+use crate::memory::{Asked, Split, WeightNeeds, MOST_SEQS, UNKNOWN_CACHE};
+use crate::ranks;
+use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig};
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
+use deepinfer_model::checkpoint::Checkpoint;
 use deepinfer_model::config::ModelConfig;
+use deepinfer_model::experts::StoredBytes;
 use deepinfer_model::v4::Model;
 use std::path::Path;
+use std::sync::OnceLock;
 
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Most sequences in flight at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
+    /// Most sequences in flight at once (default: as many as half the cache pools hold in
+    /// state, at most 64).
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
     /// Most tokens in one forward step (prefill chunks, decode and draft tokens together).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
@@ -26,9 +32,10 @@ pub struct EngineArgs {
     /// at most the model's max_position_embeddings.
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Memory for the cache pools, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub cache_budget_mib: usize,
+    /// Memory for the cache pools, in MiB (default: what the weights leave of the memory
+    /// this process may use, at least 256 MiB and at most a quarter of it).
+    #[arg(long)]
+    pub cache_budget_mib: Option<usize>,
     /// Speculative decoding, as vLLM spells it: a JSON object such as
     /// '{"method": "mtp", "num_speculative_tokens": 3}' (drafts from the checkpoint's MTP
     /// block; "adaptive": false keeps drafting where it does not pay).
@@ -50,12 +57,55 @@ pub struct EngineArgs {
     pub no_enable_prefix_caching: bool,
     #[command(flatten)]
     pub load: LoadArgs,
+    /// The memory split [`Self::load_model`] chose.
+    #[arg(skip)]
+    split: OnceLock<Split>,
 }
 
 impl EngineArgs {
-    /// Loads the model in `dir`, its memory plan leaving room for the cache pools.
+    /// Loads the model in `dir`, the memory it may use split between its weights and the
+    /// cache pools ([`crate::memory`]; one stderr line says how).
     pub fn load_model(&self, dir: &Path, progress: impl FnMut(usize, usize)) -> Result<Model> {
-        self.load.load(dir, self.cache_budget_mib << 20, progress)
+        let split = self
+            .memory_split(dir)
+            .with_context(|| format!("loading {}", dir.display()))?;
+        eprintln!("{}", split.line);
+        let budget = split.weights;
+        let _ = self.split.set(split);
+        self.load.load(dir, budget, progress)
+    }
+
+    /// The split for the checkpoint in `dir`, read from its config and tensor index.
+    fn memory_split(&self, dir: &Path) -> Result<Split> {
+        let model = ModelConfig::from_file(&dir.join("config.json"))?;
+        let bytes = StoredBytes::of(&Checkpoint::open(dir)?);
+        // The ranks of a job share the weights (roughly evenly: the model's own plan, per
+        // rank, is what holds them to their budget).
+        let ranks = ranks::world().map_or(1, |w| w.size()) as u64;
+        let weights = WeightNeeds {
+            all: (bytes.dense + bytes.experts) / ranks,
+            least: (bytes.dense + bytes.least_expert_cache(&model)) / ranks,
+        };
+        let asked = Asked {
+            memory_budget: self.load.memory_budget_mib.map(|m| m << 20),
+            cache: self.cache_budget_mib.map(|m| m << 20),
+            max_num_seqs: self.max_num_seqs,
+        };
+        let config = self.engine_config(&model, "", 0, 1)?;
+        let sizes = engine::cache_sizes(&model, &config)?;
+        crate::memory::split(available(), weights, sizes, &asked)
+    }
+
+    /// The cache pools' bytes and the most sequences: the split's, else the flags' or the
+    /// defaults where no model was loaded through [`Self::load_model`].
+    fn cache_and_seqs(&self) -> (usize, usize) {
+        match self.split.get() {
+            Some(s) => (s.cache, s.max_num_seqs),
+            None => (
+                self.cache_budget_mib.map_or(UNKNOWN_CACHE, |m| m << 20),
+                self.max_num_seqs.unwrap_or(MOST_SEQS),
+            ),
+        }
     }
 
     pub fn config(&self, model: &ModelConfig, model_name: &str) -> Result<EngineConfig> {
@@ -71,6 +121,22 @@ impl EngineArgs {
 
     /// [`Self::config`], also taking the replay drafter (which needs a plain run first).
     pub fn bench_config(&self, model: &ModelConfig, model_name: &str) -> Result<EngineConfig> {
+        let (cache, seqs) = self.cache_and_seqs();
+        let mut config = self.engine_config(model, model_name, cache, seqs)?;
+        if self.max_model_len.is_none() {
+            config.scheduler.max_model_len = self.default_max_model_len(model, &config)?;
+        }
+        Ok(config)
+    }
+
+    /// The engine's configuration with `cache` bytes of pools for at most `seqs` sequences.
+    fn engine_config(
+        &self,
+        model: &ModelConfig,
+        model_name: &str,
+        cache: usize,
+        seqs: usize,
+    ) -> Result<EngineConfig> {
         let speculative = match (&self.speculative_config, self.num_speculative_tokens) {
             (Some(json), k) => Some(SpeculativeConfig::from_json(json, k)?),
             (None, Some(k)) => Some(SpeculativeConfig::from_json(
@@ -79,17 +145,17 @@ impl EngineArgs {
             )?),
             (None, None) => None,
         };
-        let mut config = EngineConfig {
+        Ok(EngineConfig {
             model_name: model_name.into(),
             scheduler: SchedulerConfig {
-                max_num_seqs: self.max_num_seqs,
+                max_num_seqs: seqs,
                 max_num_batched_tokens: self.max_num_batched_tokens,
                 prefill_chunk: self.prefill_chunk,
                 max_model_len: self.max_model_len.unwrap_or(model.max_position_embeddings),
             },
             cache: CacheConfig {
-                budget: CacheBudget::Bytes(self.cache_budget_mib << 20),
-                max_seqs: self.max_num_seqs,
+                budget: CacheBudget::Bytes(cache),
+                max_seqs: seqs,
                 rollback_slack: 0,
                 block_tokens: self
                     .block_size
@@ -99,11 +165,7 @@ impl EngineArgs {
             },
             forced_output: None,
             speculative,
-        };
-        if self.max_model_len.is_none() {
-            config.scheduler.max_model_len = self.default_max_model_len(model, &config)?;
-        }
-        Ok(config)
+        })
     }
 
     /// Without `--max-model-len`: the model's context, or less if the cache budget holds
@@ -113,9 +175,9 @@ impl EngineArgs {
         let max_pos = model.max_position_embeddings;
         if fits < max_pos {
             eprintln!(
-                "max_model_len {fits}: the longest context the cache holds \
-                 (--cache-budget-mib {}; the model allows {max_pos})",
-                self.cache_budget_mib
+                "max_model_len {fits}: the longest context the cache pools' {} MiB hold (the \
+                 model allows {max_pos}; --cache-budget-mib gives them more)",
+                config.cache.budget.resolve()? >> 20
             );
             Ok(fits)
         } else {

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Checkpoint directory (config.json + safetensors, official or HF names).
+    /// Checkpoint directory (config.json + safetensors, official or HF names) or a Hugging
+    /// Face repo id (org/name).
     #[arg(long)]
     model: PathBuf,
     /// A prompt as comma-separated token ids; repeat for several prompts.
@@ -99,13 +100,14 @@ pub fn random_prompts(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let model = args.engine.load_model(&args.model, |_, _| {})?;
+    let dir = args.engine.load.resolve(&args.model)?;
+    let model = args.engine.load_model(&dir, |_, _| {})?;
     let vocab = model.config.vocab_size;
     let mut prompts = args.prompt_ids.clone();
     let tokenizer = if args.prompts.is_empty() {
         None
     } else {
-        Some(Tokenizer::from_dir(&args.model)?)
+        Some(Tokenizer::from_dir(&dir)?)
     };
     if let Some(tok) = &tokenizer {
         for text in &args.prompts {

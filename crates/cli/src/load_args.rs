@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct LoadArgs {
+    /// With a Hugging Face repo id as --model: the branch, tag or commit to load (default
+    /// main).
+    #[arg(long)]
+    pub revision: Option<String>,
     /// Memory the weights may take, in MiB (default: what the machine has available now,
     /// less the cache pools and a margin). A model larger than that keeps its dense weights
     /// resident and streams its routed experts from disk through a cache of the rest.
@@ -41,6 +45,12 @@ pub struct LoadArgs {
     pub numerics: Numerics,
 }
 
+/// Memory this process may take: what is available to it (the machine's, or its memory
+/// cgroup's room), shared by the processes a launcher started on this machine.
+pub fn available() -> Option<usize> {
+    available_memory().map(|a| a / deepinfer_engine::dist::local_size())
+}
+
 /// A memory figure of this process from `/proc/self/status` (`VmHWM`, `RssAnon`, …), in MiB.
 pub fn process_status_mib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -50,25 +60,27 @@ pub fn process_status_mib(field: &str) -> Option<u64> {
     Some(line.split_whitespace().next()?.parse::<u64>().ok()? / 1024)
 }
 
-/// Left for what the process needs besides weights and cache pools (scratch, tokenizer,
-/// the page cache of the dense part while it loads): 512 MiB and 5 % of what is available.
-fn margin(available: usize) -> usize {
-    (512 << 20) + available / 20
-}
-
 impl LoadArgs {
-    /// The plan's inputs; `cache_pools` bytes are set aside for the cache pools.
-    pub fn memory_plan(&self, cache_pools: usize) -> MemoryPlan {
-        // Processes started on one machine share its memory.
-        let local = deepinfer_engine::dist::local_size();
-        let budget = match self.memory_budget_mib {
+    /// The checkpoint directory `--model` names: a directory, or a Hugging Face repo id
+    /// found in (or downloaded into) the local hub cache ([`crate::hub`]).
+    pub fn resolve(&self, model: &Path) -> Result<std::path::PathBuf> {
+        crate::hub::resolve(model, self.revision.as_deref())
+    }
+
+    /// The weights' budget beside `cache_pools` bytes of cache: `--memory-budget-mib`, or
+    /// what this process may use ([`available`]) less the pools and the margin.
+    pub fn budget_beside(&self, cache_pools: usize) -> Option<usize> {
+        match self.memory_budget_mib {
             Some(mib) => Some(mib << 20),
-            None => available_memory().map(|a| {
-                (a / local)
-                    .saturating_sub(cache_pools)
-                    .saturating_sub(margin(a / local))
+            None => available().map(|a| {
+                a.saturating_sub(cache_pools)
+                    .saturating_sub(crate::memory::margin(a))
             }),
-        };
+        }
+    }
+
+    /// The plan's inputs for a weights' budget of `budget` bytes.
+    fn memory_plan(&self, budget: Option<usize>) -> MemoryPlan {
         MemoryPlan {
             budget,
             expert_cache: self.expert_cache_mib.map(|mib| mib << 20),
@@ -82,10 +94,10 @@ impl LoadArgs {
     pub fn load(
         &self,
         dir: &Path,
-        cache_pools: usize,
+        budget: Option<usize>,
         progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
-        let plan = self.memory_plan(cache_pools);
+        let plan = self.memory_plan(budget);
         let Some(placement) = self.placement()? else {
             let mut model = Model::load_with(dir, &plan, progress)
                 .with_context(|| format!("loading {}", dir.display()))?;

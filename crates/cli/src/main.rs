@@ -3,7 +3,9 @@
 mod bench;
 mod engine_args;
 mod generate;
+mod hub;
 mod load_args;
+mod memory;
 mod ranks;
 mod serve;
 mod synth;
@@ -44,7 +46,7 @@ fn main() -> std::process::ExitCode {
     let world = match ranks::join() {
         Ok(world) => world,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -60,10 +62,66 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         // The other ranks may be waiting for this one: end them all.
-        (Err(e), Some(world)) => world.abort(&format!("error: {e:#}")),
+        (Err(e), Some(world)) => world.abort(&format!("error: {}", report(&e))),
         (Err(e), None) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// `e` and its causes joined by ": ", each said once: a cause whose text its outer error
+/// already ends with (an error that shows its source in its own message) is not repeated.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if !out.ends_with(&cause) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&cause);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+    use std::fmt;
+
+    /// An error that shows its source in its own message.
+    #[derive(Debug)]
+    struct Shows(Inner);
+
+    #[derive(Debug)]
+    struct Inner;
+
+    impl fmt::Display for Shows {
+        fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "outer: {}", self.0)
+        }
+    }
+
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("inner: the flag --x is 3")
+        }
+    }
+
+    impl std::error::Error for Inner {}
+
+    impl std::error::Error for Shows {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = anyhow::Error::new(Shows(Inner)).context("loading /m");
+        assert_eq!(report(&e), "loading /m: outer: inner: the flag --x is 3");
+        let e = anyhow::Error::new(Inner).context("loading /m");
+        assert_eq!(report(&e), "loading /m: inner: the flag --x is 3");
     }
 }

@@ -22,7 +22,8 @@ const DEFAULT_MODEL_NAME: &str = "deepinfer-tiny";
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Checkpoint directory (safetensors + config.json + tokenizer.json). Default: a small
+    /// Checkpoint directory (safetensors + config.json + tokenizer.json) or a Hugging Face
+    /// repo id (org/name: from the local hub cache, else downloaded into it). Default: a small
     /// synthetic model with the real tokenizer, built on first use in the cache directory.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -145,7 +146,7 @@ fn load_model(dir: &Path, engine: &EngineArgs) -> Result<Model> {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let (dir, default_name) = match &args.model {
-        Some(d) => (d.clone(), d.display().to_string()),
+        Some(d) => (args.engine.load.resolve(d)?, d.display().to_string()),
         None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),
     };
     let name = args.served_model_name.clone().unwrap_or(default_name);

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deepinfer_model::synth::{preset, write_checkpoint};
+use deepinfer_model::synth::{preset, write_checkpoint, PRESETS};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args, Debug)]
@@ -15,10 +15,11 @@ pub struct SynthArgs {
     /// Model shape: `tiny` (every layer kind at toy width, seconds to write), `bench`
     /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block),
     /// `bench-bf16` (`bench` with BF16 dense weights, for llama.cpp), `big` (bench's width
-    /// with 256 experts over 16 layers, about 12.5 GB: for streaming experts from disk) or
+    /// with 256 experts over 16 layers, about 12.5 GB: for streaming experts from disk),
     /// `flash-slice` (V4-Flash's exact per-layer shapes over 6 layers of 16 experts, about
-    /// 4.7 GB).
-    #[arg(long)]
+    /// 4.7 GB), `tiny-v41` (DeepSeek-V4.1 at toy width) or `bench-v41` (V4.1-Flash's
+    /// proportions at bench's width, with its DSpark drafter).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESETS))]
     preset: String,
     /// Output directory, created if missing.
     #[arg(long)]

@@ -6,6 +6,7 @@ mod support;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+#[cfg(feature = "mpi")]
 use support::mpirun;
 
 fn golden(config: &str) -> PathBuf {
@@ -42,6 +43,7 @@ fn check_golden(config: &str, layout: &str, name: &str, extra: &[&str]) {
 
 /// `deepinfer generate` as `launch` starts it (directly, or under `mpirun`) reproduces the
 /// golden tokens of `config`'s first two prompts.
+#[cfg(feature = "mpi")]
 fn check_launched(launch: Command, config: &str, layout: &str, extra: &[&str]) {
     check_launched_against(launch, config, layout, "golden", extra);
 }
@@ -189,6 +191,7 @@ fn streamed_experts_reproduce_golden_greedy_tokens() {
     );
 }
 
+#[cfg(feature = "mpi")]
 #[test]
 fn split_runs_reproduce_golden_greedy_tokens() {
     // Tensor parallel with the experts split whole, then the experts alone, then tensor
@@ -232,6 +235,7 @@ fn split_runs_reproduce_golden_greedy_tokens() {
     );
 }
 
+#[cfg(feature = "mpi")]
 #[test]
 fn split_run_failures_end_every_rank() {
     let model = golden("tiny-a").join("official");
@@ -498,4 +502,25 @@ fn text_prompts_use_the_checkpoint_tokenizer() {
         &["generate", "--model", g.to_str().unwrap(), "--prompt", "hi"],
         "tokenizer.json",
     );
+}
+
+/// The default build carries no MPI: started by a launcher, it says which build would join
+/// the job instead of running as one of N unaware single processes.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn launched_without_mpi_support_says_how_to_build_it() {
+    let model = golden("tiny-a").join("official");
+    let out = Command::new(support::binary())
+        .args(["generate", "--model", model.to_str().unwrap()])
+        .args(["--prompt-ids", "1,2"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("one of 2 processes") && err.contains("--features mpi"),
+        "{err}"
+    );
+    assert_eq!(err.matches("--features mpi").count(), 1, "said once: {err}");
 }

@@ -77,3 +77,26 @@ fn unknown_preset_lists_the_known_ones() {
     );
     assert!(!tmp.path().join("x").exists(), "nothing written");
 }
+
+#[test]
+fn help_lists_and_describes_every_preset() {
+    let o = deepinfer(&["synth", "--help"]);
+    assert!(o.status.success());
+    let help = String::from_utf8_lossy(&o.stdout);
+    for name in deepinfer_model::synth::PRESETS {
+        // Described in the flag's text (`name`) and listed among its values.
+        assert!(
+            help.contains(&format!("`{name}`")),
+            "{name} undescribed:\n{help}"
+        );
+        let values = help
+            .split("[possible values: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no value list:\n{help}"));
+        let values = &values[..values.find(']').unwrap()];
+        assert!(
+            values.split(", ").any(|v| v == *name),
+            "{name} not listed:\n{help}"
+        );
+    }
+}

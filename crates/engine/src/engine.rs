@@ -2,7 +2,7 @@
 //! model runner, cache pools, sampler); callers talk to it through channels only, so the hot
 //! path takes no locks.
 
-use crate::cache::{CacheConfig, CacheError, CacheManager};
+use crate::cache::{CacheConfig, CacheError, CacheManager, CacheSizes};
 use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
     FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenIds, TokenLogprobs,
@@ -436,6 +436,13 @@ pub fn max_model_len_that_fits(
 ) -> Result<usize, EngineError> {
     let cache = cache_config(model, config, speculator(config).as_ref());
     Ok(CacheManager::max_tokens_for(model, cache)?)
+}
+
+/// What the cache of an engine with `config` costs whatever its budget (one sequence's
+/// state, the pools' least), so a caller can size the budget and `max_num_seqs` first.
+pub fn cache_sizes(model: &ModelConfig, config: &EngineConfig) -> Result<CacheSizes, EngineError> {
+    let cache = cache_config(model, config, speculator(config).as_ref());
+    Ok(CacheManager::sizes_for(model, cache)?)
 }
 
 impl EngineCore {

@@ -235,6 +235,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let Some(dir) = &args.model else {
         anyhow::bail!("--model is required (or run `deepinfer bench roofline`)");
     };
+    let dir = &args.engine.load.resolve(dir)?;
     let mut model = args.engine.load_model(dir, |_, _| {})?;
     if args.workload == Workload::MultiTurn {
         let config = args.engine.bench_config(&model.config, "deepinfer")?;

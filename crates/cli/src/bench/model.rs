@@ -410,16 +410,17 @@ pub fn run(args: ModelArgs) -> Result<()> {
 
 fn bench(args: ModelArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
-    let pools = args.cache_budget_mib << 20;
+    let budget = args.load.budget_beside(args.cache_budget_mib << 20);
+    let dir = args.load.resolve(&args.model)?;
     if ranks::world().is_some_and(|w| w.rank() != 0) {
         // The other ranks serve their part inside `load` and end there; they must not
         // probe the roofs while rank 0 does.
-        args.load.load(&args.model, pools, |_, _| {})?;
+        args.load.load(&dir, budget, |_, _| {})?;
     }
     // Before the weights: the bandwidth probe's buffer is not then counted on top of them.
     let r0 = roofs(threads);
     let t = Instant::now();
-    let mut model = args.load.load(&args.model, pools, |_, _| {})?;
+    let mut model = args.load.load(&dir, budget, |_, _| {})?;
     eprintln!(
         "loaded {} in {:.1} s",
         args.model.display(),
@@ -429,7 +430,7 @@ fn bench(args: ModelArgs) -> Result<()> {
     let vocab = model.config.vocab_size;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let cache = CacheConfig {
-        budget: CacheBudget::Bytes(pools),
+        budget: CacheBudget::Bytes(args.cache_budget_mib << 20),
         max_seqs: max_batch.max(1),
         // Every timed step is rolled back.
         rollback_slack: args.tokens_per_seq.iter().copied().max().unwrap_or(1),

@@ -79,13 +79,8 @@ pub(super) fn split(
     snapshots: bool,
 ) -> Result<Split, CacheError> {
     let slot_bytes = layout.slot_bytes();
-    let snap_bytes = if snapshots {
-        layout.snapshot.bytes().max(1)
-    } else {
-        0
-    };
-    let min_pool_bytes: usize =
-        layout.pools.iter().map(|p| p.block_bytes()).sum::<usize>() + snap_bytes;
+    let snap_bytes = snapshot_bytes(layout, snapshots);
+    let min_pool_bytes = min_pool_bytes(layout, snapshots);
     let too_small = || CacheError::BudgetTooSmall {
         budget,
         max_seqs,
@@ -123,6 +118,20 @@ pub(super) fn split(
         blocks,
         snapshots: records,
     })
+}
+
+/// One snapshot record's bytes when `snapshots` are kept (0 otherwise).
+fn snapshot_bytes(layout: &CacheLayout, snapshots: bool) -> usize {
+    match snapshots {
+        true => layout.snapshot.bytes().max(1),
+        false => 0,
+    }
+}
+
+/// The least the paged pools need beside the state slots: one block of each, and one
+/// snapshot record when `snapshots` are kept.
+pub(super) fn min_pool_bytes(layout: &CacheLayout, snapshots: bool) -> usize {
+    layout.pools.iter().map(|p| p.block_bytes()).sum::<usize>() + snapshot_bytes(layout, snapshots)
 }
 
 pub(super) fn lcm(a: u128, b: u128) -> u128 {
@@ -228,9 +237,22 @@ mod tests {
                 min_pool_bytes: 6144 + 1536 + 4096,
             }
         );
-        let msg = e.to_string();
-        for n in [2 * slot, slot, 11_776] {
-            assert!(msg.contains(&n.to_string()), "{msg}");
-        }
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "a cache budget of {} is too small: 2 sequences' state slots of {} each take {}, \
+                 and one block of each paged pool 0.1 MiB more",
+                super::super::error::mib(2 * slot),
+                super::super::error::mib(slot),
+                super::super::error::mib(2 * slot),
+            )
+        );
+        let mib = super::super::error::mib;
+        assert_eq!(mib(0), "0 MiB");
+        assert_eq!(mib(1 << 20), "1 MiB");
+        assert_eq!(mib((1 << 20) + 1), "1.1 MiB");
+        assert_eq!(mib(11_776), "0.1 MiB");
+        assert_eq!(mib(1529 << 20), "1529 MiB");
+        assert_eq!(mib((15 << 20) + (1 << 19)), "16 MiB");
     }
 }

@@ -4,6 +4,16 @@
 
 use super::SeqId;
 
+/// `bytes` in MiB, to one decimal place where that matters (rounded up, so a size quoted
+/// as what is needed is enough).
+pub fn mib(bytes: usize) -> String {
+    let tenths = (bytes as u128 * 10).div_ceil(1 << 20);
+    match tenths {
+        t if t >= 100 || t % 10 == 0 => format!("{} MiB", t.div_ceil(10)),
+        t => format!("{}.{} MiB", t / 10, t % 10),
+    }
+}
+
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum CacheError {
     #[error("cache config: {field} = {value} is invalid: {reason}")]
@@ -15,8 +25,9 @@ pub enum CacheError {
     #[error("cannot size the cache from free memory: {0}")]
     MemInfo(String),
     #[error(
-        "cache budget of {budget} bytes is too small: {max_seqs} state slots of {slot_bytes} bytes \
-         need {slots_bytes} bytes, plus {min_pool_bytes} bytes for one block of each paged pool"
+        "a cache budget of {} is too small: {max_seqs} sequences' state slots of {} each take \
+         {}, and one block of each paged pool {} more",
+        mib(*budget), mib(*slot_bytes), mib(*slots_bytes), mib(*min_pool_bytes)
     )]
     BudgetTooSmall {
         budget: usize,

@@ -6,7 +6,7 @@ use std::fmt;
 use deepinfer_model::config::ModelConfig;
 
 use super::block_pool::{BlockPool, BlockTable};
-use super::budget::{split, CacheBudget};
+use super::budget::{min_pool_bytes, split, CacheBudget};
 use super::layout::CacheLayout;
 use super::prefix::PrefixCache;
 use super::view::{BatchView, Capture};
@@ -102,6 +102,15 @@ pub struct CacheManager {
     slot_captures: Vec<Vec<(usize, usize)>>,
     prefix: Option<PrefixCache>,
     next_id: u64,
+}
+
+/// What a cache costs whatever its budget ([`CacheManager::sizes_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheSizes {
+    /// One sequence's state slot (window rings, compressor rows).
+    pub slot_bytes: usize,
+    /// One block of each paged pool, and one snapshot record with prefix caching.
+    pub min_pool_bytes: usize,
 }
 
 /// The longest sequence pools of `blocks` blocks each hold (the shortest-lived pool decides;
@@ -364,6 +373,21 @@ impl CacheManager {
             cache.prefix_caching,
         )?;
         Ok(tokens_held(&layout, split.blocks.into_iter()))
+    }
+
+    /// The fixed costs of a manager built from `cache`: what one sequence's state slot
+    /// takes, and the least the paged pools (and the snapshot store) need beside the slots.
+    pub fn sizes_for(cfg: &ModelConfig, cache: CacheConfig) -> Result<CacheSizes, CacheError> {
+        let layout = CacheLayout::new(
+            cfg,
+            cache.rollback_slack,
+            cache.block_tokens,
+            cache.draft_layers,
+        )?;
+        Ok(CacheSizes {
+            slot_bytes: layout.slot_bytes(),
+            min_pool_bytes: min_pool_bytes(&layout, cache.prefix_caching),
+        })
     }
 
     /// Occupancy: `"state_slots"` first, then the paged pools in layout order.
@@ -662,8 +686,13 @@ mod tests {
         let e = CacheManager::new(&tiny_config(), cfg).unwrap_err();
         let msg = e.to_string();
         let sb = slot_bytes();
-        for n in [1000, 4, sb, 4 * sb] {
-            assert!(msg.contains(&n.to_string()), "{msg} lacks {n}");
+        let mib = super::super::mib;
+        assert!(
+            msg.starts_with("a cache budget of 0.1 MiB is too small: 4 sequences'"),
+            "{msg}"
+        );
+        for n in [mib(sb), mib(4 * sb)] {
+            assert!(msg.contains(&n), "{msg} lacks {n}");
         }
         assert!(matches!(e, CacheError::BudgetTooSmall { budget: 1000, .. }));
         let zero = CacheConfig { max_seqs: 0, ..cfg };

@@ -48,9 +48,9 @@ mod view;
 pub use allocator::{is_exhausted, BlockAllocator};
 pub use block_pool::BlockTable;
 pub use budget::CacheBudget;
-pub use error::CacheError;
+pub use error::{mib, CacheError};
 pub use layout::{default_block_tokens, CacheLayout};
-pub use manager::{CacheConfig, CacheManager, PoolUsage, SeqId};
+pub use manager::{CacheConfig, CacheManager, CacheSizes, PoolUsage, SeqId};
 pub use prefix::PrefixUsage;
 pub use view::BatchView;
 

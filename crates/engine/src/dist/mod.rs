@@ -1,7 +1,8 @@
 //! Several processes (ranks) running one model, started by `mpirun`: rank 0 runs the
 //! server, the engine and the sampler; the others serve their share of the model
 //! ([`deepinfer_model::parallel`]). The transport is MPI, through the `mpi` crate, when the
-//! binary is built with the `mpi` feature.
+//! binary is built with the `mpi` feature (off by default: it needs a system MPI library and
+//! libclang to build, which a single-process user should not have to install).
 //!
 //! A process not started by a launcher never touches MPI: it runs as a single process.
 
@@ -14,8 +15,10 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
     #[error(
-        "started as one of {0} processes, but this binary was built without MPI: rebuild with \
-         the `mpi` feature (it needs libopenmpi-dev or libmpich-dev, and libclang)"
+        "started as one of {0} processes (by mpirun or another launcher), but this binary was \
+         built without MPI support: build it with `cargo build --release -p deepinfer-cli \
+         --features mpi` (that needs an MPI library and libclang, e.g. `apt-get install \
+         openmpi-bin libopenmpi-dev libclang-dev`), or run it as a single process"
     )]
     NoMpi(usize),
     #[error("MPI: {0}")]

@@ -25,7 +25,7 @@ use deepinfer_kernels::buffer::Slab;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, MatrixSource};
 use crate::weights::ExpertWeights;
-pub use plan::{available_memory, ExpertPlan, MemoryPlan, StoredBytes};
+pub use plan::{available_memory, BudgetTooSmall, ExpertPlan, MemoryPlan, StoredBytes};
 pub use reader::file_read_bandwidth;
 use reader::{read_rate, Bounce, Reader};
 use slots::{Claim, Slots};

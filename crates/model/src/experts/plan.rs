@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::parallel::share;
 
@@ -118,13 +118,36 @@ fn is_routed_expert(stored: &str) -> bool {
     official || hf
 }
 
+/// The weights do not fit the memory budget even with their experts streamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the weights need at least {} MiB (the dense part {} MiB, the smallest expert cache {} \
+     MiB), but their memory budget is {} MiB",
+    (self.dense + self.least_cache) >> 20, self.dense >> 20, self.least_cache.div_ceil(1 << 20),
+    self.budget >> 20
+)]
+pub struct BudgetTooSmall {
+    pub budget: u64,
+    pub dense: u64,
+    pub least_cache: u64,
+}
+
+impl StoredBytes {
+    /// The smallest expert cache the store runs with: 2 × num_experts_per_tok experts (one
+    /// token's pass of a layer, and the next one's reads), or every expert if that is less.
+    pub fn least_expert_cache(&self, c: &ModelConfig) -> u64 {
+        let per_expert = self.experts / (c.num_hidden_layers * c.n_routed_experts).max(1) as u64;
+        (2 * c.num_experts_per_tok as u64 * per_expert).min(self.experts)
+    }
+}
+
 impl MemoryPlan {
     /// The plan for a checkpoint of `bytes`, and the sentence that says why.
     pub fn choose(
         &self,
         bytes: StoredBytes,
         c: &ModelConfig,
-    ) -> Result<(ExpertPlan, String), CheckpointError> {
+    ) -> Result<(ExpertPlan, String), BudgetTooSmall> {
         let mib = |b: u64| b >> 20;
         if let Some(cache) = self.expert_cache {
             return Ok((
@@ -151,21 +174,13 @@ impl MemoryPlan {
                 ),
             ));
         }
-        // The smallest cache the store runs with: 2 × num_experts_per_tok experts (one
-        // token's pass of a layer, and the next one's reads).
-        let per_expert = bytes.experts / (c.num_hidden_layers * c.n_routed_experts).max(1) as u64;
-        let least = 2 * c.num_experts_per_tok as u64 * per_expert;
+        let least_cache = bytes.least_expert_cache(c);
         let left = budget.saturating_sub(bytes.dense);
-        if left < least {
-            return Err(CheckpointError::InvalidValue {
-                name: "--memory-budget-mib".into(),
-                reason: format!(
-                    "the dense weights alone take {} MiB and the expert cache needs at least {} \
-                     MiB; the budget is {} MiB",
-                    mib(bytes.dense),
-                    mib(least),
-                    mib(budget)
-                ),
+        if left < least_cache {
+            return Err(BudgetTooSmall {
+                budget,
+                dense: bytes.dense,
+                least_cache,
             });
         }
         Ok((
@@ -334,7 +349,11 @@ mod tests {
         );
         // 4 experts' worth is the least; 3 MiB left is not enough.
         let err = plan(Some(13 << 20), None).unwrap_err().to_string();
-        assert!(err.contains("dense weights alone take 10 MiB"), "{err}");
+        assert_eq!(
+            err,
+            "the weights need at least 14 MiB (the dense part 10 MiB, the smallest expert cache \
+             4 MiB), but their memory budget is 13 MiB"
+        );
         assert!(plan(Some(14 << 20), None).is_ok());
     }
 

@@ -16,7 +16,7 @@ use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::engram::{CompressedTokenMap, EngramError, EngramLayout};
-use crate::experts::{ExpertError, MemoryPlan, StoredBytes};
+use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
@@ -28,14 +28,18 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("config: {0}")]
+    // The inner errors already say what they are about (a config field, a tensor, a file):
+    // each is shown as it is, once (a prefix here would repeat it in an error chain).
+    #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("checkpoint: {0}")]
+    #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error("streamed experts: {0}")]
     Experts(#[from] ExpertError),
-    #[error("engram: {0}")]
+    #[error(transparent)]
     Engram(#[from] EngramError),
+    #[error(transparent)]
+    Memory(#[from] BudgetTooSmall),
     #[error("{0}")]
     Unsupported(&'static str),
     #[error("{numerics} numerics: {reason}")]
