@@ -1,5 +1,6 @@
 //! Golden tests: our forward pass against HF transformers 5.23 run in float32 on the same
-//! tiny checkpoints (tools/make_golden.py), loaded from DeepSeek's layout and from HF's.
+//! tiny checkpoints (tools/make_golden.py), loaded from DeepSeek's layout, from HF's, and
+//! from what transformers' `save_pretrained` writes back (tools/make_saved_fixtures.py).
 
 mod common;
 
@@ -50,6 +51,29 @@ fn tiny_b_matches_hf() {
 #[test]
 fn tiny_c_matches_hf() {
     check_config("tiny-c");
+}
+
+/// Checkpoints as a user who loads one with transformers 5.23 and saves it again gets them
+/// (tools/make_saved_fixtures.py: DeepSeek's inner names under `model.` with FP8/FP4 kept,
+/// in float32 and bfloat16; HF's names dequantised with `kv_norm` saved as `norm`), against
+/// what transformers computes on each saved file in float32.
+#[test]
+fn checkpoints_saved_by_transformers_match_hf() {
+    for saved in ["saved-f32", "saved-bf16", "saved-hf-bf16"] {
+        let g = Golden::load_named("tiny-c", &format!("{saved}_golden"));
+        let mut r = runner(load("tiny-c", saved), 1, 0);
+        for p in g.prompts() {
+            let label = format!("tiny-c/{saved}");
+            check_teacher_forced(
+                &mut r,
+                &g,
+                p,
+                usize::MAX,
+                LogitTol::Absolute(LOGIT_TOL),
+                &label,
+            );
+        }
+    }
 }
 
 /// Per-layer residual streams for one prompt: where a mismatch would first show.

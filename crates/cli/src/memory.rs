@@ -180,11 +180,11 @@ fn describe(
 ) -> String {
     let weights = match budget {
         Some(b) if (b as u64) < weights.all => format!(
-            "the weights {} MiB of {} MiB (routed experts streamed from disk)",
-            b / MIB,
-            weights.all >> 20
+            "the weights {} of {} (routed experts streamed from disk)",
+            mib(b),
+            mib(weights.all as usize)
         ),
-        _ => format!("the weights {} MiB, resident", weights.all >> 20),
+        _ => format!("the weights {}, resident", mib(weights.all as usize)),
     };
     let of = match available {
         Some(a) => format!(

@@ -35,6 +35,11 @@ pub enum NameLayout {
     /// HF `DeepseekV4ForCausalLM` names (`model.layers.N.self_attn.q_a_proj.weight`), as
     /// written by `save_pretrained`.
     Hf,
+    /// DeepSeek's names under HF's `model.` prefix (`model.layers.N.attn.wq_a.weight`,
+    /// `head.weight`, `model.embed_tokens.weight`): what transformers' `save_pretrained`
+    /// writes back from a checkpoint it loaded in DeepSeek's layout with the FP8/FP4 weights
+    /// kept as stored (what a user fine-tuning with transformers ends up with).
+    SavedOfficial,
 }
 
 /// An opened checkpoint: memory-mapped shards and an index of every tensor they hold.
@@ -237,10 +242,10 @@ impl Checkpoint {
         let hf = index
             .keys()
             .any(|k| k.starts_with("model.") || k.starts_with("lm_head."));
-        let layout = if hf {
-            NameLayout::Hf
-        } else {
-            NameLayout::Official
+        let layout = match (hf, index.keys().any(|k| names::is_saved_official(k))) {
+            (true, true) => NameLayout::SavedOfficial,
+            (true, false) => NameLayout::Hf,
+            (false, _) => NameLayout::Official,
         };
         Ok(Self {
             shards,
@@ -249,7 +254,8 @@ impl Checkpoint {
         })
     }
 
-    /// Detected from the names: HF if any name starts with `model.` or `lm_head.`.
+    /// Detected from the names: HF if any name starts with `model.` or `lm_head.`, and of
+    /// those the saved-official layout if a main layer's tensor keeps DeepSeek's inner names.
     pub fn layout(&self) -> NameLayout {
         self.layout
     }
@@ -300,6 +306,23 @@ impl Checkpoint {
         Some((key.as_str(), &self.shards[*i], info))
     }
 
+    /// The stored tensor `name`, or else `alias`; `Err`: what was looked for.
+    fn whole_or_alias(
+        &self,
+        name: &str,
+        alias: Option<String>,
+    ) -> Result<(&str, &Shard, &TensorInfo), String> {
+        if let Some(hit) = self.stored(name) {
+            return Ok(hit);
+        }
+        match alias {
+            Some(alias) => self
+                .stored(&alias)
+                .ok_or_else(|| format!("`{name}` and `{alias}`")),
+            None => Err(format!("`{name}`")),
+        }
+    }
+
     fn locate(&self, official: &str) -> Result<Located<'_>, CheckpointError> {
         let whole = |(stored, shard, info)| Located::Whole {
             stored,
@@ -311,17 +334,14 @@ impl Checkpoint {
             looked_for,
         };
         match self.layout {
-            NameLayout::Official => {
-                if let Some(hit) = self.stored(official) {
-                    return Ok(whole(hit));
-                }
-                match names::official_alias(official) {
-                    Some(alias) => match self.stored(&alias) {
-                        Some(hit) => Ok(whole(hit)),
-                        None => Err(missing(format!("`{official}` and `{alias}`"))),
-                    },
-                    None => Err(missing(format!("`{official}`"))),
-                }
+            NameLayout::Official | NameLayout::SavedOfficial => {
+                let name = match self.layout {
+                    NameLayout::SavedOfficial => names::official_to_saved(official),
+                    _ => official.to_string(),
+                };
+                self.whole_or_alias(&name, names::official_alias(&name))
+                    .map(whole)
+                    .map_err(missing)
             }
             NameLayout::Hf => match names::official_to_hf(official) {
                 // Tensors HF has no name for (the MTP block, which HF drops) keep their
@@ -332,9 +352,9 @@ impl Checkpoint {
                     ))
                 }),
                 Some(HfName::Plain(h)) => self
-                    .stored(&h)
+                    .whole_or_alias(&h, names::hf_alias(&h))
                     .map(whole)
-                    .ok_or_else(|| missing(format!("`{h}`"))),
+                    .map_err(missing),
                 Some(HfName::Expert {
                     stacked,
                     expert,

@@ -131,9 +131,87 @@ pub(super) fn official_alias(name: &str) -> Option<String> {
     (stem.is_empty() || stem.ends_with('.')).then(|| format!("{stem}attn.norm.weight"))
 }
 
+/// The second name an HF-layout checkpoint may use: `save_pretrained` reverses the conversion
+/// mapping's `.norm.` → `.kv_norm.` rename, so every `kv_norm` comes back as `norm`.
+pub(super) fn hf_alias(name: &str) -> Option<String> {
+    let stem = name.strip_suffix(".kv_norm.weight")?;
+    Some(format!("{stem}.norm.weight"))
+}
+
+/// The name transformers' `save_pretrained` writes for an official tensor when the model it
+/// saves was loaded from DeepSeek's layout with its FP8/FP4 weights kept as stored (the
+/// conversion mapping run backwards): DeepSeek's names under `model.`, except `head.weight`
+/// and the top-level tensors HF names its own way. Tensors HF does not know (`mtp.*`) keep
+/// their official names.
+pub(super) fn official_to_saved(name: &str) -> String {
+    let top = match name {
+        "embed.weight" => "model.embed_tokens.weight",
+        "norm.weight" => "model.norm.weight",
+        "hc_head_fn" => "model.hc_head.hc_fn",
+        "hc_head_base" => "model.hc_head.hc_base",
+        "hc_head_scale" => "model.hc_head.hc_scale",
+        _ if name.starts_with("layers.") => return format!("model.{name}"),
+        _ => name,
+    };
+    top.to_string()
+}
+
+/// Whether a stored name is a main layer's tensor under DeepSeek's inner names with HF's
+/// `model.` prefix ([`official_to_saved`]'s layout).
+pub(super) fn is_saved_official(stored: &str) -> bool {
+    let Some(rest) = stored.strip_prefix("model.layers.") else {
+        return false;
+    };
+    let inner = rest.split_once('.').map_or("", |(_, inner)| inner);
+    inner.starts_with("attn.") || inner.starts_with("ffn.")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names of `tests/fixtures/golden/tiny-c/saved-f32` (tools/make_saved_fixtures.py).
+    #[test]
+    fn transformers_saved_names_of_deepseeks_layout() {
+        let table = [
+            ("embed.weight", "model.embed_tokens.weight"),
+            ("head.weight", "head.weight"),
+            ("norm.weight", "model.norm.weight"),
+            ("hc_head_fn", "model.hc_head.hc_fn"),
+            ("hc_head_scale", "model.hc_head.hc_scale"),
+            (
+                "layers.0.attn.wq_a.weight",
+                "model.layers.0.attn.wq_a.weight",
+            ),
+            ("layers.0.attn.wq_a.scale", "model.layers.0.attn.wq_a.scale"),
+            ("layers.1.hc_ffn_base", "model.layers.1.hc_ffn_base"),
+            (
+                "layers.1.ffn.experts.3.w2.weight",
+                "model.layers.1.ffn.experts.3.w2.weight",
+            ),
+            ("mtp.0.e_proj.weight", "mtp.0.e_proj.weight"),
+        ];
+        for (official, saved) in table {
+            assert_eq!(official_to_saved(official), saved);
+        }
+        let kv = official_to_saved("layers.0.attn.kv_norm.weight");
+        assert_eq!(
+            official_alias(&kv).unwrap(),
+            "model.layers.0.attn.norm.weight"
+        );
+        assert!(is_saved_official("model.layers.0.attn.wq_a.weight"));
+        assert!(is_saved_official("model.layers.12.ffn.gate.tid2eid"));
+        assert!(!is_saved_official(
+            "model.layers.0.self_attn.q_a_proj.weight"
+        ));
+        assert!(!is_saved_official("model.layers.0.mlp.gate.weight"));
+        assert!(!is_saved_official("layers.0.attn.wq_a.weight"));
+        assert_eq!(
+            hf_alias("model.layers.0.self_attn.compressor.indexer.kv_norm.weight").unwrap(),
+            "model.layers.0.self_attn.compressor.indexer.norm.weight"
+        );
+        assert_eq!(hf_alias("model.layers.0.self_attn.q_a_norm.weight"), None);
+    }
 
     fn plain(official: &str) -> String {
         match official_to_hf(official) {

@@ -16,8 +16,15 @@ const ARCHITECTURES: [&str; 3] = [
     "DeepseekV41LLMForCausalLM",
 ];
 
-/// Checks the declarative fields of either flavour.
-pub(super) fn check(f: &Fields) -> Result<(), ConfigError> {
+/// The two vocabularies of `dtype`. In a Hugging Face config it (and the older
+/// `torch_dtype`) names the torch dtype of the saved tensors, as `save_pretrained` writes it;
+/// in DeepSeek's inference config it names the storage scheme.
+const HF_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"];
+const OFFICIAL_DTYPES: [&str; 2] = ["fp8", "bf16"];
+
+/// Checks the declarative fields of either flavour (`hf`: Hugging Face's layout of
+/// config.json, else DeepSeek's inference `ModelArgs` layout).
+pub(super) fn check(f: &Fields, hf: bool) -> Result<(), ConfigError> {
     if let Some(list) = f.str_list("architectures")? {
         if !list.iter().any(|(_, a)| ARCHITECTURES.contains(a)) {
             let names: Vec<&str> = list.iter().map(|(_, a)| *a).collect();
@@ -47,12 +54,23 @@ pub(super) fn check(f: &Fields) -> Result<(), ConfigError> {
         &["fp4", "fp8", "bf16"],
         "routed experts are stored as FP4, FP8 or BF16",
     )?;
-    one_of(
-        f,
-        "dtype",
-        &["fp8", "bf16"],
-        "weights are stored as FP8 or BF16",
-    )?;
+    if hf {
+        for key in ["dtype", "torch_dtype"] {
+            one_of(
+                f,
+                key,
+                &HF_DTYPES,
+                "a Hugging Face config names the torch dtype of the saved tensors",
+            )?;
+        }
+    } else {
+        one_of(
+            f,
+            "dtype",
+            &OFFICIAL_DTYPES,
+            "DeepSeek's inference config names the storage scheme: FP8 or BF16",
+        )?;
+    }
     one_of(f, "scale_fmt", &["ue8m0"], "block scales are UE8M0")?;
     if let Some(q) = f.obj("quantization_config")? {
         one_of(

@@ -179,7 +179,12 @@ impl ModelConfig {
             .as_object()
             .ok_or_else(|| invalid("<root>", json_kind(&v), "config.json must be a JSON object"))?;
         let f = Fields::root(obj);
-        declared::check(&f)?;
+        // DeepSeek's inference config names the model's width `dim`; every other (HF's, V4.1's
+        // `text_config` wrapper) is Hugging Face's layout.
+        declared::check(
+            &f,
+            !(f.has("dim") || f.has("n_layers")) || f.has("hidden_size"),
+        )?;
         if v41::declared(&f)? {
             let text = f.obj("text_config")?.unwrap_or(Fields::root(obj));
             let cfg = hf::parse(&text, true)?;

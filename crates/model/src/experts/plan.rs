@@ -105,7 +105,9 @@ fn is_tensor_split(stored: &str) -> bool {
         ".self_attn.o_b_proj.",
         ".mlp.shared_experts.",
     ];
-    let official = stored.starts_with("layers.") && OFFICIAL.iter().any(|p| stored.contains(p));
+    // DeepSeek's inner names, alone or (as transformers saves them) under `model.`.
+    let inner = stored.strip_prefix("model.").unwrap_or(stored);
+    let official = inner.starts_with("layers.") && OFFICIAL.iter().any(|p| inner.contains(p));
     let hf = stored.starts_with("model.layers.") && HF.iter().any(|p| stored.contains(p));
     official || hf || stored == "head.weight" || stored == "lm_head.weight"
 }
@@ -113,7 +115,8 @@ fn is_tensor_split(stored: &str) -> bool {
 /// A main layer's routed expert tensor, in either naming layout (the MTP block's experts
 /// stay resident with the dense part).
 fn is_routed_expert(stored: &str) -> bool {
-    let official = stored.starts_with("layers.") && stored.contains(".ffn.experts.");
+    let inner = stored.strip_prefix("model.").unwrap_or(stored);
+    let official = inner.starts_with("layers.") && inner.contains(".ffn.experts.");
     let hf = stored.starts_with("model.layers.") && stored.contains(".mlp.experts.");
     official || hf
 }
@@ -362,6 +365,8 @@ mod tests {
         assert!(is_routed_expert("layers.3.ffn.experts.17.w1.weight"));
         assert!(is_routed_expert("layers.3.ffn.experts.17.w1.scale"));
         assert!(is_routed_expert("model.layers.0.mlp.experts.gate_up_proj"));
+        assert!(is_routed_expert("model.layers.0.ffn.experts.3.w2.scale"));
+        assert!(is_tensor_split("model.layers.0.attn.wo_a.weight"));
         assert!(!is_routed_expert("layers.3.ffn.shared_experts.w1.weight"));
         assert!(!is_routed_expert("mtp.0.ffn.experts.1.w1.weight"));
         assert!(!is_routed_expert(

@@ -3,6 +3,7 @@
 
 mod hf;
 mod official;
+mod published;
 mod rejects;
 mod v41;
 
