@@ -186,9 +186,44 @@ fn streamed_experts_reproduce_golden_greedy_tokens() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("--memory-budget-mib") && err.contains("dense weights alone"),
+        err.contains("--memory-budget-mib 0 is too small: the weights need at least"),
         "{err}"
     );
+}
+
+/// Each start-up error names the flag, gives sizes in MiB, says once what would fit, and
+/// appears once (before: a flag called a tensor, the message twice, sizes in bytes).
+#[test]
+fn start_up_errors_name_the_flag_and_the_fix_once() {
+    let model = golden("tiny-a").join("official");
+    let m = model.to_str().unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--memory-budget-mib", "0"],
+            "--memory-budget-mib 0 is too small: the weights need at least 3 MiB (their dense \
+             part and the smallest expert cache); give --memory-budget-mib 3 or more",
+        ),
+        (
+            &["--cache-budget-mib", "0"],
+            "--cache-budget-mib 0 cannot hold 1 sequence: each sequence's state takes 0.06 MiB, \
+             and one block of each paged pool 0.08 MiB more (0.14 MiB in all); give \
+             --cache-budget-mib 1 or more",
+        ),
+        (
+            &["--cache-budget-mib", "1", "--max-num-seqs", "64"],
+            "--cache-budget-mib 1 cannot hold 64 sequences (--max-num-seqs): each sequence's \
+             state takes 0.06 MiB, and one block of each paged pool 0.08 MiB more (3.8 MiB in \
+             all); give --cache-budget-mib 4 or --max-num-seqs 16",
+        ),
+    ];
+    for (flags, message) in cases {
+        let mut args = vec!["generate", "--model", m, "--prompt-ids", "1,2"];
+        args.extend(flags);
+        let out = deepinfer(&args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end(), format!("error: loading {m}: {message}"));
+    }
 }
 
 #[cfg(feature = "mpi")]
@@ -440,7 +475,7 @@ fn bad_input_is_a_clear_error() {
             "--cache-budget-mib",
             "0",
         ],
-        "budget",
+        "--cache-budget-mib 0",
     );
 }
 

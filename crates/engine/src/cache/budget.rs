@@ -241,7 +241,7 @@ mod tests {
             e.to_string(),
             format!(
                 "a cache budget of {} is too small: 2 sequences' state slots of {} each take {}, \
-                 and one block of each paged pool 0.1 MiB more",
+                 and one block of each paged pool 0.02 MiB more",
                 super::super::error::mib(2 * slot),
                 super::super::error::mib(slot),
                 super::super::error::mib(2 * slot),
@@ -251,7 +251,9 @@ mod tests {
         assert_eq!(mib(0), "0 MiB");
         assert_eq!(mib(1 << 20), "1 MiB");
         assert_eq!(mib((1 << 20) + 1), "1.1 MiB");
-        assert_eq!(mib(11_776), "0.1 MiB");
+        assert_eq!(mib(11_776), "0.02 MiB");
+        assert_eq!(mib(1 << 19), "0.50 MiB");
+        assert_eq!(mib(6_176_768), "5.9 MiB");
         assert_eq!(mib(1529 << 20), "1529 MiB");
         assert_eq!(mib((15 << 20) + (1 << 19)), "16 MiB");
     }

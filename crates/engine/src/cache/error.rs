@@ -4,13 +4,15 @@
 
 use super::SeqId;
 
-/// `bytes` in MiB, to one decimal place where that matters (rounded up, so a size quoted
-/// as what is needed is enough).
+/// `bytes` in MiB, to two significant digits below 10 MiB (rounded up, so a size quoted as
+/// what is needed is enough).
 pub fn mib(bytes: usize) -> String {
-    let tenths = (bytes as u128 * 10).div_ceil(1 << 20);
-    match tenths {
-        t if t >= 100 || t % 10 == 0 => format!("{} MiB", t.div_ceil(10)),
-        t => format!("{}.{} MiB", t / 10, t % 10),
+    let hundredths = (bytes as u128 * 100).div_ceil(1 << 20);
+    match hundredths {
+        0 => "0 MiB".into(),
+        h if h < 100 => format!("0.{h:02} MiB"),
+        h if h >= 1000 || h.div_ceil(10) % 10 == 0 => format!("{} MiB", h.div_ceil(100)),
+        h => format!("{}.{} MiB", h.div_ceil(10) / 10, h.div_ceil(10) % 10),
     }
 }
 

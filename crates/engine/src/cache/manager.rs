@@ -688,7 +688,7 @@ mod tests {
         let sb = slot_bytes();
         let mib = super::super::mib;
         assert!(
-            msg.starts_with("a cache budget of 0.1 MiB is too small: 4 sequences'"),
+            msg.starts_with("a cache budget of 0.01 MiB is too small: 4 sequences'"),
             "{msg}"
         );
         for n in [mib(sb), mib(4 * sb)] {
