@@ -7,6 +7,8 @@ mod hub;
 mod load_args;
 mod memory;
 mod ranks;
+#[cfg(test)]
+mod readme_commands;
 mod serve;
 mod synth;
 
