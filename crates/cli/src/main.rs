@@ -1,6 +1,7 @@
 //! `deepinfer`: the command-line entry point.
 
 mod bench;
+mod chat;
 mod engine_args;
 mod generate;
 mod hub;
@@ -35,6 +36,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a synthetic checkpoint (random weights, official layout) for trying the engine.
     Synth(synth::SynthArgs),
+    /// Chat with the model in this process, answers streamed (default model: the synthetic one).
+    Chat(chat::ChatArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +60,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Chat(args) => chat::run(args),
     };
     match (result, world) {
         (Ok(()), _) => {

@@ -5,7 +5,7 @@
 use crate::engine_args::EngineArgs;
 use anyhow::{Context, Result};
 use clap::Args;
-use deepinfer_engine::engine;
+use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
 use deepinfer_server::tokenizer::Tokenizer;
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// The default model: the `tiny` preset at seed 0. Bump the suffix when the preset or the
 /// writer changes, so an old cached copy is not served as the new one.
 const DEFAULT_MODEL: &str = "tiny-seed0-v2";
-const DEFAULT_MODEL_NAME: &str = "deepinfer-tiny";
+pub(crate) const DEFAULT_MODEL_NAME: &str = "deepinfer-tiny";
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -90,7 +90,7 @@ fn cache_dir() -> Result<PathBuf> {
 
 /// The default model's directory, written first if missing. It is built in a scratch
 /// directory and renamed into place, so an interrupted build never leaves a half model.
-fn default_model() -> Result<PathBuf> {
+pub(crate) fn default_model() -> Result<PathBuf> {
     let dir = cache_dir()?.join("models").join(DEFAULT_MODEL);
     if dir.join("config.json").is_file() {
         return Ok(dir);
@@ -128,7 +128,7 @@ fn default_model() -> Result<PathBuf> {
 
 /// Loads the weights with a bar that moves layer by layer, then for the embedding and head
 /// (a real checkpoint takes minutes; a spinner would not say whether it is moving).
-fn load_model(dir: &Path, engine: &EngineArgs) -> Result<Model> {
+pub(crate) fn load_model(dir: &Path, engine: &EngineArgs) -> Result<Model> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}")?
@@ -161,16 +161,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     let mut config = args.engine.config(&model.config, &name)?;
-    if let Some(text) = &args.debug_force_output {
-        let ids = tokenizer
-            .encode(text, false)
-            .context("tokenizing --debug-force-output")?;
-        tracing::warn!(
-            tokens = ids.len(),
-            "--debug-force-output: every request generates the scripted text (a test hook)"
-        );
-        config.forced_output = Some(ids);
-    }
+    force_output(&mut config, &tokenizer, args.debug_force_output.as_deref())?;
     let (handle, join) = engine::start(model, config)?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -238,6 +229,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Ok(Err(e)) => Err(e).context("the engine failed"),
         Err(_) => anyhow::bail!("the engine thread panicked"),
     }
+}
+
+/// The `--debug-force-output` test hook: every request generates exactly the tokens of
+/// `text`, then EOS.
+pub(crate) fn force_output(
+    config: &mut EngineConfig,
+    tokenizer: &Tokenizer,
+    text: Option<&str>,
+) -> Result<()> {
+    if let Some(text) = text {
+        let ids = tokenizer
+            .encode(text, false)
+            .context("tokenizing --debug-force-output")?;
+        tracing::warn!(
+            tokens = ids.len(),
+            "--debug-force-output: every request generates the scripted text (a test hook)"
+        );
+        config.forced_output = Some(ids);
+    }
+    Ok(())
 }
 
 /// How long a split server answers 503 on `/health` after its engine failed before the job
