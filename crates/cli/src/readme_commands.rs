@@ -54,9 +54,7 @@ fn words(line: &str) -> Vec<String> {
 fn deepinfer_args(line: &str) -> Option<Vec<String>> {
     let w = words(line);
     let at = w.iter().position(|x| {
-        x == "--" && line.contains("cargo run")
-            || x == "deepinfer"
-            || x.ends_with("/deepinfer")
+        x == "--" && line.contains("cargo run") || x == "deepinfer" || x.ends_with("/deepinfer")
     })?;
     Some(w[at + 1..].to_vec())
 }
@@ -71,7 +69,10 @@ fn every_readme_command_parses() {
     for args in commands {
         let argv = std::iter::once("deepinfer".to_string()).chain(args.iter().cloned());
         if let Err(e) = Cli::try_parse_from(argv) {
-            panic!("README: `deepinfer {}` does not parse:\n{e}", args.join(" "));
+            panic!(
+                "README: `deepinfer {}` does not parse:\n{e}",
+                args.join(" ")
+            );
         }
     }
 }

@@ -231,7 +231,9 @@ fn fp4_weights_tagged_u8_compute_the_same_tokens() {
 /// an explicit length that does not fit stays an error.
 #[test]
 fn the_default_context_is_what_the_cache_holds() {
-    let run = generate(&golden(), &["--cache-budget-mib", "4"]);
+    // 64 sequences' state leaves the paged pools too little for the config's 4096 tokens.
+    let small = ["--cache-budget-mib", "4", "--max-num-seqs", "64"];
+    let run = generate(&golden(), &small);
     assert!(run.success, "{}", run.stderr);
     let line = run
         .stderr
@@ -239,12 +241,12 @@ fn the_default_context_is_what_the_cache_holds() {
         .find(|l| l.contains("max_model_len"))
         .unwrap_or_else(|| panic!("no max_model_len line: {}", run.stderr));
     assert!(
-        line.contains("the longest context the cache holds") && line.contains("4096"),
+        line.contains("the longest context the cache pools' 4 MiB hold") && line.contains("4096"),
         "{line}"
     );
     let run = generate(
         &golden(),
-        &["--cache-budget-mib", "4", "--max-model-len", "4096"],
+        &[&small[..], &["--max-model-len", "4096"]].concat(),
     );
     assert!(!run.success && !run.killed);
     assert!(
@@ -263,13 +265,13 @@ fn the_default_context_is_what_the_cache_holds() {
             "--output-len",
             "4",
         ])
-        .args(["--cache-budget-mib", "4"])
+        .args(small)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("the longest context the cache holds"),
+        stderr.contains("the longest context the cache pools' 4 MiB hold"),
         "{stderr}"
     );
 }
