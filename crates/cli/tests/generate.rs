@@ -314,8 +314,9 @@ fn split_run_failures_end_every_rank() {
             "--enable-expert-parallel",
         ],
     );
-    // A rank whose share of the checkpoint is missing a tensor ends the job, naming itself
-    // and the tensor, while rank 0 (which loaded fine) waits for it.
+    // A checkpoint whose index leaves out a tensor its shard holds ends the job on every
+    // rank (each sizes its memory from the index before loading), each naming itself and
+    // the tensor, instead of rank 0 waiting for a rank that cannot load.
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(&model).unwrap() {
         let f = f.unwrap().path();
@@ -334,7 +335,8 @@ fn split_run_failures_end_every_rank() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("rank 1 of 2: cannot load") && err.contains("layers.1.ffn.experts.7.w2"),
+        err.contains("rank 1 of 2: error: loading")
+            && err.contains("holds `layers.1.ffn.experts.7.w2.weight`"),
         "{err}"
     );
 }
