@@ -15,23 +15,7 @@ fn forward_matches_the_reference() {
     for config in CONFIGS {
         let g = Golden::load(config);
         let mut r = runner(load(config, "official"), 1, 0);
-        let safe = g
-            .prompts()
-            .iter()
-            .filter(|p| p["tie_safe"].as_bool().unwrap())
-            .count();
-        assert!(safe >= 3, "{config}: only {safe} tie-safe prompts");
-        for p in g.prompts() {
-            let label = format!("{config}/whole");
-            check_teacher_forced(
-                &mut r,
-                &g,
-                p,
-                usize::MAX,
-                LogitTol::Absolute(LOGIT_TOL),
-                &label,
-            );
-        }
+        check_whole_prompts(&mut r, &g, &format!("{config}/whole"));
     }
 }
 

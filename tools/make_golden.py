@@ -421,6 +421,25 @@ def run_prompt(model, ids, want_layers):
     return res
 
 
+def record_prompt(meta, golden, pi, ids, r, tie_safe, **extra):
+    """Records prompt `pi` (`ids`, `run_prompt`'s result `r`) into the golden's `meta` and
+    tensors; `extra` fields join its meta entry."""
+    meta["prompts"].append({
+        "index": pi, "len": len(ids), "ids": ids, "greedy": r["greedy"].tolist(),
+        "router_gap": None if math.isinf(r["router_gap"]) else r["router_gap"],
+        "indexer_gap": None if math.isinf(r["indexer_gap"]) else r["indexer_gap"],
+        "greedy_gap": r["greedy_gap"], "tie_safe": tie_safe, **extra,
+    })
+    golden[f"p{pi}.last_logits"] = raw(r["last_logits"], "F32")
+    golden[f"p{pi}.argmax"] = raw(r["argmax"], "I64")
+    golden[f"p{pi}.greedy"] = raw(r["greedy"], "I64")
+    golden[f"p{pi}.top_ids"] = raw(r["top_ids"], "I64")
+    golden[f"p{pi}.top_logits"] = raw(r["top_vals"], "F32")
+    for li, h in enumerate(r["layers"]):
+        # [last INTER_POSITIONS tokens, hc, D] after layer li (kept short: fixture size)
+        golden[f"p{pi}.layer{li}"] = raw(h[0][-INTER_POSITIONS:], "F32")
+
+
 def main():
     only = sys.argv[1:]
     for cname, cfg in CONFIGS.items():
@@ -444,20 +463,7 @@ def main():
                 tie_safe = min(r["router_gap"], r["indexer_gap"]) > TIE_GAP and r["greedy_gap"] > TIE_GAP
                 if tie_safe:
                     break
-            meta["prompts"].append({
-                "index": pi, "len": n, "ids": ids, "greedy": r["greedy"].tolist(),
-                "router_gap": None if math.isinf(r["router_gap"]) else r["router_gap"],
-                "indexer_gap": None if math.isinf(r["indexer_gap"]) else r["indexer_gap"],
-                "greedy_gap": r["greedy_gap"], "tie_safe": tie_safe,
-            })
-            golden[f"p{pi}.last_logits"] = raw(r["last_logits"], "F32")
-            golden[f"p{pi}.argmax"] = raw(r["argmax"], "I64")
-            golden[f"p{pi}.greedy"] = raw(r["greedy"], "I64")
-            golden[f"p{pi}.top_ids"] = raw(r["top_ids"], "I64")
-            golden[f"p{pi}.top_logits"] = raw(r["top_vals"], "F32")
-            for li, h in enumerate(r["layers"]):
-                # [last INTER_POSITIONS tokens, hc, D] after layer li (kept short: fixture size)
-                golden[f"p{pi}.layer{li}"] = raw(h[0][-INTER_POSITIONS:], "F32")
+            record_prompt(meta, golden, pi, ids, r, tie_safe)
             print(f"{cname} prompt {pi} len {n}: router gap {r['router_gap']:.3g} "
                   f"indexer gap {r['indexer_gap']:.3g} greedy gap {r['greedy_gap']:.3g} tie_safe {tie_safe}")
         meta["intermediates_prompt"] = cfg["intermediates_prompt"]

@@ -66,7 +66,6 @@ Two workarounds, both because this runs without a GPU:
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -79,8 +78,8 @@ from transformers import DeepseekV4ForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # make_golden registers the "softmax" router activation tiny-c uses, and has the reference loop.
 import make_golden  # noqa: E402
-from make_golden import GREEDY_STEPS, INTER_POSITIONS, TIE_GAP, TOPK_LOGITS, run_prompt  # noqa: E402
-from storage_formats import raw, write_safetensors  # noqa: E402
+from make_golden import GREEDY_STEPS, INTER_POSITIONS, TIE_GAP, TOPK_LOGITS, record_prompt, run_prompt  # noqa: E402
+from storage_formats import write_safetensors  # noqa: E402
 
 CONFIG = "tiny-c"
 DIR = os.path.join(make_golden.OUT, CONFIG)
@@ -147,24 +146,12 @@ def record(saved, name):
         r = run_prompt(model, p["ids"], pi == orig["intermediates_prompt"])
         tie_safe = min(r["router_gap"], r["indexer_gap"]) > TIE_GAP and r["greedy_gap"] > TIE_GAP
         diff = (r["last_logits"] - orig_st[f"p{pi}.last_logits"]).abs().max().item()
-        meta["prompts"].append({
-            "index": pi, "len": len(p["ids"]), "ids": p["ids"], "greedy": r["greedy"].tolist(),
-            "router_gap": None if math.isinf(r["router_gap"]) else r["router_gap"],
-            "indexer_gap": None if math.isinf(r["indexer_gap"]) else r["indexer_gap"],
-            "greedy_gap": r["greedy_gap"], "tie_safe": tie_safe,
-            # against tests/fixtures/golden/tiny-c/golden.* (the checkpoint before the round trip)
-            "last_logits_max_abs_diff_vs_original": diff,
-            "greedy_equals_original": r["greedy"].tolist() == p["greedy"],
-        })
-        golden[f"p{pi}.last_logits"] = raw(r["last_logits"], "F32")
-        golden[f"p{pi}.argmax"] = raw(r["argmax"], "I64")
-        golden[f"p{pi}.greedy"] = raw(r["greedy"], "I64")
-        golden[f"p{pi}.top_ids"] = raw(r["top_ids"], "I64")
-        golden[f"p{pi}.top_logits"] = raw(r["top_vals"], "F32")
-        for li, h in enumerate(r["layers"]):
-            golden[f"p{pi}.layer{li}"] = raw(h[0][-INTER_POSITIONS:], "F32")
+        # against tests/fixtures/golden/tiny-c/golden.* (the checkpoint before the round trip)
+        same = r["greedy"].tolist() == p["greedy"]
+        record_prompt(meta, golden, pi, p["ids"], r, tie_safe,
+                      last_logits_max_abs_diff_vs_original=diff, greedy_equals_original=same)
         print(f"{name} prompt {pi} len {len(p['ids'])}: vs original {diff:.3g}, "
-              f"greedy same {r['greedy'].tolist() == p['greedy']}, tie_safe {tie_safe}")
+              f"greedy same {same}, tie_safe {tie_safe}")
     meta["intermediates_prompt"] = orig["intermediates_prompt"]
     meta["intermediates_positions"] = INTER_POSITIONS
     write_safetensors(os.path.join(DIR, f"{name}_golden.safetensors"), golden)

@@ -119,6 +119,20 @@ impl LogitTol {
     }
 }
 
+/// Every prompt of `g`, whole, against its goldens ([`check_teacher_forced`]), after making
+/// sure at least three are tie-safe (checked strictly), so the comparison bites.
+pub fn check_whole_prompts(r: &mut TestRunner, g: &Golden, label: &str) {
+    let safe = g
+        .prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+        .count();
+    assert!(safe >= 3, "{label}: only {safe} tie-safe prompts");
+    for p in g.prompts() {
+        check_teacher_forced(r, g, p, usize::MAX, LogitTol::Absolute(LOGIT_TOL), label);
+    }
+}
+
 /// Golden prompt `p` with its greedy tokens fed teacher-forced in chunks of `chunk`: the
 /// prompt positions' argmax, the last prompt position's logits, and every greedy step's
 /// choice and top logits against `g`. Tie-safe prompts must agree everywhere within `tol`;

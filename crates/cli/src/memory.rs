@@ -195,8 +195,12 @@ fn describe(
         ),
         None => String::new(),
     };
+    let seqs = match seqs {
+        1 => "one sequence".to_string(),
+        n => format!("up to {n} sequences"),
+    };
     format!(
-        "memory: {weights}, the cache pools {} MiB for up to {seqs} sequences{of}",
+        "memory: {weights}, the cache pools {} MiB for {seqs}{of}",
         pools / MIB
     )
 }

@@ -288,9 +288,13 @@ fn split_run_failures_end_every_rank() {
         assert!(!out.status.success(), "{flags:?} was not refused");
         assert!(needles.iter().all(|n| err.contains(n)), "{err}");
     };
+    // Every rank refuses it; the first to end the job is the one heard (either).
     refused(
         &["--tensor-parallel-size", "1"],
-        &["rank 0 of 2", "--enable-expert-parallel"],
+        &[
+            " of 2: error: started as one of 2 processes with --tensor-parallel-size 1",
+            "--enable-expert-parallel",
+        ],
     );
     // Experts split by width stay resident: streaming them is refused.
     refused(&["--expert-cache-mib", "0"], &["stay resident"]);
@@ -315,8 +319,9 @@ fn split_run_failures_end_every_rank() {
         ],
     );
     // A checkpoint whose index leaves out a tensor its shard holds ends the job on every
-    // rank (each sizes its memory from the index before loading), each naming itself and
-    // the tensor, instead of rank 0 waiting for a rank that cannot load.
+    // rank (each sizes its memory from the index before loading; the first to end the job
+    // is the one heard), naming the rank and the tensor, instead of rank 0 waiting for a
+    // rank that cannot load.
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(&model).unwrap() {
         let f = f.unwrap().path();
@@ -335,7 +340,7 @@ fn split_run_failures_end_every_rank() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("rank 1 of 2: error: loading")
+        err.contains(" of 2: error: loading")
             && err.contains("holds `layers.1.ffn.experts.7.w2.weight`"),
         "{err}"
     );

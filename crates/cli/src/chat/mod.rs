@@ -66,7 +66,10 @@ impl ChatArgs {
     }
 }
 
-pub fn run(args: ChatArgs) -> Result<()> {
+pub fn run(mut args: ChatArgs) -> Result<()> {
+    // One conversation runs at a time: its cache pools need no room for other sequences'
+    // state, so the whole budget holds its context and its earlier turns.
+    args.engine.max_num_seqs.get_or_insert(1);
     let (dir, name) = match &args.model {
         Some(d) => (args.engine.load.resolve(d)?, d.display().to_string()),
         None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),

@@ -104,6 +104,16 @@ pub struct CacheManager {
     next_id: u64,
 }
 
+/// The layout of a manager built from `cache`.
+fn layout_of(cfg: &ModelConfig, cache: &CacheConfig) -> Result<CacheLayout, CacheError> {
+    CacheLayout::new(
+        cfg,
+        cache.rollback_slack,
+        cache.block_tokens,
+        cache.draft_layers,
+    )
+}
+
 /// What a cache costs whatever its budget ([`CacheManager::sizes_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheSizes {
@@ -140,12 +150,7 @@ impl CacheManager {
                 reason: "the cache must hold at least one sequence",
             });
         }
-        let layout = CacheLayout::new(
-            cfg,
-            cache.rollback_slack,
-            cache.block_tokens,
-            cache.draft_layers,
-        )?;
+        let layout = layout_of(cfg, &cache)?;
         let budget = cache.budget.resolve()?;
         if budget > isize::MAX as usize {
             return Err(CacheError::InvalidConfig {
@@ -360,12 +365,7 @@ impl CacheManager {
     /// What [`Self::max_tokens_per_seq`] gives for a manager built from `cache`, without
     /// allocating one.
     pub fn max_tokens_for(cfg: &ModelConfig, cache: CacheConfig) -> Result<usize, CacheError> {
-        let layout = CacheLayout::new(
-            cfg,
-            cache.rollback_slack,
-            cache.block_tokens,
-            cache.draft_layers,
-        )?;
+        let layout = layout_of(cfg, &cache)?;
         let split = split(
             &layout,
             cache.budget.resolve()?,
@@ -378,12 +378,7 @@ impl CacheManager {
     /// The fixed costs of a manager built from `cache`: what one sequence's state slot
     /// takes, and the least the paged pools (and the snapshot store) need beside the slots.
     pub fn sizes_for(cfg: &ModelConfig, cache: CacheConfig) -> Result<CacheSizes, CacheError> {
-        let layout = CacheLayout::new(
-            cfg,
-            cache.rollback_slack,
-            cache.block_tokens,
-            cache.draft_layers,
-        )?;
+        let layout = layout_of(cfg, &cache)?;
         Ok(CacheSizes {
             slot_bytes: layout.slot_bytes(),
             min_pool_bytes: min_pool_bytes(&layout, cache.prefix_caching),
