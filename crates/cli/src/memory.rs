@@ -54,6 +54,11 @@ pub fn margin(available: usize) -> usize {
     512 * MIB + available / 20
 }
 
+/// What a process that may take `available` bytes uses beside the margin.
+fn usable(available: usize) -> usize {
+    available.saturating_sub(margin(available))
+}
+
 /// Whole MiB, rounded up: a size to give a flag.
 fn flag_mib(bytes: usize) -> usize {
     bytes.div_ceil(MIB)
@@ -66,7 +71,7 @@ pub fn split(
     cache: CacheSizes,
     asked: &Asked,
 ) -> Result<Split> {
-    let usable = available.map(|a| a.saturating_sub(margin(a)));
+    let usable = available.map(usable);
     let one_seq = cache.slot_bytes + cache.min_pool_bytes;
     let pools = match (asked.cache, usable) {
         (Some(c), _) => c,
@@ -162,7 +167,7 @@ fn too_small_for_weights(
         "not enough memory: this process may use {} MiB ({} MiB available less a margin of {} \
          MiB), and the cache pools take {} MiB of it; {need}; give the process {} MiB more \
          memory{lower}",
-        (a - margin(a)) / MIB,
+        usable(a) / MIB,
         a / MIB,
         margin(a) / MIB,
         pools / MIB,
@@ -189,7 +194,7 @@ fn describe(
     let of = match available {
         Some(a) => format!(
             " of the {} MiB this process may use ({} MiB available less a {} MiB margin)",
-            (a - margin(a)) / MIB,
+            usable(a) / MIB,
             a / MIB,
             margin(a) / MIB
         ),
@@ -312,6 +317,14 @@ mod tests {
             ),
             "--memory-budget-mib 1000 is too small: the weights need at least 1679 MiB (their \
              dense part and the smallest expert cache); give --memory-budget-mib 1679 or more"
+        );
+        // Less than the margin: nothing to use, said as such (no underflow).
+        assert_eq!(
+            err(Some(256 * MIB), Asked::default()),
+            "not enough memory: this process may use 0 MiB (256 MiB available less a margin of \
+             524 MiB), and the cache pools take 9 MiB of it; the weights need at least 1679 MiB \
+             (their dense part and the smallest expert cache); give the process 1679 MiB more \
+             memory"
         );
         assert_eq!(
             err(Some(2 * GIB), Asked::default()),
