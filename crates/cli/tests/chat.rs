@@ -32,7 +32,10 @@ struct Pty {
 
 impl Pty {
     fn start(args: &[&str]) -> Pty {
-        let mut line = shell_quote(&binary().to_string_lossy());
+        // `exec`: the chat replaces the shell `script` starts. A shell left waiting in the
+        // pty's foreground group gets each Ctrl-C too; dash, a non-interactive /bin/sh,
+        // then kills itself with SIGINT once the chat exits, so Ctrl-D ended with 130.
+        let mut line = format!("exec {}", shell_quote(&binary().to_string_lossy()));
         for a in ["chat"].iter().chain(&CACHE).chain(args) {
             line.push(' ');
             line.push_str(&shell_quote(a));
@@ -40,6 +43,8 @@ impl Pty {
         // -e: exit with the chat's status; -q: no "Script started" lines; no log file.
         let mut child = Command::new("script")
             .args(["-qec", &line, "/dev/null"])
+            // `script` runs $SHELL; the same shell on every machine (CI may have no $SHELL).
+            .env("SHELL", "/bin/sh")
             .env("DEEPINFER_CACHE_DIR", cache_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
