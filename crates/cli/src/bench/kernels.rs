@@ -27,7 +27,7 @@ pub struct KernelArgs {
     /// Activation rows for the decode (memory-bound) rows.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,16")]
     decode_m: Vec<usize>,
-    /// Activation rows for the prefill (compute-bound) rows.
+    /// Activation rows for the prefill (compute-bound) rows (0: none).
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prefill_m: Vec<usize>,
     /// Whose activations the products see: `official` marks them exact in bf16, as official
@@ -36,7 +36,33 @@ pub struct KernelArgs {
     /// either way.
     #[arg(long, default_value_t = Numerics::Reference)]
     numerics: Numerics,
+    /// Whose matrix shapes: `bench` (the bench preset's, half V4-Flash's width) or `flash`
+    /// (V4-Flash's own: the head, a compressor, the attention projections, the experts).
+    #[arg(long, default_value = "bench", value_parser = ["bench", "flash"])]
+    shapes: String,
 }
+
+/// The bench preset's shapes: dense 2048×2048 projections, FP4 experts 768×2048.
+const BENCH_SHAPES: &[(&str, usize, usize)] = &[
+    ("f32", 2048, 2048),
+    ("bf16", 2048, 2048),
+    ("bf16", 32768, 2048),
+    ("fp8", 2048, 2048),
+    ("fp4", 768, 2048),
+];
+
+/// V4-Flash's (`synth --preset flash-slice`): the BF16 head (129 280 × 4 096) and a CSA
+/// compressor's `wkv`, FP8 `wq_a`, `wq_b` (64 heads × 512 from q-LoRA 1 024) and `wo_b`
+/// (8 groups × 1 024 in), an FP4 expert's `w1` and `w2`.
+const FLASH_SHAPES: &[(&str, usize, usize)] = &[
+    ("bf16", 129280, 4096),
+    ("bf16", 1024, 4096),
+    ("fp8", 1024, 4096),
+    ("fp8", 32768, 1024),
+    ("fp8", 4096, 8192),
+    ("fp4", 2048, 4096),
+    ("fp4", 4096, 2048),
+];
 
 /// A cheap deterministic byte stream (the bytes only need to be varied, not random).
 fn fill(buf: &mut [u8], seed: u64) {
@@ -167,14 +193,11 @@ pub fn run(args: KernelArgs) {
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",
         "format", "matrix", "m", "GB/s", "Gweight/s", "% of BW", "GFLOP/s", "% of FMA"
     );
-    // The bench preset's shapes: dense 2048×2048 projections, FP4 experts 768×2048.
-    for (format, rows, cols) in [
-        ("f32", 2048, 2048),
-        ("bf16", 2048, 2048),
-        ("bf16", 32768, 2048),
-        ("fp8", 2048, 2048),
-        ("fp4", 768, 2048),
-    ] {
+    let shapes = match args.shapes.as_str() {
+        "flash" => FLASH_SHAPES,
+        _ => BENCH_SHAPES,
+    };
+    for &(format, rows, cols) in shapes {
         let one = make(format, rows, cols, 1).stored_bytes();
         let copies = ((args.working_set_mib << 20) / one).max(1);
         let mats: Vec<QMatrix> = (0..copies)
@@ -199,7 +222,7 @@ pub fn run(args: KernelArgs) {
                 weights / secs / 1e9,
             );
         };
-        for &m in &args.decode_m {
+        for &m in args.decode_m.iter().filter(|&&m| m > 0) {
             let x = vec![0.5f32; m * cols];
             let mut y = vec![0.0f32; m * rows];
             let (bytes, weights) = ((one * copies) as f64, (rows * cols * copies) as f64);
@@ -211,7 +234,7 @@ pub fn run(args: KernelArgs) {
             let fma = 2.0 * m as f64 * weights / secs / 1e9 / fma_probe();
             line(m, secs, bytes, weights, Some(100.0 * share), 100.0 * fma);
         }
-        for &m in &args.prefill_m {
+        for &m in args.prefill_m.iter().filter(|&&m| m > 0) {
             let x = vec![0.5f32; m * cols];
             let mut y = vec![0.0f32; m * rows];
             let w = &mats[0];
