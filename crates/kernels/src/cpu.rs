@@ -104,6 +104,35 @@ pub fn amx_detected() -> bool {
     false
 }
 
+/// Whether the fused FP4 kernels multiply bf16 pairs (`vdpbf16ps`) where the activations
+/// are exact in bf16 (official numerics' expert inputs): the AVX-512 family is in use with
+/// AVX-512 BF16 and VBMI, `DEEPINFER_ISA` names no family (`avx512` keeps the f32 FMAs), and
+/// on this core the instruction does at least 1.5 times the flops of an f32 FMA, measured
+/// once on one thread (about 10 ms): twice on Zen 4, under half on the Intel Xeon of
+/// PERFORMANCE.md. Results are the same bits either way (`linear::x86::avx512::Fp4Dots`).
+pub fn bf16_dots() -> bool {
+    static DOTS: OnceLock<bool> = OnceLock::new();
+    *DOTS.get_or_init(|| {
+        let named = matches!(
+            std::env::var("DEEPINFER_ISA").as_deref(),
+            Ok("scalar" | "avx2" | "avx512")
+        );
+        !named && bf16_dots_detected() && crate::roofline::bf16_dot_gain() >= 1.5
+    })
+}
+
+/// Whether the CPU can run the bf16 dot-product kernels (beside the AVX-512 family).
+pub fn bf16_dots_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        detected() == Isa::Avx512
+            && is_x86_feature_detected!("avx512bf16")
+            && is_x86_feature_detected!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The kernel family in use: [`detected`], capped by `DEEPINFER_ISA` if set.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();

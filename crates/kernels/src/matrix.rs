@@ -86,6 +86,10 @@ pub struct QMatrix {
     /// E8M0 scales are). What lets the AMX tiles multiply the weights in bf16; decided
     /// once here rather than by scanning the scales at every product.
     pub(crate) exact_bf16: bool,
+    /// Whether the fused kernels on bf16 dot products give this matrix the f32 kernels'
+    /// exact results (see `linear::x86::dots`): FP4 whose every scale keeps each product
+    /// and partial sum a normal number. Decided once here, as `exact_bf16` is.
+    pub(crate) dots_ok: bool,
 }
 
 fn check_len(
@@ -121,6 +125,15 @@ fn fp4_scale_fast(b: u8) -> bool {
     (32..=158).contains(&b)
 }
 
+/// Whether the bf16 dot-product kernels are exact with E8M0 scale `b`: a weight is an E2M1
+/// value (its last bit `2^-1`) times `2^(b-127)`, so with activations of magnitude at least
+/// `2^-64` (bf16: last bit `2^-71`, which the kernels check) every product and partial sum
+/// is a multiple of `2^(b-199)`, normal from `b = 96` (the instruction flushes subnormals,
+/// the FMA does not); up to 158 as the fast range. Checkpoints' scales lie near `2^-6`.
+fn fp4_scale_dots(b: u8) -> bool {
+    (96..=158).contains(&b)
+}
+
 impl QMatrix {
     /// An f32 matrix from its values.
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, MatrixError> {
@@ -131,6 +144,7 @@ impl QMatrix {
             data: Data::F32(WeightBytes::copy_from(bytemuck::cast_slice(values))),
             fast_ok: true,
             exact_bf16: false,
+            dots_ok: false,
         })
     }
 
@@ -148,6 +162,7 @@ impl QMatrix {
             data: Data::F32(bytes),
             fast_ok: true,
             exact_bf16: false,
+            dots_ok: false,
         })
     }
 
@@ -165,6 +180,7 @@ impl QMatrix {
             data: Data::Bf16(bytes),
             fast_ok: true,
             exact_bf16: true,
+            dots_ok: false,
         })
     }
 
@@ -224,6 +240,7 @@ impl QMatrix {
             },
             fast_ok,
             exact_bf16,
+            dots_ok: false,
         })
     }
 
@@ -275,6 +292,7 @@ impl QMatrix {
             });
         }
         let fast_ok = scales.iter().all(|&b| fp4_scale_fast(b));
+        let dots_ok = scales.iter().all(|&b| fp4_scale_dots(b));
         Ok(Self {
             rows,
             cols,
@@ -285,6 +303,7 @@ impl QMatrix {
             },
             fast_ok,
             exact_bf16: true,
+            dots_ok,
         })
     }
 

@@ -216,6 +216,28 @@ pub fn bf16_dot_peak(threads: usize, reps: usize) -> Option<f64> {
     None
 }
 
+/// How many times the flops of a 512-bit f32 FMA one `vdpbf16ps` does on this core, on the
+/// calling thread, best of three short runs (about 10 ms in all); 0 where the CPU lacks
+/// AVX-512 BF16. What [`crate::cpu::bf16_dots`] decides by.
+pub fn bf16_dot_gain() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::bf16_dots_detected() {
+        let rate = |f: &dyn Fn() -> f64| {
+            (0..3)
+                .map(|_| {
+                    let t = Instant::now();
+                    f() / t.elapsed().as_secs_f64()
+                })
+                .fold(0.0, f64::max)
+        };
+        // SAFETY (both): the CPU has AVX-512 F and BF16 (checked above).
+        let dots = rate(&|| unsafe { bf16_dot_loop(200_000) });
+        let fmas = rate(&|| unsafe { fma_loop_avx512(200_000) });
+        return dots / fmas;
+    }
+    0.0
+}
+
 /// The AMX-BF16 tiles' rates where the process may use them ([`crate::cpu::amx_detected`]),
 /// else `None`: GFLOP/s of `tdpbf16ps` on independent sums and GB/s of tile loads from L1,
 /// each summed over `threads` threads running at once, best of `reps`. The first is the

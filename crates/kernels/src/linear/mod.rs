@@ -141,6 +141,10 @@ pub(crate) struct Plan {
     amx: bool,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pairs: *const u32,
+    /// Whether this product runs the FP4 kernels on bf16 dot products, its activations
+    /// packed for them ([`prepare::pack_fp4_pairs`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    dots: bool,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -478,18 +482,19 @@ pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
-    matmuls_with(jobs, isa(), crate::cpu::amx())
+    matmuls_with(jobs, isa(), crate::cpu::amx(), crate::cpu::bf16_dots())
 }
 
 /// [`matmuls`] on a given kernel family (tests compare the two).
 #[cfg(test)]
 pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
-    matmuls_with(jobs, isa, crate::cpu::amx())
+    matmuls_with(jobs, isa, crate::cpu::amx(), crate::cpu::bf16_dots())
 }
 
 /// [`matmuls`] on a given kernel family, with or without the AMX tiles (`amx`: they run the
-/// products they can; see [`crate::cpu::amx`]).
-pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool) {
+/// products they can; see [`crate::cpu::amx`]) and the bf16 dot products (`dots`, see
+/// [`crate::cpu::bf16_dots`]).
+pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool, dots: bool) {
     for j in jobs.iter() {
         let k = j.w.cols;
         assert!(
@@ -502,7 +507,7 @@ pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool) {
         assert_eq!(j.y.len(), j.m * j.rows.len(), "matmul: y is not [m, rows]");
     }
     let mut run = |s: &mut CallScratch| {
-        plan(jobs, (isa, amx), s);
+        plan(jobs, (isa, amx, dots), s);
         let total: usize = s.plans.last().map_or(0, |p| p.tiles_before + p.tiles());
         let work: usize = jobs.iter().map(|j| j.m * j.rows.len() * j.w.cols).sum();
         let plans = &s.plans;
@@ -562,6 +567,17 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
     }
 }
 
+/// Whether `j` may run the FP4 kernels on bf16 dot products, they being in use (`dots`): its
+/// activations are exact in bf16, it takes the AVX-512 family's fused kernels, and its
+/// scales keep the products normal (the activations are checked as they are packed).
+fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {
+    dots && j.bf16_x
+        && j.w.dots_ok
+        && j.m > 0
+        && family(j.w, isa) == Isa::Avx512
+        && j.m < gemm_from(Isa::Avx512)
+}
+
 /// The weight rows a tile's row count is a multiple of: the AMX path's row step (two
 /// tiles of 16) or any.
 fn row_step(amx: bool) -> usize {
@@ -574,10 +590,11 @@ fn row_step(amx: bool) -> usize {
 }
 
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
-fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch) {
+fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut CallScratch) {
     s.plans.clear();
     let invariant = BATCH_INVARIANT.with(|c| c.get());
     let amx = |j: &Matmul| on_amx(j, isa, tiles);
+    let dots = |j: &Matmul| !amx(j) && on_dots(j, isa, dots);
     let lanes = |f: Isa| if f == Isa::Avx512 { 16 } else { 8 };
     // Activations in the kernels' layout: a permuted copy for the fused and decode-once
     // paths (made here), the transposition pass's own for the GEMM path.
@@ -655,8 +672,11 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch)
                     && p.family == fam
                     && p.w().format() == j.w.format()
                     && p.amx == amx(j)
+                    && p.dots == dots(j)
             })
             .map(|p| (p.x, p.ldx, p.xt, p.xw, p.xw_last, p.pairs));
+        // Packed for the bf16 dot products, unless an activation is not fit for them.
+        let mut packed = twin.is_some() && dots(j);
         let (x, ldx) = if let Some((x, ldx, ..)) = twin {
             (x, ldx)
         } else if needs_prep(j) {
@@ -669,8 +689,16 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch)
             };
             let ldx = x_stride(k, j.m);
             let dst = &mut s.prepared[offset..offset + j.m * ldx];
-            for (src, out) in j.x.chunks_exact(k.max(1)).zip(dst.chunks_exact_mut(ldx)) {
-                prepare::permute_row(format, lanes(fam), src, &mut out[..k], mult);
+            let src = j.x.chunks_exact(k.max(1));
+            packed = dots(j)
+                && src
+                    .clone()
+                    .zip(dst.chunks_exact_mut(ldx))
+                    .all(|(src, out)| prepare::pack_fp4_pairs(src, &mut out[..k]));
+            if !packed {
+                for (src, out) in src.zip(dst.chunks_exact_mut(ldx)) {
+                    prepare::permute_row(format, lanes(fam), src, &mut out[..k], mult);
+                }
             }
             offset += (j.m * ldx).next_multiple_of(16);
             (dst.as_ptr(), ldx)
@@ -729,6 +757,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles): (Isa, bool), s: &mut CallScratch)
             invariant,
             amx: amx(j),
             pairs,
+            dots: packed,
         };
         let mut p = p;
         if !p.xt.is_null() {

@@ -75,6 +75,39 @@ pub(crate) fn permute_row(format: Format, lanes: usize, x: &[f32], out: &mut [f3
     }
 }
 
+/// Elements of an FP4 chunk of the kernels on bf16 dot products (AVX-512).
+const PAIRS_CHUNK: usize = 128;
+
+/// Packs one activation row `x` for the FP4 kernels on bf16 dot products (AVX-512,
+/// `x86::avx512::Fp4Dots`) into `out` (as long as `x`): per 128-element chunk `c`, slot
+/// `64c + 16p + l` holds the bf16 bits of element `e = 128c + 64⌊p/2⌋ + 2l + p mod 2` in its
+/// high half and of `e + 32` in its low half; past the last whole chunk `x` stays in place
+/// (the scalar tail reads it there). Returns false, `out` then unusable, unless every
+/// element is exact in bf16 and zero or of magnitude in `[2^-64, 2^64]`, which with the
+/// matrices' scales keeps every product and partial sum normal (see `QMatrix::dots_ok`).
+pub(crate) fn pack_fp4_pairs(x: &[f32], out: &mut [f32]) -> bool {
+    debug_assert_eq!(x.len(), out.len());
+    let main = x.len() / PAIRS_CHUNK * PAIRS_CHUNK;
+    let (low, high) = (2f32.powi(-64), 2f32.powi(64));
+    let fits = |v: f32| v.to_bits() & 0xFFFF == 0 && (v == 0.0 || (low..=high).contains(&v.abs()));
+    if !x[..main].iter().all(|&v| fits(v)) {
+        return false;
+    }
+    for (src, dst) in x[..main]
+        .chunks_exact(PAIRS_CHUNK)
+        .zip(out.chunks_exact_mut(PAIRS_CHUNK / 2))
+    {
+        for (slot, o) in dst.iter_mut().enumerate() {
+            let (p, l) = (slot / 16, slot % 16);
+            let e = 64 * (p / 2) + 2 * l + p % 2;
+            let (first, second) = (src[e].to_bits(), src[e + 32].to_bits());
+            *o = f32::from_bits((first & 0xFFFF_0000) | (second >> 16));
+        }
+    }
+    out[main..].copy_from_slice(&x[main..]);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +148,34 @@ mod tests {
         );
         assert_eq!(out[8], 2.0, "vector 1 starts with byte 1");
         assert_eq!(&out[32..], &[64.0, 66.0, 68.0], "the tail stays in order");
+    }
+
+    #[test]
+    fn fp4_pairs_hold_each_element_once_and_refuse_what_is_not_exact() {
+        let x: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.25).collect();
+        let mut out = vec![0.0; 300];
+        assert!(pack_fp4_pairs(&x, &mut out));
+        let mut seen = vec![false; 256];
+        for (slot, v) in out[..128].iter().enumerate() {
+            let (c, s) = (slot / 64, slot % 64);
+            let (p, l) = (s / 16, s % 16);
+            let e = 128 * c + 64 * (p / 2) + 2 * l + p % 2;
+            let bits = v.to_bits();
+            assert_eq!(f32::from_bits(bits & 0xFFFF_0000), x[e]);
+            assert_eq!(f32::from_bits(bits << 16), x[e + 32]);
+            seen[e] = true;
+            seen[e + 32] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "every element of the two chunks");
+        assert_eq!(out[256..], x[256..], "the tail stays");
+        for bad in [1.0 + f32::EPSILON, 1e-30, 1e30, f32::NAN] {
+            let mut y = x.clone();
+            y[7] = bad;
+            assert!(!pack_fp4_pairs(&y, &mut out), "{bad}");
+        }
+        // Not exact past the last chunk is fine: the tail is multiplied in f32.
+        let mut y = x.clone();
+        y[299] = 1.0 + f32::EPSILON;
+        assert!(pack_fp4_pairs(&y, &mut out));
     }
 }

@@ -295,11 +295,17 @@ fn amx_tiles_match_the_reference_and_keep_rows_independent() {
                     &mut [exact(&w, &x[i * k..(i + 1) * k], 1, y)],
                     Isa::Avx512,
                     true,
+                    false,
                 );
             }
             for m in [1, 2, 5, 15, 16, 17, 31, 33, 40] {
                 let mut y = vec![f32::NAN; m * n];
-                matmuls_with(&mut [exact(&w, &x[..m * k], m, &mut y)], Isa::Avx512, true);
+                matmuls_with(
+                    &mut [exact(&w, &x[..m * k], m, &mut y)],
+                    Isa::Avx512,
+                    true,
+                    false,
+                );
                 let (want, mag) = reference(&w, 0..n, &x[..m * k], m);
                 check(&format!("{name} AMX m={m} n={n} k={k}"), &y, &want, &mag);
                 for (i, (got, want)) in y.chunks(n).zip(solo.chunks(n)).enumerate() {
@@ -314,9 +320,77 @@ fn amx_tiles_match_the_reference_and_keep_rows_independent() {
             let mut y = vec![f32::NAN; m * rows.len()];
             let mut ranged = exact(&w, &x[..m * k], m, &mut y);
             ranged.rows = rows.clone();
-            matmuls_with(&mut [ranged], Isa::Avx512, true);
+            matmuls_with(&mut [ranged], Isa::Avx512, true, false);
             let (want, mag) = reference(&w, rows.clone(), &x[..m * k], m);
             check(&format!("{name} AMX rows {rows:?}"), &y, &want, &mag);
+        }
+    }
+}
+
+/// The FP4 kernels on bf16 dot products give the f32 kernels' bits (the same sums in the
+/// same order), for every batch the fused kernels take, ragged and ranged rows;
+/// activations not fit for them (not exact in bf16, or tiny) take the f32 kernels.
+#[test]
+fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
+    if !crate::cpu::bf16_dots_detected() {
+        eprintln!("this CPU has no AVX-512 BF16 and VBMI: nothing to test");
+        return;
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Lcg(23);
+    for (n, k) in [(70, 1024), (33, 2176), (130, 4096)] {
+        // Exact in bf16, as official numerics' FP8-rounded inputs are.
+        let mut x: Vec<f32> = (0..15 * k)
+            .map(|_| crate::formats::bf16_to_f32(f32_to_bf16(rng.next() * 3.0)))
+            .collect();
+        for (name, w) in matrices(n, k, &mut rng) {
+            if !name.starts_with("fp4") {
+                continue;
+            }
+            assert!(w.dots_ok, "{name}: scales in the dot-product range");
+            for m in 1..16 {
+                fn exact<'a>(
+                    w: &'a QMatrix,
+                    x: &'a [f32],
+                    m: usize,
+                    y: &'a mut [f32],
+                ) -> Matmul<'a> {
+                    Matmul::new(w, x, m, y).with_bf16_x(true)
+                }
+                let xm = &x[..m * k];
+                let (mut dots, mut fmas) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                assert!(
+                    on_dots(&exact(&w, xm, m, &mut dots), Isa::Avx512, true),
+                    "{name} m={m}"
+                );
+                matmuls_with(&mut [exact(&w, xm, m, &mut dots)], Isa::Avx512, false, true);
+                matmuls_with(
+                    &mut [exact(&w, xm, m, &mut fmas)],
+                    Isa::Avx512,
+                    false,
+                    false,
+                );
+                assert_eq!(bits(&dots), bits(&fmas), "{name} n={n} k={k} m={m}");
+            }
+            let (rows, m) = (n / 3..n - 1, 5);
+            let (mut dots, mut fmas) = (vec![0.0; m * rows.len()], vec![0.0; m * rows.len()]);
+            for (y, on) in [(&mut dots, true), (&mut fmas, false)] {
+                let mut j = Matmul::new(&w, &x[..m * k], m, y).with_bf16_x(true);
+                j.rows = rows.clone();
+                matmuls_with(&mut [j], Isa::Avx512, false, on);
+            }
+            assert_eq!(bits(&dots), bits(&fmas), "{name} rows {rows:?}");
+        }
+        // One activation off the bf16 grid, one too small: packing refuses, the f32 kernels
+        // run, and the results stay the reference's.
+        for bad in [1.0 + f32::EPSILON, 1e-30] {
+            x[k + 3] = bad;
+            let w = &matrices(n, k, &mut rng).pop().unwrap().1;
+            let mut y = vec![f32::NAN; 2 * n];
+            let j = Matmul::new(w, &x[..2 * k], 2, &mut y).with_bf16_x(true);
+            matmuls_with(&mut [j], Isa::Avx512, false, true);
+            let (want, mag) = reference(w, 0..n, &x[..2 * k], 2);
+            check(&format!("fp4 dots with {bad}"), &y, &want, &mag);
         }
     }
 }

@@ -100,6 +100,23 @@ pub(super) trait Kernels: simd::Simd {
         e: &Fp4Scales,
         out: (*mut f32, usize),
     );
+    /// [`Self::fp4_rows`] on bf16 dot products, its activations packed as bf16 pairs
+    /// ([`crate::linear::prepare::pack_fp4_pairs`]): the same sums in the same order, so
+    /// the same results (see [`avx512::Fp4Dots`]). Only the AVX-512 family has it, and only
+    /// plans made where the CPU runs it ([`crate::cpu::bf16_dots`]) call it.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fp4_dots_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &Fp4Scales,
+        out: (*mut f32, usize),
+    ) {
+        let _ = (w, ldw, n, x, chunks, e, out);
+        unreachable!("bf16 dot products run on the AVX-512 family only");
+    }
     /// One row's whole chunks decoded into f32 in kernel order (`4 · LANES` floats each,
     /// FP4 chunks count twice).
     unsafe fn decode(format: RowFormat, chunks: usize, out: *mut f32);
@@ -495,6 +512,19 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
             let scales_of = |r0: usize| Fp4Scales::from_row(scales, k, *group, r0);
             let how = Rows {
                 fused: &|r, mg, xs, out| unsafe {
+                    if plan.dots {
+                        return fused!(
+                            K::fp4_dots_rows,
+                            row(r.start),
+                            k / 2,
+                            r.len(),
+                            mg,
+                            xs,
+                            main64,
+                            &scales_of(r.start),
+                            out.as_mut_ptr().cast()
+                        );
+                    }
                     fused!(
                         K::fp4_rows,
                         row(r.start),

@@ -52,6 +52,18 @@ pub(super) trait RowKind<S: Simd, const N: usize> {
     /// # Safety
     /// As [`Simd`]; the chunk lies inside the row.
     unsafe fn chunk(w: *const Self::Elem, e: &Self::Extra, r: usize, c: usize) -> [S::F; N];
+
+    /// `acc` plus the products of a decoded vector `w` and activation vector `x`, lane by
+    /// lane: one FMA (a kind on bf16 pairs adds its two products in order, see
+    /// `avx512::Fp4Dots`).
+    ///
+    /// # Safety
+    /// As [`Simd`].
+    #[inline(always)]
+    unsafe fn madd(w: S::F, x: S::F, acc: S::F) -> S::F {
+        // SAFETY: by the contract.
+        unsafe { S::fmadd(w, x, acc) }
+    }
 }
 
 pub(super) struct Fp8;
@@ -135,7 +147,7 @@ unsafe fn dots<S: Simd, K: RowKind<S, N>, const N: usize, const R: usize, const 
                 for (p, fp) in f.iter().enumerate() {
                     // SAFETY: as above, for the activation row.
                     let xv = unsafe { S::load(x[m].add(N * S::LANES * c + S::LANES * p)) };
-                    a[p % 2] = unsafe { S::fmadd(*fp, xv, a[p % 2]) };
+                    a[p % 2] = unsafe { K::madd(*fp, xv, a[p % 2]) };
                 }
             }
         }
