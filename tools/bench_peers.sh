@@ -19,6 +19,7 @@
 #   tools/bench_peers.sh                      # FP8 bench preset vs llama.cpp Q8_0 + MXFP4
 #   PEER=bf16 tools/bench_peers.sh            # BF16 preset: deepinfer, llama.cpp, HF
 #   PEER=bf16 SKIP_HF=1 tools/bench_peers.sh  # deepinfer and llama.cpp only
+#   PRESET=flash-slice tools/bench_peers.sh   # V4-Flash's own shapes (FP8 pairing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
@@ -26,7 +27,7 @@ THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-2}
 PEER=${PEER:-fp8}
 case "$PEER" in
-    fp8) PRESET=bench OUTTYPE=q8_0 NUMERICS=official SKIP_HF=1 ;;
+    fp8) PRESET=${PRESET:-bench} OUTTYPE=q8_0 NUMERICS=official SKIP_HF=1 ;;
     bf16) PRESET=bench-bf16 OUTTYPE=bf16 NUMERICS=reference ;;
     *) echo "PEER is fp8 or bf16" >&2; exit 1 ;;
 esac

@@ -46,7 +46,7 @@ pub struct ModelArgs {
     /// Tokens already in each sequence's cache when decode is timed.
     #[arg(long, default_value_t = 128)]
     pub context: usize,
-    /// Prefill prompt lengths (one sequence, one step each).
+    /// Prefill prompt lengths (one sequence, one step each; 0: none).
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prompt: Vec<usize>,
     /// Repetitions per measurement; the median is reported.
@@ -514,7 +514,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         "{:>8} {:>10} {:>10} {:>9} {:>7} {:>15} {:>8}",
         "prompt", "ms", "tok/s", "GFLOP/s", "% FMA", "matmul GFLOP/s", "% FMA"
     );
-    for &p in &args.prompt {
+    for &p in args.prompt.iter().filter(|&&p| p > 0) {
         let ids = tokens(p, vocab, 7);
         let once = |bench: &mut Bench| -> Result<(f64, Snapshot)> {
             let seq = bench.cache.add_seq()?;

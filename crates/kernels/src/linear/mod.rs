@@ -568,14 +568,12 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
 }
 
 /// Whether `j` may run the FP4 kernels on bf16 dot products, they being in use (`dots`): its
-/// activations are exact in bf16, it takes the AVX-512 family's fused kernels, and its
-/// scales keep the products normal (the activations are checked as they are packed).
+/// activations are exact in bf16, it takes the AVX-512 family, and its scales keep the
+/// products normal (the activations are checked as they are packed). At every batch size:
+/// they give the bits of the f32 fused kernels, which the GEMM path gives too, and at 8 rows
+/// they already multiply at about the f32 FMA peak, which the GEMM reaches only near 512.
 fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {
-    dots && j.bf16_x
-        && j.w.dots_ok
-        && j.m > 0
-        && family(j.w, isa) == Isa::Avx512
-        && j.m < gemm_from(Isa::Avx512)
+    dots && j.bf16_x && j.w.dots_ok && j.m > 0 && family(j.w, isa) == Isa::Avx512
 }
 
 /// The weight rows a tile's row count is a multiple of: the AMX path's row step (two
@@ -607,7 +605,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut 
         let f = family(j.w, isa);
         f != Isa::Scalar
             && j.m > 0
-            && j.m < gemm_from(f)
+            && (j.m < gemm_from(f) || dots(j))
             && (j.w.format() != Format::F32 || j.m > 1)
             && !amx(j)
     };
@@ -640,7 +638,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut 
             _ => xw,
         };
         let cols = j.m - rem + if rem == 0 { 0 } else { last };
-        (j.m >= gemm_from(f) && !amx(j)).then_some((cols, xw, last))
+        (j.m >= gemm_from(f) && !amx(j) && !dots(j)).then_some((cols, xw, last))
     };
     let t_len: usize = jobs
         .iter()

@@ -328,8 +328,9 @@ fn amx_tiles_match_the_reference_and_keep_rows_independent() {
 }
 
 /// The FP4 kernels on bf16 dot products give the f32 kernels' bits (the same sums in the
-/// same order), for every batch the fused kernels take, ragged and ranged rows;
-/// activations not fit for them (not exact in bf16, or tiny) take the f32 kernels.
+/// same order), and so those of the GEMM path from 16 rows on, whatever the batch, ragged
+/// and ranged rows; activations not fit for them (not exact in bf16, or tiny) take the f32
+/// kernels, fused at any batch size.
 #[test]
 fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
     if !crate::cpu::bf16_dots_detected() {
@@ -340,7 +341,7 @@ fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
     let mut rng = Lcg(23);
     for (n, k) in [(70, 1024), (33, 2176), (130, 4096)] {
         // Exact in bf16, as official numerics' FP8-rounded inputs are.
-        let mut x: Vec<f32> = (0..15 * k)
+        let mut x: Vec<f32> = (0..40 * k)
             .map(|_| crate::formats::bf16_to_f32(f32_to_bf16(rng.next() * 3.0)))
             .collect();
         for (name, w) in matrices(n, k, &mut rng) {
@@ -348,7 +349,8 @@ fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
                 continue;
             }
             assert!(w.dots_ok, "{name}: scales in the dot-product range");
-            for m in 1..16 {
+            // Past 15 rows against the GEMM path.
+            for m in (1..=17).chain([40]) {
                 fn exact<'a>(
                     w: &'a QMatrix,
                     x: &'a [f32],
@@ -386,11 +388,13 @@ fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
         for bad in [1.0 + f32::EPSILON, 1e-30] {
             x[k + 3] = bad;
             let w = &matrices(n, k, &mut rng).pop().unwrap().1;
-            let mut y = vec![f32::NAN; 2 * n];
-            let j = Matmul::new(w, &x[..2 * k], 2, &mut y).with_bf16_x(true);
-            matmuls_with(&mut [j], Isa::Avx512, false, true);
-            let (want, mag) = reference(w, 0..n, &x[..2 * k], 2);
-            check(&format!("fp4 dots with {bad}"), &y, &want, &mag);
+            for m in [2, 20] {
+                let mut y = vec![f32::NAN; m * n];
+                let j = Matmul::new(w, &x[..m * k], m, &mut y).with_bf16_x(true);
+                matmuls_with(&mut [j], Isa::Avx512, false, true);
+                let (want, mag) = reference(w, 0..n, &x[..m * k], m);
+                check(&format!("fp4 dots with {bad}, m={m}"), &y, &want, &mag);
+            }
         }
     }
 }
