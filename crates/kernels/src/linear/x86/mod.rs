@@ -514,30 +514,12 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
             let scales_of = |r0: usize| Fp4Scales::from_row(scales, k, *group, r0);
             let how = Rows {
                 fused: &|r, mg, xs, out| unsafe {
+                    let (w, n, s) = (row(r.start), r.len(), scales_of(r.start));
+                    let o = out.as_mut_ptr().cast();
                     if plan.dots {
-                        return fused!(
-                            K::fp4_dots_rows,
-                            row(r.start),
-                            k / 2,
-                            r.len(),
-                            mg,
-                            xs,
-                            main64,
-                            &scales_of(r.start),
-                            out.as_mut_ptr().cast()
-                        );
+                        return fused!(K::fp4_dots_rows, w, k / 2, n, mg, xs, main64, &s, o);
                     }
-                    fused!(
-                        K::fp4_rows,
-                        row(r.start),
-                        k / 2,
-                        r.len(),
-                        mg,
-                        xs,
-                        main64,
-                        &scales_of(r.start),
-                        out.as_mut_ptr().cast()
-                    )
+                    fused!(K::fp4_rows, w, k / 2, n, mg, xs, main64, &s, o)
                 },
                 decode: &|r, out| unsafe {
                     K::decode(RowFormat::Fp4(row(r), scales_of(r)), main64, out)
