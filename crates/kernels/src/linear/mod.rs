@@ -467,8 +467,8 @@ pub(crate) fn gemm_from(isa: Isa) -> usize {
 
 /// Where the GEMM path's transposed activations put element `q` (kernel order) of a row's
 /// first `main` elements: stream by stream (`streams` of them), each stream's elements in
-/// order, so the micro-kernel that sums one stream reads its activations front to back (the
-/// panel, packed per tile, is read with a stride instead). See the x86 GEMM path.
+/// order, so the micro-kernel that sums one stream reads its activations (and the weights'
+/// panel, packed the same way) front to back. See the x86 GEMM path.
 #[inline(always)]
 pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
     debug_assert!(streams.is_power_of_two() && main.is_multiple_of(streams));
