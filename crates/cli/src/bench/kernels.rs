@@ -8,11 +8,13 @@
 //! roof.
 
 use clap::Args;
-use deepinfer_model::kernels::cpu::{amx, isa};
+use deepinfer_model::kernels::cpu::{amx, bf16_dots, bf16_dots_detected, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
-use deepinfer_model::kernels::linear::{matmuls, Matmul};
+use deepinfer_model::kernels::linear::{gemm_from, matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
-use deepinfer_model::kernels::roofline::{amx_rates, bf16_dot_peak, fma_peak, read_bandwidth};
+use deepinfer_model::kernels::roofline::{
+    amx_rates, bf16_dot_gain, bf16_dot_peak, fma_peak, read_bandwidth,
+};
 use deepinfer_model::numerics::Numerics;
 use std::time::Instant;
 
@@ -155,6 +157,33 @@ fn paired(
     (median(secs), median(shares))
 }
 
+/// Which instructions this process multiplies on, and why: the choices `matmuls` makes.
+fn print_choice(numerics: Numerics) {
+    let family = isa();
+    let gemm = match gemm_from(family) {
+        usize::MAX => "the fused kernels at every batch size".to_string(),
+        from => format!("the fused kernels below {from} rows, the GEMM from {from}"),
+    };
+    println!("products: f32 FMAs ({}), {gemm}", family.name());
+    if bf16_dots_detected() {
+        let (used, gain) = (bf16_dots(), bf16_dot_gain());
+        let verdict = if used { "yes" } else { "no" };
+        println!(
+            "FP4 products on bf16 dot products: {verdict} (vdpbf16ps does {gain:.2}x an f32 \
+             FMA's flops on this core, used from 1.5x and with activations exact in bf16: \
+             official numerics; the same bits either way)"
+        );
+    }
+    if numerics.bf16_exact_inputs() && amx() {
+        println!("AMX tiles: FP8/FP4 products at every batch size (DEEPINFER_ISA=amx)");
+    } else if amx_rates(1, 1).is_some() {
+        // The tiles sum in their own order, which no vector kernel reproduces, so they can
+        // only take every batch size of a product or none (a row's bits may not depend on
+        // its batch); they lose below 16 rows, hence a choice.
+        println!("AMX tiles: off (DEEPINFER_ISA=amx runs official numerics' FP8/FP4 on them)");
+    }
+}
+
 pub fn run(args: KernelArgs) {
     let threads = rayon::current_num_threads();
     let tiles = if args.numerics.bf16_exact_inputs() && amx() {
@@ -188,6 +217,7 @@ pub fn run(args: KernelArgs) {
         // products at small batches, which load every weight into a tile).
         println!("AMX-BF16 tiles: tdpbf16ps {flops:.1} GFLOP/s, tile loads {loads:.1} GB/s");
     }
+    print_choice(args.numerics);
     println!();
     println!(
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",

@@ -458,7 +458,7 @@ fn tile_rows(w: &QMatrix, m: usize, isa: Isa) -> usize {
 /// a tile is decoded once into panels and multiplied against columns of activations, in the
 /// fused kernels' order while batch invariance is on ([`set_batch_invariant`]), else in
 /// one run per output (within rounding of the former).
-pub(crate) fn gemm_from(isa: Isa) -> usize {
+pub fn gemm_from(isa: Isa) -> usize {
     match isa {
         Isa::Scalar => usize::MAX,
         Isa::Avx2 | Isa::Avx512 => 16,
