@@ -12,6 +12,7 @@
 //! expert) share one parallel pass instead of paying for a fork-join each.
 
 mod aligned;
+mod crossover;
 mod prepare;
 mod scalar;
 #[cfg(test)]
@@ -29,6 +30,7 @@ use aligned::AlignedVec;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// Multiply-adds below which a call runs on the calling thread: a fork-join costs a few
 /// microseconds, about what two cores gain on this much work.
@@ -441,17 +443,19 @@ fn fast_path(w: &QMatrix) -> bool {
     family(w, crate::cpu::detected()) != Isa::Scalar
 }
 
-/// Weight rows per tile: about 64 (128 for prefill-sized batches, so the GEMM path packs
-/// more panels per activation block), a whole number of FP8 row blocks.
-fn tile_rows(w: &QMatrix, m: usize, isa: Isa) -> usize {
-    let rows: usize = if m >= gemm_from(isa) { 128 } else { 64 };
+/// Weight rows per tile: about 64 (128 on the GEMM path, so it packs more panels per
+/// activation block), a whole number of FP8 row blocks.
+fn tile_rows(w: &QMatrix, gemm: bool) -> usize {
+    let rows: usize = if gemm { 128 } else { 64 };
     match &w.data {
         crate::matrix::Data::Fp8 { br, .. } => br * rows.div_ceil(*br),
         _ => rows,
     }
 }
 
-/// Activation rows from which family `isa` uses its GEMM path (none for the scalar one).
+/// Activation rows from which family `isa` uses its GEMM path (none for the scalar one):
+/// 16, 32, 48 or 64, whichever this core runs faster, measured at the first call
+/// ([`crossover`]); 16 in this crate's tests, which exercise both paths at fixed sizes.
 ///
 /// Below it the fused kernels decode each weight chunk in registers for a group of
 /// activation rows, and a row's result never depends on the rest of the batch; from it on,
@@ -459,9 +463,12 @@ fn tile_rows(w: &QMatrix, m: usize, isa: Isa) -> usize {
 /// fused kernels' order while batch invariance is on ([`set_batch_invariant`]), else in
 /// one run per output (within rounding of the former).
 pub fn gemm_from(isa: Isa) -> usize {
+    static MEASURED: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
     match isa {
         Isa::Scalar => usize::MAX,
-        Isa::Avx2 | Isa::Avx512 => 16,
+        _ if cfg!(test) => 16,
+        Isa::Avx2 => *MEASURED[0].get_or_init(|| crossover::measure(isa)),
+        Isa::Avx512 => *MEASURED[1].get_or_init(|| crossover::measure(isa)),
     }
 }
 
@@ -495,6 +502,12 @@ pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
 /// products they can; see [`crate::cpu::amx`]) and the bf16 dot products (`dots`, see
 /// [`crate::cpu::bf16_dots`]).
 pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool, dots: bool) {
+    matmuls_at(jobs, (isa, amx, dots), gemm_from(isa));
+}
+
+/// [`matmuls_with`] with the GEMM path from `gemm_from` activation rows on (see
+/// [`gemm_from`]; [`crossover`] times both sides).
+fn matmuls_at(jobs: &mut [Matmul<'_>], (isa, amx, dots): (Isa, bool, bool), gemm_from: usize) {
     for j in jobs.iter() {
         let k = j.w.cols;
         assert!(
@@ -507,7 +520,7 @@ pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool, dots: b
         assert_eq!(j.y.len(), j.m * j.rows.len(), "matmul: y is not [m, rows]");
     }
     let mut run = |s: &mut CallScratch| {
-        plan(jobs, (isa, amx, dots), s);
+        plan(jobs, (isa, amx, dots), gemm_from, s);
         let total: usize = s.plans.last().map_or(0, |p| p.tiles_before + p.tiles());
         let work: usize = jobs.iter().map(|j| j.m * j.rows.len() * j.w.cols).sum();
         let plans = &s.plans;
@@ -588,7 +601,12 @@ fn row_step(amx: bool) -> usize {
 }
 
 /// Fills `s` with the plans of `jobs`, permuting activations for the fused kernels.
-fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut CallScratch) {
+fn plan(
+    jobs: &mut [Matmul<'_>],
+    (isa, tiles, dots): (Isa, bool, bool),
+    from: usize,
+    s: &mut CallScratch,
+) {
     s.plans.clear();
     let invariant = BATCH_INVARIANT.with(|c| c.get());
     let amx = |j: &Matmul| on_amx(j, isa, tiles);
@@ -605,7 +623,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut 
         let f = family(j.w, isa);
         f != Isa::Scalar
             && j.m > 0
-            && (j.m < gemm_from(f) || dots(j))
+            && (j.m < from || dots(j))
             && (j.w.format() != Format::F32 || j.m > 1)
             && !amx(j)
     };
@@ -638,7 +656,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut 
             _ => xw,
         };
         let cols = j.m - rem + if rem == 0 { 0 } else { last };
-        (j.m >= gemm_from(f) && !amx(j) && !dots(j)).then_some((cols, xw, last))
+        (f != Isa::Scalar && j.m >= from && !amx(j) && !dots(j)).then_some((cols, xw, last))
     };
     let t_len: usize = jobs
         .iter()
@@ -748,7 +766,7 @@ fn plan(jobs: &mut [Matmul<'_>], (isa, tiles, dots): (Isa, bool, bool), s: &mut 
             y: j.y.as_mut_ptr(),
             row0: j.rows.start,
             n: j.rows.len(),
-            tile_rows: tile_rows(j.w, j.m, fam).next_multiple_of(row_step(amx(j))),
+            tile_rows: tile_rows(j.w, !xt.is_null()).next_multiple_of(row_step(amx(j))),
             m_parts: 1,
             tiles_before,
             family: fam,

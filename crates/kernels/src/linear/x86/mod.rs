@@ -424,9 +424,10 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
     let k = w.cols;
     let chunk = 4 * K::LANES;
     let main = k / chunk;
-    // A product that could run on bf16 dot products takes the fused kernels at any batch
-    // size, whether its activations proved fit for them or not: it has no GEMM layout.
-    let gemm = plan.m >= crate::linear::gemm_from(K::ISA) && !plan.xt().0.is_null();
+    // The plan chose the GEMM path where it made the GEMM layout (from
+    // `crate::linear::gemm_from` rows; never for a product that could run on bf16 dot
+    // products, whether its activations proved fit for them or not).
+    let gemm = !plan.xt().0.is_null();
     let mb = m_block(k);
     let blocks = |f: &mut dyn FnMut(usize, usize)| {
         for i0 in (0..plan.m).step_by(mb) {
