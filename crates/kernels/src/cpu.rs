@@ -117,8 +117,16 @@ pub fn bf16_dots() -> bool {
             std::env::var("DEEPINFER_ISA").as_deref(),
             Ok("scalar" | "avx2" | "avx512")
         );
-        !named && bf16_dots_detected() && crate::roofline::bf16_dot_gain() >= 1.5
+        !named && bf16_dots_detected() && bf16_dot_gain() >= 1.5
     })
+}
+
+/// What [`bf16_dots`] decides by: how many times an f32 FMA's flops `vdpbf16ps` does on
+/// this core ([`crate::roofline::bf16_dot_gain`]), measured once per process, so that what
+/// a benchmark prints is the figure the kernels were chosen by.
+pub fn bf16_dot_gain() -> f64 {
+    static GAIN: OnceLock<f64> = OnceLock::new();
+    *GAIN.get_or_init(crate::roofline::bf16_dot_gain)
 }
 
 /// Whether the CPU can run the bf16 dot-product kernels (beside the AVX-512 family).

@@ -218,7 +218,7 @@ pub fn bf16_dot_peak(threads: usize, reps: usize) -> Option<f64> {
 
 /// How many times the flops of a 512-bit f32 FMA one `vdpbf16ps` does on this core, on the
 /// calling thread, best of three short runs (about 10 ms in all); 0 where the CPU lacks
-/// AVX-512 BF16. What [`crate::cpu::bf16_dots`] decides by.
+/// AVX-512 BF16. [`crate::cpu::bf16_dot_gain`] keeps the process's one reading.
 pub fn bf16_dot_gain() -> f64 {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::bf16_dots_detected() {

@@ -8,13 +8,11 @@
 //! roof.
 
 use clap::Args;
-use deepinfer_model::kernels::cpu::{amx, bf16_dots, bf16_dots_detected, isa};
+use deepinfer_model::kernels::cpu::{amx, bf16_dot_gain, bf16_dots, bf16_dots_detected, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
 use deepinfer_model::kernels::linear::{gemm_from, matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
-use deepinfer_model::kernels::roofline::{
-    amx_rates, bf16_dot_gain, bf16_dot_peak, fma_peak, read_bandwidth,
-};
+use deepinfer_model::kernels::roofline::{amx_rates, bf16_dot_peak, fma_peak, read_bandwidth};
 use deepinfer_model::numerics::Numerics;
 use std::time::Instant;
 
