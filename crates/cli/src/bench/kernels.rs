@@ -10,7 +10,7 @@
 use clap::Args;
 use deepinfer_model::kernels::cpu::{amx, bf16_dot_gain, bf16_dots, bf16_dots_detected, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
-use deepinfer_model::kernels::linear::{gemm_from, matmuls, Matmul};
+use deepinfer_model::kernels::linear::{matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
 use deepinfer_model::kernels::roofline::{amx_rates, bf16_dot_peak, fma_peak, read_bandwidth};
 use deepinfer_model::numerics::Numerics;
@@ -157,15 +157,11 @@ fn paired(
 
 /// Which instructions this process multiplies on, and why: the choices `matmuls` makes.
 fn print_choice(numerics: Numerics) {
-    let family = isa();
-    let gemm = match gemm_from(family) {
-        usize::MAX => "the fused kernels at every batch size".to_string(),
-        from => format!(
-            "the fused kernels below {from} rows, the GEMM from {from} (the faster from 16, 32, \
-             48 on this core, timed at the first product; else 64)"
-        ),
-    };
-    println!("products: f32 FMAs ({}), {gemm}", family.name());
+    println!(
+        "products: f32 FMAs ({}), {}",
+        isa().name(),
+        super::gemm_choice()
+    );
     if bf16_dots_detected() {
         let (used, gain) = (bf16_dots(), bf16_dot_gain());
         let verdict = if used { "yes" } else { "no" };

@@ -91,6 +91,19 @@ enum BenchWhat {
 }
 
 /// Prints the measured roofs, one thread and all threads.
+/// Where this process's products leave the fused kernels for the GEMM
+/// ([`deepinfer_model::kernels::linear::gemm_from`], timed at the first product), in words.
+fn gemm_choice() -> String {
+    use deepinfer_model::kernels::{cpu::isa, linear::gemm_from};
+    match gemm_from(isa()) {
+        usize::MAX => "the fused kernels at every batch size".to_string(),
+        from => format!(
+            "the fused kernels below {from} rows, the GEMM from {from} (the faster from 16, 32, \
+             48 on this core, timed at the first product; else 64)"
+        ),
+    }
+}
+
 fn roofline(buffer_mib: usize, reps: usize) {
     use deepinfer_kernels::roofline::{fma_peak, read_bandwidth};
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -16,7 +16,6 @@ use clap::Args;
 use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::cpu::isa;
-use deepinfer_model::kernels::linear::gemm_from;
 use deepinfer_model::kernels::roofline::{fma_peak, read_bandwidth};
 use deepinfer_model::parallel::CollectiveStats;
 use deepinfer_model::profile::{self, Op, Snapshot};
@@ -448,14 +447,11 @@ fn bench(args: ModelArgs) -> Result<()> {
         runner: ModelRunner::new(model),
     };
     let reps = args.reps.max(1);
-    let gemm = match gemm_from(isa()) {
-        usize::MAX => "no GEMM".to_string(),
-        from => format!("the GEMM from {from} rows"),
-    };
     println!(
-        "deepinfer bench model: {} ({} kernels, {threads} threads, {gemm})",
+        "deepinfer bench model: {} ({} kernels, {threads} threads; {})",
         args.model.display(),
         isa().name(),
+        super::gemm_choice()
     );
     println!(
         "roofs measured now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (every \
