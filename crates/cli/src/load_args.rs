@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::ranks;
+use crate::thread_args::ThreadArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
@@ -43,6 +44,8 @@ pub struct LoadArgs {
     /// the model was trained and is served by its authors.
     #[arg(long, default_value = "reference")]
     pub numerics: Numerics,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
 }
 
 /// Memory this process may take: what is available to it (the machine's, or its memory
@@ -97,6 +100,8 @@ impl LoadArgs {
         budget: Option<usize>,
         progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
+        // Before any weight is copied: the copies are bound to the nodes that read them.
+        self.threads.install()?;
         let plan = self.memory_plan(budget);
         let Some(placement) = self.placement()? else {
             let mut model = Model::load_with(dir, &plan, progress)

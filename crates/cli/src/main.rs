@@ -12,6 +12,7 @@ mod ranks;
 mod readme_commands;
 mod serve;
 mod synth;
+mod thread_args;
 
 use clap::{Parser, Subcommand};
 
@@ -33,7 +34,7 @@ enum Command {
     /// Offline generation through the engine (greedy by default), one JSON line per prompt.
     Generate(generate::GenerateArgs),
     /// Run a workload through the engine and report latency and throughput like `vllm bench serve`.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Write a synthetic checkpoint (random weights, official layout) for trying the engine.
     Synth(synth::SynthArgs),
     /// Chat with the model in this process, answers streamed (default model: the synthetic one).
@@ -58,7 +59,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Synth(args) => synth::run(args),
         Command::Chat(args) => chat::run(args),
     };

@@ -6,6 +6,7 @@ use crate::engine_args::EngineArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::engine::{self, EngineConfig};
+use deepinfer_model::kernels::numa;
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
 use deepinfer_server::tokenizer::Tokenizer;
@@ -176,8 +177,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.api_key.clone(),
         args.max_pending_requests,
     ));
+    // On the cores no compute thread is pinned to, when there are such (--cpu-affinity
+    // naming fewer than all, or --threads below it): requests are parsed and tokenised there
+    // without taking a core from the forward passes.
+    let spare = numa::installed().map_or(Vec::new(), |p| p.spare.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(move || {
+            if !spare.is_empty() {
+                let _ = numa::pool::pin(&spare);
+            }
+        })
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -189,17 +189,20 @@ impl Drop for AliveGuard {
     }
 }
 
-/// The compute threads of a model: one per core, the calling thread being one of them. Run
-/// the forward passes inside it (`pool.install`): the parallel loops of a step then start
-/// from a worker's own queue, with no cross-thread injection (which costs a wake-up and,
-/// now and then, an allocation per call).
+/// The compute threads of a model, the calling thread being one of them: as the installed
+/// placement seats them (`--threads`, `--cpu-affinity`, `--numa`), else one per core the
+/// process may use. Run the forward passes inside it (`pool.install`): the parallel loops of
+/// a step then start from a worker's own queue, with no cross-thread injection (which costs
+/// a wake-up and, now and then, an allocation per call).
 pub fn compute_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("deepinfer-compute-{i}"))
-        .use_current_thread()
-        .build()
+    use deepinfer_model::kernels::numa::{self, plan};
+    match numa::installed() {
+        Some(p) => numa::pool::build(p),
+        None => {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            numa::pool::build(&plan::Plan::unplaced(n))
+        }
+    }
 }
 
 /// Starts the engine thread. The returned join handle yields the engine back when it stops

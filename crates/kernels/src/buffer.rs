@@ -115,6 +115,8 @@ impl WeightBytes {
         let len = bytes.len();
         if len >= ARENA_MIN {
             if let Some((arena, offset)) = reserve(len) {
+                // SAFETY (both): offset..offset+len lies in the arena.
+                crate::numa::place_rows(unsafe { arena.base.add(offset) }, len);
                 // SAFETY: offset..offset+len was reserved for this buffer alone and lies in
                 // the arena; nothing reads it before this copy completes.
                 unsafe {
@@ -199,6 +201,9 @@ impl Slab {
         let stride = cap.max(1).next_multiple_of(SLAB_ALIGN);
         let total = stride.checked_mul(count)?;
         let arena = Arc::new(Arena::new(total.max(1).next_multiple_of(HUGE_ALIGN))?);
+        // Any thread may read any slot (which expert a slot holds changes), so the pages
+        // alternate between the nodes rather than follow one slot's rows.
+        crate::numa::place_interleaved(arena.base, arena.cap);
         Some(
             (0..count)
                 .map(|i| Self {

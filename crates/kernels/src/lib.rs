@@ -8,6 +8,7 @@ pub mod formats;
 pub mod linear;
 pub mod matrix;
 pub mod norm;
+pub mod numa;
 pub mod quant;
 pub mod roofline;
 pub mod rope;

@@ -405,6 +405,7 @@ pub(super) fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roo
 
 /// Runs inside a compute pool, as the engine does (the parallel loops start from a worker).
 pub fn run(args: ModelArgs) -> Result<()> {
+    args.load.threads.install()?;
     deepinfer_engine::engine::compute_pool()?.install(|| bench(args))
 }
 

@@ -12,6 +12,7 @@
 //! expert) share one parallel pass instead of paying for a fork-join each.
 
 mod aligned;
+mod by_node;
 mod crossover;
 mod prepare;
 mod scalar;
@@ -207,6 +208,11 @@ impl Plan {
         }
     }
 
+    /// The first weight row of tile `t`.
+    fn tile_row0(&self, t: usize) -> usize {
+        self.row0 + t % self.n.div_ceil(self.tile_rows) * self.tile_rows
+    }
+
     /// Runs tile `t` (counted within this plan).
     fn run_tile(&self, t: usize) {
         let row_tiles = self.n.div_ceil(self.tile_rows);
@@ -238,6 +244,7 @@ struct CallScratch {
     /// The AMX plans' activations (`u32` pairs of bf16, as f32-sized words).
     pairs: AlignedVec,
     plans: Vec<Plan>,
+    queues: by_node::NodeQueues,
 }
 
 /// Inner-dimension columns the transposition lays out at a time: a whole number of every
@@ -544,9 +551,15 @@ fn matmuls_at(jobs: &mut [Matmul<'_>], (isa, amx, dots): (Isa, bool, bool), gemm
         };
         if work < SERIAL_WORK || total == 1 {
             (0..total).for_each(one);
-        } else {
-            (0..total).into_par_iter().for_each(one);
+            return;
         }
+        crate::numa::pool::with_home(|home| match home {
+            Some((_, shares)) => {
+                s.queues.fill(plans, shares);
+                s.queues.run(&one);
+            }
+            None => (0..total).into_par_iter().for_each(one),
+        });
     };
     CALL.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => run(&mut s),

@@ -399,3 +399,58 @@ fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
         }
     }
 }
+
+#[test]
+fn products_dealt_by_node_give_the_one_node_bits() {
+    use crate::numa::{plan, pool, topology};
+    let node = |id: usize| topology::Node { id, cpus: vec![id] };
+    let topo = topology::Topology {
+        nodes: vec![node(0), node(1)],
+    };
+    let mut two = plan::Plan::new(&topo, Some(3), None, plan::Numa::Distribute, 3).unwrap();
+    assert_eq!(two.shares.nodes(), 2);
+    // Seated anywhere: the test machine's cores are not these.
+    two.seats.iter_mut().for_each(|s| s.cpus.clear());
+    let one = plan::Plan::new(&topo, Some(3), None, plan::Numa::Off, 3).unwrap();
+    let run = |p: &plan::Plan, m: usize, mats: &[(String, QMatrix)], x: &[f32]| {
+        // On a thread of its own: the pool takes its builder as worker 0 for good.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pool::build(p).unwrap().install(|| {
+                    let mut ys: Vec<Vec<f32>> =
+                        mats.iter().map(|_| vec![f32::NAN; m * 250]).collect();
+                    let mut jobs: Vec<Matmul> = mats
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .map(|((_, w), y)| Matmul {
+                            w,
+                            rows: 100..350,
+                            x,
+                            m,
+                            y,
+                            bf16_x: false,
+                        })
+                        .collect();
+                    matmuls(&mut jobs);
+                    drop(jobs);
+                    ys
+                })
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    let mut rng = Lcg(17);
+    let k = 384;
+    let mats = matrices(400, k, &mut rng);
+    for m in [1, 4, 40] {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
+        let before = by_node::RUNS.load(std::sync::atomic::Ordering::Relaxed);
+        let (a, b) = (run(&one, m, &mats, &x), run(&two, m, &mats, &x));
+        assert!(by_node::RUNS.load(std::sync::atomic::Ordering::Relaxed) > before);
+        for (((name, _), a), b) in mats.iter().zip(&a).zip(&b) {
+            let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{name}, {m} rows: the two-node pass changed bits");
+        }
+    }
+}
