@@ -38,15 +38,16 @@ impl ThreadArgs {
     /// Reads the topology, makes the plan and installs it for this process; one stderr line
     /// says what it chose when there is a choice to see (pinning, several nodes).
     pub fn install(&self) -> Result<&'static plan::Plan> {
-        let plan = self.plan()?;
-        if let Some(done) = numa::installed().filter(|&p| *p == plan) {
+        // Once per process: the first install pins this thread, which changes the affinity
+        // mask a second reading would start from.
+        if let Some(done) = numa::installed() {
             return Ok(done);
         }
+        let plan = self.plan()?;
         if plan.shares.nodes() > 1 || plan.seats.iter().any(|s| !s.cpus.is_empty()) {
             eprintln!("{}", describe(&plan, self.cpu_affinity.is_some()));
         }
-        numa::install(plan)
-            .map_err(|_| anyhow::anyhow!("a different thread placement was installed already"))
+        numa::install(plan).map_err(|_| anyhow::anyhow!("a thread placement was installed already"))
     }
 
     fn plan(&self) -> Result<plan::Plan> {

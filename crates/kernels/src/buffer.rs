@@ -24,6 +24,10 @@ struct Arena {
     _map: MmapMut,
     base: *mut u8,
     cap: usize,
+    /// The node (an index into the installed plan's shares) whose memory holds the whole
+    /// arena; `None` when the arena is one buffer split over the nodes by rows, or there is
+    /// one node.
+    home: Option<usize>,
 }
 
 // SAFETY: the mapping lives as long as the arena; every byte range is handed out once and
@@ -32,7 +36,7 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    fn new(cap: usize) -> Option<Self> {
+    fn new(cap: usize, home: Option<usize>) -> Option<Self> {
         let mut map = MmapOptions::new().len(cap + HUGE_ALIGN).map_anon().ok()?;
         let addr = map.as_mut_ptr() as usize;
         let offset = addr.next_multiple_of(HUGE_ALIGN) - addr;
@@ -47,6 +51,7 @@ impl Arena {
             _map: map,
             base,
             cap,
+            home,
         })
     }
 }
@@ -83,7 +88,10 @@ impl std::fmt::Debug for WeightBytes {
 /// Reserves `len` bytes in an arena: the current one if it has room, else a new one.
 fn reserve(len: usize) -> Option<(Arc<Arena>, usize)> {
     if len >= ARENA_BYTES / 4 {
-        return Some((Arc::new(Arena::new(len.next_multiple_of(HUGE_ALIGN))?), 0));
+        // A large matrix has an arena of its own, its rows split over the nodes.
+        let arena = Arena::new(len.next_multiple_of(HUGE_ALIGN), None)?;
+        crate::numa::place_rows(arena.base, len);
+        return Some((Arc::new(arena), 0));
     }
     let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(arena) = cur.0.upgrade() {
@@ -93,7 +101,16 @@ fn reserve(len: usize) -> Option<(Arc<Arena>, usize)> {
             return Some((arena, offset));
         }
     }
-    let arena = Arc::new(Arena::new(ARENA_BYTES)?);
+    // Small matrices share arenas, each arena whole on one node, the nodes in turn: binding
+    // every small matrix's rows apart would cost the kernel a mapping per node and matrix
+    // (V4-Flash has ~33 000 expert matrices; a process may hold 65 530 mappings) and split
+    // the huge pages they share. Their products run on the arena's node.
+    let home = crate::numa::next_home();
+    let arena = Arena::new(ARENA_BYTES, home)?;
+    if let Some(node) = home {
+        crate::numa::place_on(arena.base, arena.cap, node);
+    }
+    let arena = Arc::new(arena);
     *cur = (Arc::downgrade(&arena), len);
     Some((arena, 0))
 }
@@ -115,8 +132,6 @@ impl WeightBytes {
         let len = bytes.len();
         if len >= ARENA_MIN {
             if let Some((arena, offset)) = reserve(len) {
-                // SAFETY (both): offset..offset+len lies in the arena.
-                crate::numa::place_rows(unsafe { arena.base.add(offset) }, len);
                 // SAFETY: offset..offset+len was reserved for this buffer alone and lies in
                 // the arena; nothing reads it before this copy completes.
                 unsafe {
@@ -133,6 +148,15 @@ impl WeightBytes {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The node whose memory holds all of this buffer (an index into the installed plan's
+    /// shares), if one does; `None`: split over the nodes by rows, or one node.
+    pub fn home(&self) -> Option<usize> {
+        match &self.store {
+            Store::Arena { arena, .. } => arena.home,
+            Store::Heap(_) | Store::Slab { .. } => None,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -200,7 +224,7 @@ impl Slab {
     pub fn carve(count: usize, cap: usize) -> Option<Vec<Self>> {
         let stride = cap.max(1).next_multiple_of(SLAB_ALIGN);
         let total = stride.checked_mul(count)?;
-        let arena = Arc::new(Arena::new(total.max(1).next_multiple_of(HUGE_ALIGN))?);
+        let arena = Arc::new(Arena::new(total.max(1).next_multiple_of(HUGE_ALIGN), None)?);
         // Any thread may read any slot (which expert a slot holds changes), so the pages
         // alternate between the nodes rather than follow one slot's rows.
         crate::numa::place_interleaved(arena.base, arena.cap);

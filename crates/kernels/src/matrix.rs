@@ -307,6 +307,16 @@ impl QMatrix {
         })
     }
 
+    /// The node whose memory holds this matrix whole, if one does (see
+    /// [`WeightBytes::home`]): its products run there first.
+    pub fn home(&self) -> Option<usize> {
+        match &self.data {
+            Data::F32(b) | Data::Bf16(b) => b.home(),
+            Data::Fp8 { codes, .. } => codes.home(),
+            Data::Fp4 { packed, .. } => packed.home(),
+        }
+    }
+
     pub fn format(&self) -> Format {
         match self.data {
             Data::F32(_) => Format::F32,

@@ -32,7 +32,13 @@ pub fn read_bandwidth(bytes: usize, threads: usize, reps: usize) -> f64 {
             let sums: Vec<u64> = std::thread::scope(|s| {
                 let handles: Vec<_> = buf
                     .chunks(chunk)
-                    .map(|part| s.spawn(move || sum_bytes(part, prefetch)))
+                    .enumerate()
+                    .map(|(i, part)| {
+                        s.spawn(move || {
+                            crate::numa::pool::sit_as(i);
+                            sum_bytes(part, prefetch)
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()
@@ -188,8 +194,16 @@ fn best_rate(threads: usize, reps: usize, work: impl Fn() -> f64 + Sync) -> f64 
     let mut flops = 0.0;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
+        let work = &work;
         let per_thread: Vec<f64> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(&work)).collect();
+            let hs: Vec<_> = (0..threads.max(1))
+                .map(|i| {
+                    s.spawn(move || {
+                        crate::numa::pool::sit_as(i);
+                        work()
+                    })
+                })
+                .collect();
             hs.into_iter().map(|h| h.join().expect("peak")).collect()
         });
         best = best.min(t.elapsed().as_secs_f64());
@@ -250,8 +264,13 @@ pub fn amx_rates(threads: usize, reps: usize) -> Option<(f64, f64)> {
         for _ in 0..reps.max(1) {
             let per_thread: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..threads.max(1))
-                    // SAFETY: the process may use AMX (checked above).
-                    .map(|_| s.spawn(|| unsafe { crate::linear::amx_probe(200_000) }))
+                    .map(|i| {
+                        s.spawn(move || {
+                            crate::numa::pool::sit_as(i);
+                            // SAFETY: the process may use AMX (checked above).
+                            unsafe { crate::linear::amx_probe(200_000) }
+                        })
+                    })
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("amx")).collect()
             });

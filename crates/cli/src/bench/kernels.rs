@@ -215,6 +215,7 @@ pub fn run(args: KernelArgs) {
         println!("AMX-BF16 tiles: tdpbf16ps {flops:.1} GFLOP/s, tile loads {loads:.1} GB/s");
     }
     print_choice(args.numerics);
+    super::passes::print(threads);
     println!();
     println!(
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",

@@ -6,6 +6,7 @@ mod drafter;
 mod kernels;
 mod model;
 mod multi_turn;
+mod passes;
 mod streamed;
 
 use crate::engine_args::EngineArgs;

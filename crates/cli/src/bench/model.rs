@@ -401,6 +401,16 @@ pub(super) fn print_profile(title: &str, d: &Snapshot, steps: usize, roofs: &Roo
         "total",
         total as f64 / 1e6 / steps as f64
     );
+    // What the parallel passes cost beyond their work: every call above is at most one.
+    let calls: u64 = d.calls.iter().sum::<u64>() / steps as u64;
+    let threads = rayon::current_num_threads();
+    let us = deepinfer_model::kernels::awake::with_workers_awake(|| {
+        deepinfer_model::kernels::linear::pass_cost(2 * threads, 5.0, 1000)
+    });
+    println!(
+        "  hand-offs: at most {calls} parallel passes × {us:.2} µs (a pass's cost beyond its work in this pool) = {:.3} ms",
+        calls as f64 * us / 1e3
+    );
 }
 
 /// Runs inside a compute pool, as the engine does (the parallel loops start from a worker).

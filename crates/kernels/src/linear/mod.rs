@@ -13,6 +13,7 @@
 
 mod aligned;
 mod by_node;
+pub use by_node::pass_cost;
 mod crossover;
 mod prepare;
 mod scalar;
@@ -553,13 +554,8 @@ fn matmuls_at(jobs: &mut [Matmul<'_>], (isa, amx, dots): (Isa, bool, bool), gemm
             (0..total).for_each(one);
             return;
         }
-        crate::numa::pool::with_home(|home| match home {
-            Some((_, shares)) => {
-                s.queues.fill(plans, shares);
-                s.queues.run(&one);
-            }
-            None => (0..total).into_par_iter().for_each(one),
-        });
+        crate::numa::pool::with_home(|home| s.queues.fill(plans, home.map(|(_, sh)| sh)));
+        s.queues.run(&one);
     };
     CALL.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => run(&mut s),

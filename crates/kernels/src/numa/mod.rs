@@ -14,6 +14,7 @@ pub mod topology;
 
 use plan::Plan;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 static INSTALLED: OnceLock<Plan> = OnceLock::new();
@@ -46,8 +47,9 @@ pub fn sysfs_root() -> PathBuf {
     std::env::var_os("DEEPINFER_TOPOLOGY").map_or_else(|| PathBuf::from("/"), PathBuf::from)
 }
 
-/// Binds a row-major buffer being loaded (`len` bytes at `start`) by the installed plan:
-/// each node's share of its rows to that node's memory. Does nothing on one node.
+/// Binds a row-major buffer before it is filled (`len` bytes at `start`, 2 MiB-aligned)
+/// by the installed plan: each node's share of its rows to that node's memory, in whole
+/// huge pages. Does nothing on one node.
 pub fn place_rows(start: *const u8, len: usize) {
     let Some(plan) = installed().filter(|p| p.shares.nodes() > 1) else {
         return;
@@ -57,6 +59,25 @@ pub fn place_rows(start: *const u8, len: usize) {
         let r = shares.range(n, len);
         bind::prefer(start as usize + r.start, r.len(), shares.node_ids[n]);
     }
+}
+
+/// Binds `len` bytes at `start` to node `node` (an index into the plan's shares).
+pub fn place_on(start: *const u8, len: usize, node: usize) {
+    if let Some(plan) = installed().filter(|p| p.shares.nodes() > 1) {
+        bind::prefer(start as usize, len, plan.shares.node_ids[node]);
+    }
+}
+
+/// The node the next arena of small matrices goes to, the nodes in turn by their share of
+/// the threads (`None` on one node).
+pub fn next_home() -> Option<usize> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let shares = &installed().filter(|p| p.shares.nodes() > 1)?.shares;
+    // Arena k goes to the node owning "row" k mod T of T (T threads): each node gets
+    // arenas in proportion to its threads.
+    let turn = NEXT.fetch_add(1, Ordering::Relaxed);
+    let total: usize = (0..shares.nodes()).map(|n| shares.threads(n)).sum();
+    Some(shares.owner(turn % total, total))
 }
 
 /// Interleaves a buffer over the installed plan's nodes page by page: for memory any

@@ -60,6 +60,11 @@ impl Shares {
         len * self.cum[n] / t..len * self.cum[n + 1] / t
     }
 
+    /// The compute threads of node `n`.
+    pub fn threads(&self, n: usize) -> usize {
+        self.cum[n + 1] - self.cum[n]
+    }
+
     /// The node owning row `row` of `rows`.
     pub fn owner(&self, row: usize, rows: usize) -> usize {
         (0..self.nodes())

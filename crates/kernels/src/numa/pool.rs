@@ -49,6 +49,18 @@ pub fn build(plan: &Plan) -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildErr
     Ok(pool)
 }
 
+/// Seats the calling thread where compute thread `i` of the installed plan sits (if it is
+/// pinned): the roof probes' threads, spawned by a compute thread, would otherwise all
+/// inherit that one thread's cores.
+pub fn sit_as(i: usize) {
+    if let Some(plan) = super::installed() {
+        let seat = &plan.seats[i % plan.seats.len()];
+        if !seat.cpus.is_empty() {
+            let _ = pin(&seat.cpus);
+        }
+    }
+}
+
 /// Pins the calling thread to `cpus`.
 pub fn pin(cpus: &[usize]) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
