@@ -40,6 +40,8 @@ pub struct KernelArgs {
     /// (V4-Flash's own: the head, a compressor, the attention projections, the experts).
     #[arg(long, default_value = "bench", value_parser = ["bench", "flash"])]
     shapes: String,
+    #[command(flatten)]
+    pub threads: crate::thread_args::ThreadArgs,
 }
 
 /// The bench preset's shapes: dense 2048×2048 projections, FP4 experts 768×2048.

@@ -239,7 +239,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             return Ok(());
         }
         Some(BenchWhat::Kernels(k)) => {
-            kernels::run(k);
+            k.threads.install()?;
+            // As the engine runs them: from inside its compute pool.
+            deepinfer_engine::engine::compute_pool()?.install(|| kernels::run(k));
             return Ok(());
         }
         Some(BenchWhat::Model(m)) => return model::run(m),
