@@ -10,8 +10,9 @@
 //! node's threads at a time ("guided" scheduling): each thread streams long runs of rows,
 //! which its prefetches (whole calls of rows ahead) and the hardware's expect. This also
 //! measured faster than rayon's adaptive splitting of the tile range on one node (decode
-//! 8–10 % on the bench preset, prefill 4–9 %; docs/PERFORMANCE.md). A tile's result does
-//! not depend on the thread that runs it, so the dealing cannot change a bit of the output.
+//! 3–6 % and prefill 5–9 % on the bench preset, decode 4–5 % on flash-slice; see
+//! docs/PERFORMANCE.md). A tile's result does not depend on the thread that runs it, so the
+//! dealing cannot change a bit of the output.
 
 use super::Plan;
 use crate::numa::plan::Shares;

@@ -18,7 +18,7 @@ pub fn prefer(start: usize, len: usize, node: usize) {
     policy(start, len, MPOL_PREFERRED, &[node]);
 }
 
-/// Interleaves the pages of `start..start + len` page by page over `nodes`.
+/// Interleaves the pages of `start..start + len` over `nodes`, one huge page each in turn.
 pub fn interleave(start: usize, len: usize, nodes: &[usize]) {
     policy(start, len, MPOL_INTERLEAVE, nodes);
 }

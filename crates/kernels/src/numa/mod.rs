@@ -80,8 +80,8 @@ pub fn next_home() -> Option<usize> {
     Some(shares.owner(turn % total, total))
 }
 
-/// Interleaves a buffer over the installed plan's nodes page by page: for memory any
-/// thread may read (the streamed experts' cache, whose slots change hands).
+/// Interleaves a buffer over the installed plan's nodes, huge page by huge page: for memory
+/// any thread may read (the streamed experts' cache, whose slots change hands).
 pub fn place_interleaved(start: *const u8, len: usize) {
     if let Some(plan) = installed().filter(|p| p.shares.nodes() > 1) {
         bind::interleave(start as usize, len, &plan.shares.node_ids);
