@@ -16,9 +16,10 @@ pub struct ThreadArgs {
     /// distribute.
     #[arg(long, value_parser = parse_list)]
     pub cpu_affinity: Option<CpuList>,
-    /// `distribute`: on a machine of several NUMA nodes, each weight matrix's rows are
-    /// split over the nodes, each part in its node's memory and computed by its threads
-    /// (the default when the cores in use span several nodes). `off`: placed as on one node.
+    /// `distribute`: on a machine of several NUMA nodes, the weights are spread over the
+    /// nodes' memory — a large matrix's rows split between them, small matrices whole on
+    /// each in turn — and each part is computed by its node's threads (the default when the
+    /// cores in use span several nodes). `off`: placed as on one node.
     #[arg(long)]
     pub numa: Option<plan::Numa>,
 }
@@ -100,7 +101,7 @@ fn describe(plan: &plan::Plan, listed: bool) -> String {
         plan.seats.len(),
         per_node.join(", "),
         if n > 1 {
-            "; weight rows split over the nodes by thread count"
+            "; weights spread over the nodes by thread count"
         } else {
             ""
         }

@@ -1,6 +1,6 @@
 //! `--threads`, `--cpu-affinity` and `--numa` end to end: the binary run on a fake sysfs
-//! tree of two NUMA nodes (`DEEPINFER_TOPOLOGY`) seats its threads one node each, splits
-//! the weights' rows between them, and prints the tokens and log-probabilities of the plain
+//! tree of two NUMA nodes (`DEEPINFER_TOPOLOGY`) seats its threads one node each, spreads
+//! the weights between them, and prints the tokens and log-probabilities of the plain
 //! run; bad flags fail naming the flag.
 
 use deepinfer_model::kernels::numa::topology::{allowed_cpus, parse_cpu_list};
@@ -88,7 +88,7 @@ fn two_simulated_nodes_print_the_plain_run() {
     let (plain, _) = generate(&model, &["--threads", "2", "--numa", "off"], None);
     let (placed, stderr) = generate(&model, &["--threads", "2"], Some(&root));
     assert!(
-        stderr.contains("threads: 2 compute threads (node 0: 1, node 1: 1), each kept to its node's cores; weight rows split over the nodes"),
+        stderr.contains("threads: 2 compute threads (node 0: 1, node 1: 1), each kept to its node's cores; weights spread over the nodes"),
         "{stderr}"
     );
     assert_eq!(placed, plain, "two nodes changed the output");

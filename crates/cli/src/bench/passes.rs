@@ -29,8 +29,8 @@ fn layout(threads: usize, nodes: usize) -> plan::Plan {
     p
 }
 
-/// µs a pass of `2 × threads` tiles costs beyond its work in a pool laid out by `p`, workers kept awake
-/// as in a forward pass (median of five runs).
+/// µs a pass of `2 × threads` tiles costs beyond its work in a pool laid out by `p`,
+/// workers kept awake as in a forward pass (median of five runs).
 fn measure(p: plan::Plan) -> f64 {
     std::thread::spawn(move || {
         let pool = pool::build(&p).expect("compute pool");

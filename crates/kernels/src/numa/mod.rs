@@ -3,8 +3,8 @@
 //!
 //! The binary reads the machine's topology ([`topology`]), makes a [`plan::Plan`] and
 //! [`install`]s it once, before the weights load: the weight buffers are then bound to their
-//! nodes as they are filled ([`place_rows`]), and the compute pool ([`pool::build`]) seats
-//! its threads by it. With one node (every machine but multi-socket servers and some
+//! nodes before they are filled ([`place_rows`], [`place_on`]), and the compute pool
+//! ([`pool::build`]) seats its threads by it. With one node (every machine but multi-socket servers and some
 //! many-chiplet parts) the plan is one share and nothing is bound.
 
 pub mod bind;

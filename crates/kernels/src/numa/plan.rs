@@ -2,11 +2,12 @@
 //!
 //! Decode reads every weight byte once a token, so on a machine of several nodes the
 //! bandwidth that counts is each node's own: a thread reading another node's memory goes
-//! through the socket link at a fraction of it. Under `distribute` every weight matrix is
-//! cut by rows into one share per node, sized by the node's thread count; a node's share
-//! lives in its memory ([`super::bind`]) and its threads compute those rows (the products'
+//! through the socket link at a fraction of it. Under `distribute` the nodes get shares
+//! sized by their thread counts: a large matrix is cut by rows into one share per node,
+//! and the arenas of small matrices go to the nodes in turn in the same proportion
+//! (`buffer`, [`super::bind`]); each part is computed by its node's threads (the products'
 //! per-node queues in `linear`). Which thread computes a row never changes its bits, so the
-//! split cannot change a result.
+//! placement cannot change a result.
 
 use super::topology::Topology;
 use std::ops::Range;
@@ -14,10 +15,11 @@ use std::ops::Range;
 /// How the weights are placed over the nodes (`--numa`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Numa {
-    /// One node, as if the machine had one: no binding, no per-node queues.
+    /// One node, as if the machine had one: no binding, one queue.
     Off,
-    /// Each matrix's rows split over the nodes by thread count, each part in its node's
-    /// memory and computed by its threads (the default on a machine of several nodes).
+    /// The weights spread over the nodes by thread count (large matrices by rows, small
+    /// ones whole), each part in its node's memory and computed by its threads (the
+    /// default on a machine of several nodes).
     Distribute,
 }
 
