@@ -141,6 +141,20 @@ pub fn bf16_dots_detected() -> bool {
     false
 }
 
+/// The first core's L1 data cache, in bytes, from sysfs (`None` where it cannot be read).
+pub fn l1d_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    (0..8).find_map(|i| {
+        let read = |f: &str| std::fs::read_to_string(dir.join(format!("index{i}/{f}"))).ok();
+        if read("level")?.trim() != "1" || read("type")?.trim() != "Data" {
+            return None;
+        }
+        let size = read("size")?;
+        let kib: usize = size.trim().strip_suffix('K')?.parse().ok()?;
+        Some(kib << 10)
+    })
+}
+
 /// The kernel family in use: [`detected`], capped by `DEEPINFER_ISA` if set.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();

@@ -5,7 +5,7 @@
 //! ([`kernel_entries`]), where every call here is inlined.
 
 use super::{prefetch_lines, Extra, Fp4Scales, Kernels, Prefetch, RowFormat, PREFETCH};
-use super::{SUB_ROWS, X_BLOCK};
+use super::{x_block, SUB_ROWS};
 
 /// A vector of `LANES` f32 and the decodes of each stored format into such vectors, in the
 /// strided element order the activation layout ([`crate::linear::prepare`]) matches.
@@ -174,7 +174,7 @@ pub(super) unsafe fn rows<S: Kernels, K: RowKind<S, N>, const N: usize, const M:
     e: &K::Extra,
     (out, ldo): (*mut f32, usize),
 ) {
-    let block = (X_BLOCK / (4 * M * N * S::LANES)).max(1);
+    let block = (x_block() / (4 * M * N * S::LANES)).max(1);
     let pairs = M <= S::PAIRS_UP_TO;
     // SAFETY (every vector operation below): as the function's.
     let zero = || unsafe { [[S::zero(); 2]; M] };
