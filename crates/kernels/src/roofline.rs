@@ -4,6 +4,15 @@
 
 use std::time::Instant;
 
+/// `f` as probe thread `i` runs it: seated where compute thread `i` sits (a probe spawned
+/// from a pinned thread would otherwise inherit that one thread's cores).
+fn seated<R>(i: usize, f: impl FnOnce() -> R) -> impl FnOnce() -> R {
+    move || {
+        crate::numa::pool::sit_as(i);
+        f()
+    }
+}
+
 /// Read bandwidth in GB/s (1e9 bytes/s): `threads` threads each stream their share of a
 /// `bytes`-sized buffer (choose it well above the last-level cache), best of `reps` passes.
 ///
@@ -33,12 +42,7 @@ pub fn read_bandwidth(bytes: usize, threads: usize, reps: usize) -> f64 {
                 let handles: Vec<_> = buf
                     .chunks(chunk)
                     .enumerate()
-                    .map(|(i, part)| {
-                        s.spawn(move || {
-                            crate::numa::pool::sit_as(i);
-                            sum_bytes(part, prefetch)
-                        })
-                    })
+                    .map(|(i, part)| s.spawn(seated(i, move || sum_bytes(part, prefetch))))
                     .collect();
                 handles
                     .into_iter()
@@ -197,12 +201,7 @@ fn best_rate(threads: usize, reps: usize, work: impl Fn() -> f64 + Sync) -> f64 
         let work = &work;
         let per_thread: Vec<f64> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..threads.max(1))
-                .map(|i| {
-                    s.spawn(move || {
-                        crate::numa::pool::sit_as(i);
-                        work()
-                    })
-                })
+                .map(|i| s.spawn(seated(i, work)))
                 .collect();
             hs.into_iter().map(|h| h.join().expect("peak")).collect()
         });
@@ -264,13 +263,8 @@ pub fn amx_rates(threads: usize, reps: usize) -> Option<(f64, f64)> {
         for _ in 0..reps.max(1) {
             let per_thread: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..threads.max(1))
-                    .map(|i| {
-                        s.spawn(move || {
-                            crate::numa::pool::sit_as(i);
-                            // SAFETY: the process may use AMX (checked above).
-                            unsafe { crate::linear::amx_probe(200_000) }
-                        })
-                    })
+                    // SAFETY: the process may use AMX (checked above).
+                    .map(|i| s.spawn(seated(i, || unsafe { crate::linear::amx_probe(200_000) })))
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("amx")).collect()
             });

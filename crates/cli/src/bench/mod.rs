@@ -91,7 +91,6 @@ enum BenchWhat {
     Cache(cache::CacheArgs),
 }
 
-/// Prints the measured roofs, one thread and all threads.
 /// Where this process's products leave the fused kernels for the GEMM
 /// ([`deepinfer_model::kernels::linear::gemm_from`], timed at the first product), in words.
 fn gemm_choice() -> String {
@@ -105,6 +104,7 @@ fn gemm_choice() -> String {
     }
 }
 
+/// Prints the measured roofs, one thread and all threads.
 fn roofline(buffer_mib: usize, reps: usize) {
     use deepinfer_kernels::roofline::{fma_peak, read_bandwidth};
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());

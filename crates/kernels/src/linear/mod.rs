@@ -216,9 +216,8 @@ impl Plan {
 
     /// Runs tile `t` (counted within this plan).
     fn run_tile(&self, t: usize) {
-        let row_tiles = self.n.div_ceil(self.tile_rows);
-        let (rt, part) = (t % row_tiles, t / row_tiles);
-        let r0 = self.row0 + rt * self.tile_rows;
+        let part = t / self.n.div_ceil(self.tile_rows);
+        let r0 = self.tile_row0(t);
         let rows = r0..(r0 + self.tile_rows).min(self.row0 + self.n);
         #[cfg(target_arch = "x86_64")]
         if self.amx {

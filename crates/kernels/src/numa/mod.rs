@@ -22,15 +22,11 @@ static INSTALLED: OnceLock<Plan> = OnceLock::new();
 /// Makes `plan` the process's placement; the first plan installed stays (`Err` with it when
 /// another was installed before).
 pub fn install(plan: Plan) -> Result<&'static Plan, &'static Plan> {
-    let mut fresh = false;
-    let got = INSTALLED.get_or_init(|| {
-        fresh = true;
-        plan.clone()
-    });
-    if fresh || *got == plan {
-        Ok(got)
-    } else {
-        Err(got)
+    let fresh = INSTALLED.set(plan);
+    let got = INSTALLED.get().expect("set above");
+    match fresh {
+        Err(other) if other != *got => Err(got),
+        _ => Ok(got),
     }
 }
 
