@@ -99,6 +99,7 @@ fn start(model: Model, max_seqs: usize, spec: Option<&str>) -> (EngineHandle, En
         model_name: "test".into(),
         forced_output: None,
         speculative: spec.map(|s| SpeculativeConfig::from_json(s, None).unwrap()),
+        prefix_disk: None,
     };
     engine::start(model, config).unwrap()
 }

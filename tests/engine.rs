@@ -28,6 +28,7 @@ fn start(
             model_name: "test".into(),
             forced_output: None,
             speculative: None,
+            prefix_disk: None,
         },
     )
     .unwrap()
@@ -161,6 +162,7 @@ fn a_cache_too_small_for_max_model_len_is_a_startup_error() {
             model_name: "test".into(),
             forced_output: None,
             speculative: None,
+            prefix_disk: None,
         },
     )
     .err()
@@ -191,6 +193,7 @@ fn invalid_engine_settings_are_startup_errors() {
                 model_name: "test".into(),
                 forced_output: None,
                 speculative: None,
+                prefix_disk: None,
             },
         )
         .err()
@@ -225,6 +228,7 @@ fn a_forced_output_script_is_generated_then_eos() {
                 model_name: "test".into(),
                 forced_output,
                 speculative: None,
+                prefix_disk: None,
             },
         )
     };

@@ -108,6 +108,7 @@ fn the_engine_streaming_experts_gets_the_golden_tokens_under_preemption() {
         model_name: "test".into(),
         forced_output: None,
         speculative: None,
+        prefix_disk: None,
     };
     let (h, join) = engine::start(model, config).unwrap();
     expect_golden_greedy_picks(&h, &g, &PREEMPTION_PICKS, "streamed, preempted");

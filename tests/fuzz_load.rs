@@ -303,6 +303,7 @@ fn generate(model: Model) -> Result<Vec<u32>, String> {
         model_name: "fuzz".into(),
         forced_output: None,
         speculative: None,
+        prefix_disk: None,
     };
     let fits =
         engine::max_model_len_that_fits(&model.config, &config).map_err(|e| e.to_string())?;

@@ -85,6 +85,7 @@ fn steady_steps_allocate_nothing(
         model_name: "no_alloc".into(),
         forced_output: None,
         speculative,
+        prefix_disk: None,
     };
     let metrics = Arc::new(EngineMetrics::new("no_alloc"));
     let mut model = load(fixture, "official");

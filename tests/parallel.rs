@@ -258,6 +258,7 @@ fn start(
         model_name: "test".into(),
         forced_output: None,
         speculative: None,
+        prefix_disk: None,
     };
     engine::start(model, config).unwrap()
 }

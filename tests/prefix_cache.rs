@@ -4,6 +4,8 @@
 //! and preemption; and every block and snapshot returns when the cache is reset.
 
 mod common;
+#[path = "prefix_cache/disk.rs"]
+mod disk;
 
 use common::*;
 use deepinfer_engine::cache::{
@@ -227,7 +229,7 @@ fn evicted_prefixes_are_recomputed_and_the_cache_empties() {
     }
     let usage = small.usage();
     assert!(usage.iter().all(|u| u.used_blocks == 0), "{usage:?}");
-    small.reset_prefix_cache();
+    small.reset_prefix_cache(false);
     for u in small.usage() {
         assert_eq!((u.used_blocks, u.cached_blocks), (0, 0), "{}", u.name);
     }
@@ -284,6 +286,7 @@ fn engine_with(
         model_name: "prefix".into(),
         forced_output: None,
         speculative,
+        prefix_disk: None,
     };
     let metrics = Arc::new(EngineMetrics::new("prefix"));
     EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap()
@@ -459,7 +462,7 @@ fn a_load_of_shared_prefixes_returns_every_reference() {
     for u in warm.cache().usage() {
         assert_eq!((u.used_blocks, u.used_bytes), (0, 0), "{}", u.name);
     }
-    warm.reset_prefix_cache();
+    warm.reset_prefix_cache(false);
     for u in warm.cache().usage() {
         assert_eq!((u.used_blocks, u.cached_blocks), (0, 0), "{}", u.name);
     }

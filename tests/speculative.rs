@@ -58,6 +58,7 @@ fn start(
             model_name: "test".into(),
             forced_output: None,
             speculative: Some(spec),
+            prefix_disk: None,
         },
     )
     .unwrap()
@@ -359,6 +360,7 @@ fn mtp_without_an_mtp_block_is_a_startup_error() {
             model_name: "test".into(),
             forced_output: None,
             speculative: Some(mtp(2)),
+            prefix_disk: None,
         },
     )
     .err()
@@ -423,6 +425,7 @@ fn sampled_output_keeps_the_target_distribution() {
                 model_name: "test".into(),
                 forced_output: None,
                 speculative: spec,
+                prefix_disk: None,
             },
         )
         .unwrap();

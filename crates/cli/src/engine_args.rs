@@ -165,6 +165,7 @@ impl EngineArgs {
             },
             forced_output: None,
             speculative,
+            prefix_disk: None,
         })
     }
 

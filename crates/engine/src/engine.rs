@@ -2,6 +2,7 @@
 //! model runner, cache pools, sampler); callers talk to it through channels only, so the hot
 //! path takes no locks.
 
+use crate::cache::disk::DiskConfig;
 use crate::cache::{CacheConfig, CacheError, CacheManager, CacheSizes};
 use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
@@ -35,6 +36,8 @@ pub struct EngineConfig {
     pub forced_output: Option<Vec<u32>>,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<SpeculativeConfig>,
+    /// The prefix cache's disk tier (`None`: memory only).
+    pub prefix_disk: Option<DiskConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +71,8 @@ enum Command {
     Stop(RequestId),
     /// Reply once nothing is waiting or running (tests, shutdown).
     Drain(Sender<()>),
+    /// Empty the prefix cache (and its disk tier with `disk`); reply with the blocks freed.
+    ResetPrefixCache { disk: bool, reply: Sender<usize> },
     Shutdown,
 }
 
@@ -157,6 +162,16 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         self.tx
             .send(Command::Drain(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.recv().map_err(|_| EngineError::Stopped)
+    }
+
+    /// Empties the prefix cache of every prefix no running request extends, and with `disk`
+    /// the disk tier; returns how many blocks memory freed.
+    pub fn reset_prefix_cache(&self, disk: bool) -> Result<usize, EngineError> {
+        let (reply, rx) = mpsc::channel();
+        self.tx
+            .send(Command::ResetPrefixCache { disk, reply })
             .map_err(|_| EngineError::Stopped)?;
         rx.recv().map_err(|_| EngineError::Stopped)
     }
@@ -317,6 +332,9 @@ impl EngineLoop {
                 .core
                 .finish(id, FinishReason::Stop, TokenIds::new(), None),
             Command::Drain(reply) => self.drains.push(reply),
+            Command::ResetPrefixCache { disk, reply } => {
+                let _ = reply.send(self.core.reset_prefix_cache(disk));
+            }
             Command::Shutdown => {
                 self.core.abort_all();
                 return false;
@@ -456,10 +474,13 @@ impl EngineCore {
     ) -> Result<Self, EngineError> {
         validate(&config, &model)?;
         let spec = speculator(&config);
-        let cache = CacheManager::new(
+        let mut cache = CacheManager::new(
             &model.config,
             cache_config(&model.config, &config, spec.as_ref()),
         )?;
+        if let Some(disk) = &config.prefix_disk {
+            cache.attach_disk(&model.config, disk, Default::default())?;
+        }
         let max_model_len = config.scheduler.max_model_len;
         let fits = cache.max_tokens_per_seq();
         if fits < max_model_len {
@@ -507,10 +528,11 @@ impl EngineCore {
     }
 
     /// Evicts every cached prefix no running request extends (vLLM's
-    /// `/reset_prefix_cache`); returns how many blocks went.
-    pub fn reset_prefix_cache(&mut self) -> usize {
-        let n = self.cache.reset_prefix_cache();
-        self.metrics.set_cache_usage(self.cache.pool_usage());
+    /// `/reset_prefix_cache`), and with `disk` the disk tier's entries; returns how many
+    /// blocks went from memory.
+    pub fn reset_prefix_cache(&mut self, disk: bool) -> usize {
+        let n = self.cache.reset_prefix_cache(disk);
+        self.update_gauges();
         n
     }
 
@@ -783,6 +805,9 @@ impl EngineCore {
         self.metrics.num_requests_running.set(running as i64);
         self.metrics.num_requests_waiting.set(waiting as i64);
         self.metrics.set_cache_usage(self.cache.pool_usage());
+        if let Some(d) = self.cache.disk_stats() {
+            self.metrics.set_disk(d);
+        }
     }
 
     /// Ends a request: last delta with the reason, cache freed now. Unknown ids are ignored.

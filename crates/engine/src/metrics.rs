@@ -11,6 +11,7 @@ use prometheus::{
 };
 use std::time::Duration;
 
+use crate::cache::disk::DiskStats;
 use crate::cache::PoolUsage;
 use crate::request::FinishReason;
 
@@ -52,6 +53,8 @@ pub struct EngineMetrics {
     /// Prefix caching (vLLM's names): prompt tokens looked up at admission, and found.
     pub prefix_cache_queries: IntCounter,
     pub prefix_cache_hits: IntCounter,
+    /// The prefix cache's disk tier (`--prefix-cache-dir`).
+    pub prefix_disk: DiskMetrics,
     /// Speculative decoding (vLLM's names): verify rounds (one per sequence and step with
     /// drafts), draft tokens verified, accepted, and accepted by draft position.
     pub spec_decode_num_drafts: IntCounter,
@@ -62,6 +65,20 @@ pub struct EngineMetrics {
     pub num_requests_running: IntGauge,
     pub num_requests_waiting: IntGauge,
     cache_usage: prometheus::GaugeVec,
+}
+
+/// The disk tier's counters: its hits under vLLM's names for hits from outside the GPU
+/// cache (`external_prefix_cache_*`, which its KV connectors such as LMCache's disk offload
+/// fill), and its traffic.
+pub struct DiskMetrics {
+    pub queries: IntCounter,
+    pub hits: IntCounter,
+    pub read_bytes: IntCounter,
+    pub written_bytes: IntCounter,
+    pub dropped_writes: IntCounter,
+    pub errors: IntCounter,
+    pub entries: IntGauge,
+    pub bytes: IntGauge,
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
@@ -192,6 +209,34 @@ impl EngineMetrics {
                 "prefix_cache_hits_total",
                 "Prefix cache hits, in tokens: those found computed in the cache.",
             ),
+            prefix_disk: DiskMetrics {
+                queries: c(
+                    "external_prefix_cache_queries_total",
+                    "Prompt tokens looked up in the prefix cache on disk (past the memory hit).",
+                ),
+                hits: c(
+                    "external_prefix_cache_hits_total",
+                    "Prompt tokens found in the prefix cache on disk.",
+                ),
+                read_bytes: c(
+                    "prefix_cache_disk_read_bytes_total",
+                    "Bytes of prefix cache entries read from disk.",
+                ),
+                written_bytes: c(
+                    "prefix_cache_disk_written_bytes_total",
+                    "Bytes of prefix cache entries written to disk.",
+                ),
+                dropped_writes: c(
+                    "prefix_cache_disk_dropped_writes_total",
+                    "Entries not written because the write queue was full.",
+                ),
+                errors: c(
+                    "prefix_cache_disk_errors_total",
+                    "Failed disk writes and entries found corrupt, torn or foreign.",
+                ),
+                entries: g("prefix_cache_disk_entries", "Entries in the prefix cache directory."),
+                bytes: g("prefix_cache_disk_bytes", "Bytes in the prefix cache directory."),
+            },
             request_success,
             num_requests_running: g(
                 "num_requests_running",
@@ -229,6 +274,24 @@ impl EngineMetrics {
         self.request_success
             .with_label_values(&[reason.as_str()])
             .inc();
+    }
+
+    /// Brings the disk tier's series up to `stats`.
+    pub fn set_disk(&self, stats: &DiskStats) {
+        let m = &self.prefix_disk;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        for (c, a) in [
+            (&m.queries, &stats.query_tokens),
+            (&m.hits, &stats.hit_tokens),
+            (&m.read_bytes, &stats.read_bytes),
+            (&m.written_bytes, &stats.written_bytes),
+            (&m.dropped_writes, &stats.dropped_writes),
+            (&m.errors, &stats.errors),
+        ] {
+            c.inc_by(load(a).saturating_sub(c.get()));
+        }
+        m.entries.set(load(&stats.entries) as i64);
+        m.bytes.set(load(&stats.bytes) as i64);
     }
 
     pub fn set_cache_usage(&self, pools: impl IntoIterator<Item = PoolUsage>) {

@@ -262,6 +262,7 @@ fn start() -> Harness {
         // Every generation writes these tokens then EOS: short, whatever the model says.
         forced_output: Some(script),
         speculative: None,
+        prefix_disk: None,
     };
     let (engine, _join) = engine::start(model, config).unwrap();
     let state = Arc::new(AppState::new(

@@ -159,6 +159,19 @@ impl BlockPool {
         self.refs[b]
     }
 
+    /// The floats of block `b`.
+    pub fn block(&self, b: usize) -> &[f32] {
+        &self.data[b * self.block_floats..(b + 1) * self.block_floats]
+    }
+
+    pub fn block_mut(&mut self, b: usize) -> &mut [f32] {
+        &mut self.data[b * self.block_floats..(b + 1) * self.block_floats]
+    }
+
+    pub fn block_floats(&self) -> usize {
+        self.block_floats
+    }
+
     pub fn data(&self) -> &[f32] {
         &self.data
     }

@@ -66,4 +66,9 @@ pub enum CacheError {
         high_water: usize,
         slack: usize,
     },
+    #[error(
+        "--prefix-cache-dir {dir}: another deepinfer process is using this directory (its \
+         `lock` file is held); give each server a directory of its own"
+    )]
+    PrefixDirInUse { dir: String },
 }

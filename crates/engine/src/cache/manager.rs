@@ -12,6 +12,7 @@ use super::prefix::PrefixCache;
 use super::view::{BatchView, Capture};
 use super::CacheError;
 
+mod disk;
 mod reuse;
 
 /// How big the cache is and what it must allow.
@@ -346,6 +347,8 @@ impl CacheManager {
         }
         if let Some(p) = &mut self.prefix {
             if let Some(tip) = s.tip {
+                // Where the sequence ended is where a next turn resumes.
+                p.store_snapshot(tip);
                 p.unpin(tip);
             }
             for (_, rec) in self.slot_captures[s.slot].drain(..) {
@@ -444,6 +447,16 @@ impl CacheManager {
             &self.batch,
             snapshots.map(|(l, d)| (l, d, &self.captures[..])),
         ))
+    }
+}
+
+impl Drop for CacheManager {
+    /// A clean shutdown leaves what memory cached on disk (if there is a disk tier), for the
+    /// next start.
+    fn drop(&mut self) {
+        if let Some(p) = &mut self.prefix {
+            p.spill_all(&self.pools);
+        }
     }
 }
 

@@ -39,6 +39,7 @@
 mod allocator;
 mod block_pool;
 mod budget;
+pub mod disk;
 mod error;
 pub mod layout;
 mod manager;

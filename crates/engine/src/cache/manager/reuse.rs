@@ -75,7 +75,7 @@ impl CacheManager {
         if s.capacity != 0 {
             return Ok(0);
         }
-        let Some(hit) = prefix.lookup(len, token) else {
+        let Some(hit) = prefix.lookup(len, token, &mut self.pools) else {
             return Ok(0);
         };
         let tables = &mut self.slot_tables[slot];
@@ -186,12 +186,16 @@ impl CacheManager {
     }
 
     /// Evicts every cached prefix no running sequence extends (vLLM's
-    /// `/reset_prefix_cache`); returns how many blocks went.
-    pub fn reset_prefix_cache(&mut self) -> usize {
-        match &mut self.prefix {
-            Some(p) => p.clear(&mut self.pools),
-            None => 0,
+    /// `/reset_prefix_cache`), and with `disk` every entry of the disk tier; returns how
+    /// many blocks went from memory.
+    pub fn reset_prefix_cache(&mut self, disk: bool) -> usize {
+        let Some(p) = &mut self.prefix else {
+            return 0;
+        };
+        if let Some(d) = p.disk_mut().filter(|_| disk) {
+            d.clear();
         }
+        p.clear(&mut self.pools)
     }
 }
 
@@ -290,7 +294,7 @@ mod tests {
         let usage = m.usage();
         assert!(usage.iter().all(|u| u.used_blocks == 0), "{usage:?}");
         assert!(usage[1].cached_blocks > 0);
-        assert_eq!(m.reset_prefix_cache(), 2);
+        assert_eq!(m.reset_prefix_cache(false), 2);
         assert!(m.usage().iter().all(|u| u.cached_blocks == 0));
         assert_eq!(m.prefix_usage().unwrap().snapshots, 0);
     }

@@ -13,12 +13,19 @@
 //! happens only when memory is asked for: blocks when a pool runs out, snapshots when the
 //! snapshot store does. A node a running sequence extends is *pinned* (its next block
 //! becomes the node's child) and stays.
+//!
+//! With a disk tier ([`super::disk`]), each node also carries its chain hash: its block is
+//! written as it is cached, a snapshot as it is evicted (or as a sequence ends on it), and a
+//! lookup continues on disk past the last block memory has ([`tier`]).
+
+mod tier;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use super::block_pool::BlockPool;
+use super::disk::{self, DiskTier};
 
 /// The parent of the first block of every chain.
 const ROOT: usize = usize::MAX;
@@ -38,6 +45,8 @@ struct Node {
     last_used: u64,
     /// Blocks from the start through this one.
     depth: usize,
+    /// The chained hash of every token through this block (only with a disk tier).
+    chain: disk::Digest,
 }
 
 /// Fixed-size snapshot records carved out of one allocation.
@@ -74,6 +83,7 @@ pub(super) struct PrefixCache {
     index: HashMap<(usize, u64), usize>,
     clock: u64,
     snapshots: SnapshotStore,
+    disk: Option<DiskTier>,
 }
 
 fn key_of(tokens: impl Iterator<Item = u32>) -> u64 {
@@ -109,6 +119,7 @@ impl PrefixCache {
                 data: vec![0.0; snapshot_floats * snapshots],
                 free: (0..snapshots).rev().collect(),
             },
+            disk: None,
         }
     }
 
@@ -147,7 +158,12 @@ impl PrefixCache {
 
     /// The longest cached prefix of the `len` tokens `token` gives that leaves at least one
     /// token to compute and ends at a snapshot; its nodes are marked used.
-    pub fn lookup(&mut self, len: usize, token: &dyn Fn(usize) -> u32) -> Option<Hit> {
+    pub fn lookup(
+        &mut self,
+        len: usize,
+        token: &dyn Fn(usize) -> u32,
+        pools: &mut [BlockPool],
+    ) -> Option<Hit> {
         let t = self.block_tokens;
         let most = len.saturating_sub(1) / t;
         let mut chain = Vec::new();
@@ -158,6 +174,9 @@ impl PrefixCache {
             };
             chain.push(id);
             parent = id;
+        }
+        if self.disk.is_some() {
+            self.extend_from_disk(&mut chain, most, token, pools);
         }
         let last = chain
             .iter()
@@ -195,6 +214,7 @@ impl PrefixCache {
             }
             None => {
                 let victim = self.lru_leaf(|_| true)?;
+                self.spill(victim, pools);
                 self.evict(victim, pools);
                 self.free_ids.pop().expect("just freed")
             }
@@ -204,6 +224,7 @@ impl PrefixCache {
             *x = token(start + i);
         }
         let key = key_of(self.tokens_of(id).iter().copied());
+        let chain = self.chain_after(parent, id);
         let mut held = [0; MAX_POOLS];
         for ((pool, &b), h) in pools.iter_mut().zip(blocks).zip(&mut held) {
             pool.retain_cached(b);
@@ -219,11 +240,13 @@ impl PrefixCache {
             pins: 0,
             last_used: self.clock,
             depth: start / t + 1,
+            chain,
         });
         self.index.insert((parent, key), id);
         if parent != ROOT {
             self.node_mut(parent).children += 1;
         }
+        self.store_block(id, pools);
         Some(id)
     }
 
@@ -258,6 +281,7 @@ impl PrefixCache {
             .filter(|(_, n)| n.snapshot.is_some())
             .min_by_key(|(_, n)| (n.last_used, std::cmp::Reverse(n.depth)))
             .map(|(id, _)| id)?;
+        self.store_snapshot(victim);
         self.node_mut(victim).snapshot.take()
     }
 
@@ -297,6 +321,7 @@ impl PrefixCache {
         let only_cached = |n: &Node| pools[pool].refs(n.blocks[pool]) == 1;
         match self.lru_leaf(only_cached) {
             Some(id) => {
+                self.spill(id, pools);
                 self.evict(id, pools);
                 true
             }
@@ -385,18 +410,19 @@ mod tests {
         let mut c = PrefixCache::new(4, 2, 8, 3, 8);
         let a: Vec<u32> = (0..12).collect();
         cache_chain(&mut c, &mut pools, &a);
-        let depth = |c: &mut PrefixCache, t: &[u32]| {
-            c.lookup(t.len(), &|i| t[i]).map_or(0, |h| h.chain.len())
+        let mut depth = |t: &[u32]| {
+            c.lookup(t.len(), &|i| t[i], &mut pools)
+                .map_or(0, |h| h.chain.len())
         };
-        assert_eq!(depth(&mut c, &a), 2, "the last token is always computed");
-        assert_eq!(depth(&mut c, &[a.clone(), vec![99]].concat()), 3);
+        assert_eq!(depth(&a), 2, "the last token is always computed");
+        assert_eq!(depth(&[a.clone(), vec![99]].concat()), 3);
         let mut b = a.clone();
         b[5] = 77; // differs in the second block
-        assert_eq!(depth(&mut c, &b), 1);
+        assert_eq!(depth(&b), 1);
         b[0] = 77;
-        assert_eq!(depth(&mut c, &b), 0);
-        assert_eq!(depth(&mut c, &a[..4]), 0);
-        assert_eq!(depth(&mut c, &a[..5]), 1);
+        assert_eq!(depth(&b), 0);
+        assert_eq!(depth(&a[..4]), 0);
+        assert_eq!(depth(&a[..5]), 1);
     }
 
     #[test]
@@ -409,7 +435,8 @@ mod tests {
         cache_chain(&mut c, &mut pools, &b);
         assert_eq!(pools[0].cached_blocks(), 4);
         // Use a: b becomes the least recently used.
-        assert!(c.lookup(9, &|i| [a.clone(), vec![1]].concat()[i]).is_some());
+        let a9 = [a.clone(), vec![1]].concat();
+        assert!(c.lookup(9, &|i| a9[i], &mut pools).is_some());
         c.pin(tip_a);
         assert!(c.evict_for(0, &mut pools));
         assert!(c.evict_for(0, &mut pools));
