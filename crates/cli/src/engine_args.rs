@@ -5,6 +5,7 @@ use crate::memory::{Asked, Split, WeightNeeds, MOST_SEQS, UNKNOWN_CACHE};
 use crate::ranks;
 use anyhow::{Context, Result};
 use clap::Args;
+use deepinfer_engine::cache::disk::DiskConfig;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig};
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
@@ -13,7 +14,7 @@ use deepinfer_model::checkpoint::Checkpoint;
 use deepinfer_model::config::ModelConfig;
 use deepinfer_model::experts::StoredBytes;
 use deepinfer_model::v4::Model;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 #[derive(Args, Debug, Clone)]
@@ -55,11 +56,23 @@ pub struct EngineArgs {
     /// Turn prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    /// Keep the prefix cache on disk too, in DIR (off by default): blocks are written as
+    /// they are cached and snapshots as they leave memory, so a prefix evicted from memory,
+    /// or cached before a restart, is read back instead of computed again.
+    #[arg(long, value_name = "DIR")]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// The most the prefix cache directory may hold, in GiB (the least recently used
+    /// entries go first).
+    #[arg(long, default_value_t = 16.0, value_name = "GIB")]
+    pub prefix_cache_disk_gib: f64,
     #[command(flatten)]
     pub load: LoadArgs,
     /// The memory split [`Self::load_model`] chose.
     #[arg(skip)]
     split: OnceLock<Split>,
+    /// The identity of the checkpoint [`Self::load_model`] loaded (keys the disk cache).
+    #[arg(skip)]
+    checkpoint: OnceLock<[u8; 32]>,
 }
 
 impl EngineArgs {
@@ -72,7 +85,38 @@ impl EngineArgs {
         eprintln!("{}", split.line);
         let budget = split.weights;
         let _ = self.split.set(split);
+        if self.prefix_cache_dir.is_some() {
+            let config = std::fs::read(dir.join("config.json"))
+                .with_context(|| format!("reading {}", dir.join("config.json").display()))?;
+            let _ = self
+                .checkpoint
+                .set(Checkpoint::open(dir)?.identity(&config));
+        }
         self.load.load(dir, budget, progress)
+    }
+
+    /// The disk tier of the prefix cache, if `--prefix-cache-dir` asks for one.
+    fn prefix_disk(&self) -> Result<Option<DiskConfig>> {
+        let Some(dir) = &self.prefix_cache_dir else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !self.no_enable_prefix_caching,
+            "--prefix-cache-dir keeps the prefix cache on disk, and --no-enable-prefix-caching \
+             turns that cache off: drop one of them"
+        );
+        let gib = self.prefix_cache_disk_gib;
+        anyhow::ensure!(
+            gib.is_finite() && gib > 0.0 && gib <= (1u64 << 20) as f64,
+            "--prefix-cache-disk-gib {gib}: give the most the directory may hold, in GiB \
+             (more than 0, at most 1048576)"
+        );
+        // Known once the model is loaded; before that (sizing the memory) it does not matter.
+        Ok(self.checkpoint.get().map(|&checkpoint| DiskConfig {
+            dir: dir.clone(),
+            max_bytes: (gib * (1u64 << 30) as f64) as u64,
+            checkpoint,
+        }))
     }
 
     /// The split for the checkpoint in `dir`, read from its config and tensor index.
@@ -165,7 +209,7 @@ impl EngineArgs {
             },
             forced_output: None,
             speculative,
-            prefix_disk: None,
+            prefix_disk: self.prefix_disk()?,
         })
     }
 

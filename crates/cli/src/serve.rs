@@ -232,7 +232,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine_result = join.join();
     served?;
     match engine_result {
-        Ok(Ok(_)) => {
+        Ok(Ok(core)) => {
+            // The prefix cache's disk tier takes what memory cached (for the next start).
+            drop(core);
             eprintln!("stopped");
             Ok(())
         }

@@ -7,6 +7,7 @@
 
 mod decode;
 mod error;
+mod identity;
 mod matrix;
 mod names;
 mod shard;

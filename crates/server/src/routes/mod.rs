@@ -1,5 +1,6 @@
 //! The HTTP surface: vLLM's routes, OpenAI's shapes.
 
+mod cache;
 mod chat;
 mod completions;
 mod info;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 pub type Shared = Arc<AppState>;
 
-/// Every route. `/v1/*` and the tokenizer routes need the API key when one is set (as in
+/// Every route. `/v1/*`, the tokenizer routes and `/reset_prefix_cache` need the API key when one is set (as in
 /// vLLM); `/health`, `/metrics` and `/version` stay open. Bodies are read whole, within
 /// `body`'s limits, before any handler runs.
 pub fn router(state: Shared, body: BodyLimits) -> Router {
@@ -32,6 +33,7 @@ pub fn router(state: Shared, body: BodyLimits) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/reset_prefix_cache", post(cache::reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
