@@ -25,7 +25,11 @@ fn disk_cache(r: &ModelRunner, budget: usize, dir: &Path) -> (CacheManager, Arc<
     let mut c = cache(r, budget, 2, true);
     let stats = Arc::new(DiskStats::default());
     let on = c
-        .attach_disk(&r.model().config, &disk_config(dir, CHECKPOINT), stats.clone())
+        .attach_disk(
+            &r.model().config,
+            &disk_config(dir, CHECKPOINT),
+            stats.clone(),
+        )
         .unwrap();
     assert!(on, "the disk tier is usable");
     (c, stats)
@@ -168,7 +172,10 @@ fn corrupt_torn_and_foreign_entries_are_misses_and_go() {
     let sub = block4.parent().unwrap().to_path_buf();
     std::fs::write(sub.join(".tmp-77"), b"half an entry").unwrap();
     let (mut second, stats) = disk_cache(&r, 64 << 20, dir.path());
-    assert!(!sub.join(".tmp-77").exists(), "torn writes are removed at start");
+    assert!(
+        !sub.join(".tmp-77").exists(),
+        "torn writes are removed at start"
+    );
     let (warm, resumed) = run(&mut r, &mut second, &[&base], 64);
     assert_eq!(resumed[0], 48, "up to the block before the corrupt one");
     assert_rows_equal(&warm[0], &cold[0][48..], "a corrupt block");
@@ -183,7 +190,11 @@ fn corrupt_torn_and_foreign_entries_are_misses_and_go() {
     assert_eq!(stats.errors.load(Ordering::Relaxed), 1);
     assert_rows_equal(&warm[0], &cold[0][96..], "a cut snapshot");
     drop(third);
-    assert_eq!(std::fs::metadata(&snap7).unwrap().len(), len, "rewritten whole");
+    assert_eq!(
+        std::fs::metadata(&snap7).unwrap().len(),
+        len,
+        "rewritten whole"
+    );
 }
 
 #[test]
@@ -219,7 +230,10 @@ fn memory_evictions_are_read_back_from_disk() {
             assert_rows_equal(&warm[0], &cold[0][resumed[0]..], &label);
         }
     }
-    assert!(stats.hit_tokens.load(Ordering::Relaxed) > 0, "some came from disk");
+    assert!(
+        stats.hit_tokens.load(Ordering::Relaxed) > 0,
+        "some came from disk"
+    );
     assert_eq!(stats.errors.load(Ordering::Relaxed), 0);
 }
 
@@ -246,7 +260,10 @@ fn another_identity_never_reads_and_a_second_process_is_kept_out() {
     let mut official = runner("tiny-a", Numerics::Official);
     let (mut c, stats) = disk_cache(&official, 64 << 20, dir.path());
     let (_, resumed) = run(&mut official, &mut c, &[&base], 64);
-    assert_eq!((resumed[0], stats.hit_tokens.load(Ordering::Relaxed)), (0, 0));
+    assert_eq!(
+        (resumed[0], stats.hit_tokens.load(Ordering::Relaxed)),
+        (0, 0)
+    );
     drop(c);
     let mut c = cache(&r, 64 << 20, 2, true);
     let foreign = disk_config(dir.path(), [8; 32]);
@@ -258,7 +275,10 @@ fn another_identity_never_reads_and_a_second_process_is_kept_out() {
     drop(c);
     let (mut same, _) = disk_cache(&r, 64 << 20, dir.path());
     let (_, resumed) = run(&mut r, &mut same, &[&base], 64);
-    assert_eq!(resumed[0], 48, "the first identity's entries are all still there");
+    assert_eq!(
+        resumed[0], 48,
+        "the first identity's entries are all still there"
+    );
 }
 
 #[test]

@@ -33,7 +33,9 @@ async fn complete(server: &Server, prompt: &[u32]) -> (Value, Value, u64) {
 
 /// A prompt of `n` tokens that differs from others by `seed`.
 fn prompt(n: u32, seed: u32) -> Vec<u32> {
-    (0..n).map(|i| 100 + (i * 7919 + seed * 104_729) % 20_000).collect()
+    (0..n)
+        .map(|i| 100 + (i * 7919 + seed * 104_729) % 20_000)
+        .collect()
 }
 
 fn with_dir(dir: &Path) -> Vec<String> {
@@ -169,7 +171,11 @@ async fn one_directory_one_server_and_an_unusable_one_is_memory_only() {
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
     assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
     // The reset route is behind the API key.
-    let r = client.post(server.url("/reset_prefix_cache")).send().await.unwrap();
+    let r = client
+        .post(server.url("/reset_prefix_cache"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(send("/reset_prefix_cache").await.unwrap().status(), 200);
 }

@@ -72,7 +72,10 @@ enum Command {
     /// Reply once nothing is waiting or running (tests, shutdown).
     Drain(Sender<()>),
     /// Empty the prefix cache (and its disk tier with `disk`); reply with the blocks freed.
-    ResetPrefixCache { disk: bool, reply: Sender<usize> },
+    ResetPrefixCache {
+        disk: bool,
+        reply: Sender<usize>,
+    },
     Shutdown,
 }
 

@@ -234,8 +234,14 @@ impl EngineMetrics {
                     "prefix_cache_disk_errors_total",
                     "Failed disk writes and entries found corrupt, torn or foreign.",
                 ),
-                entries: g("prefix_cache_disk_entries", "Entries in the prefix cache directory."),
-                bytes: g("prefix_cache_disk_bytes", "Bytes in the prefix cache directory."),
+                entries: g(
+                    "prefix_cache_disk_entries",
+                    "Entries in the prefix cache directory.",
+                ),
+                bytes: g(
+                    "prefix_cache_disk_bytes",
+                    "Bytes in the prefix cache directory.",
+                ),
             },
             request_success,
             num_requests_running: g(

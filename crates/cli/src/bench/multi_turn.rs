@@ -1,7 +1,8 @@
 //! `deepinfer bench --workload multi-turn`: conversations that resend their whole history
 //! every turn (what a chat client or an agent does), TTFT per turn with prefix caching and
 //! without, beside the time to prefill each turn's new tokens alone (the target: a turn costs
-//! what its new tokens cost).
+//! what its new tokens cost). With `--prefix-cache-dir`, also with the engine restarted
+//! between turns, so every turn's prefix comes from the disk tier.
 
 use super::BenchArgs;
 use crate::generate::random_prompts;
@@ -29,6 +30,12 @@ struct TurnRow {
     new_tokens: f64,
     ttft_cached_ms: f64,
     ttft_uncached_ms: f64,
+    /// The engine restarted before the turn: its prefix read from disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttft_restarted_ms: Option<f64>,
+    /// Prompt tokens the restarted engine found cached (on disk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_restarted: Option<f64>,
     /// A fresh prompt as long as the turn's new tokens, nothing cached.
     prefill_new_alone_ms: f64,
 }
@@ -104,6 +111,96 @@ fn conversations(
     Ok((out, core.into_model()))
 }
 
+/// One turn of every conversation at once: each history grows by its message, then by the
+/// answer.
+fn one_turn(
+    handle: &engine::EngineHandle,
+    histories: &mut [Vec<u32>],
+    msgs: &[Vec<Vec<u32>>],
+    turn: usize,
+    output_len: usize,
+) -> Result<Vec<Turn>> {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: output_len,
+        min_tokens: output_len,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let mut waiting = Vec::new();
+    for (history, conv) in histories.iter_mut().zip(msgs) {
+        history.extend(&conv[turn]);
+        let (_, rx) = handle.add_request(history.clone(), params.clone())?;
+        waiting.push((Instant::now(), rx));
+    }
+    let mut out = Vec::new();
+    for ((sent, rx), history) in waiting.into_iter().zip(histories) {
+        let mut t = Turn {
+            prompt_tokens: history.len(),
+            ..Turn::default()
+        };
+        for delta in rx {
+            if t.ttft_s == 0.0 && !delta.new_token_ids.is_empty() {
+                t.ttft_s = sent.elapsed().as_secs_f64();
+            }
+            t.cached_tokens = delta.num_cached_tokens;
+            history.extend(delta.new_token_ids);
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Every conversation turn by turn, the engine stopped (its cache written to the disk tier)
+/// and started again before each turn; returns `[conversation][turn]`.
+fn conversations_restarting(
+    mut model: Model,
+    config: EngineConfig,
+    msgs: &[Vec<Vec<u32>>],
+    output_len: usize,
+) -> Result<(Vec<Vec<Turn>>, Model)> {
+    let turns = msgs.first().map_or(0, Vec::len);
+    let mut histories = vec![Vec::new(); msgs.len()];
+    let mut out = vec![Vec::new(); msgs.len()];
+    for turn in 0..turns {
+        let (handle, join) = engine::start(model, config.clone())?;
+        let got = one_turn(&handle, &mut histories, msgs, turn, output_len)?;
+        for (conv, t) in out.iter_mut().zip(got) {
+            conv.push(t);
+        }
+        handle.shutdown();
+        let core = join
+            .join()
+            .map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+        // Dropping the rest of the engine writes what its cache holds to the directory.
+        model = core.into_model();
+    }
+    Ok((out, model))
+}
+
+/// [`conversations_restarting`] over a fresh directory inside `disk.dir` (removed after), so
+/// the first turn finds nothing from earlier runs.
+fn restarting(
+    model: Model,
+    with: &EngineConfig,
+    mut disk: deepinfer_engine::cache::disk::DiskConfig,
+    msgs: &[Vec<Vec<u32>>],
+    output_len: usize,
+) -> Result<(Vec<Vec<Turn>>, Model)> {
+    disk.dir = disk.dir.join(format!("bench-{}", std::process::id()));
+    let config = EngineConfig {
+        prefix_disk: Some(disk.clone()),
+        ..with.clone()
+    };
+    eprintln!(
+        "multi-turn: prefix caching on, restarted before every turn ({})",
+        disk.dir.display()
+    );
+    let result = conversations_restarting(model, config, msgs, output_len);
+    let _ = std::fs::remove_dir_all(&disk.dir);
+    result
+}
+
 /// TTFT of fresh prompts of the given lengths, one at a time, nothing cached.
 fn alone(
     model: Model,
@@ -141,9 +238,11 @@ fn alone(
 pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
     anyhow::ensure!(args.turns > 0, "--turns must be at least 1");
     let msgs = messages(args, model.config.vocab_size);
+    let disk = config.prefix_disk.clone();
     let mut with = config.clone();
     with.cache.prefix_caching = true;
-    let mut without = config;
+    with.prefix_disk = None;
+    let mut without = with.clone();
     without.cache.prefix_caching = false;
     eprintln!(
         "multi-turn: {} conversations × {} turns, prefix caching off",
@@ -152,6 +251,13 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
     let (cold, model) = conversations(model, without.clone(), &msgs, args.output_len)?;
     eprintln!("multi-turn: prefix caching on");
     let (warm, model) = conversations(model, with.clone(), &msgs, args.output_len)?;
+    let (restarted, model) = match disk {
+        Some(disk) => {
+            let (runs, model) = restarting(model, &with, disk, &msgs, args.output_len)?;
+            (Some(runs), model)
+        }
+        None => (None, model),
+    };
     let mean = |f: &dyn Fn(&Turn) -> f64, runs: &[Vec<Turn>], t: usize| {
         runs.iter().map(|c| f(&c[t])).sum::<f64>() / runs.len() as f64
     };
@@ -170,6 +276,10 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
             new_tokens: new_tokens[t] as f64,
             ttft_cached_ms: mean(&|x| x.ttft_s, &warm, t) * 1e3,
             ttft_uncached_ms: mean(&|x| x.ttft_s, &cold, t) * 1e3,
+            ttft_restarted_ms: restarted.as_ref().map(|r| mean(&|x| x.ttft_s, r, t) * 1e3),
+            cached_restarted: restarted
+                .as_ref()
+                .map(|r| mean(&|x| x.cached_tokens as f64, r, t)),
             prefill_new_alone_ms: alone_s[t] * 1e3,
         })
         .collect();
@@ -201,6 +311,24 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
         );
     }
     println!("{}", "=".repeat(96));
+    if rows.iter().any(|r| r.ttft_restarted_ms.is_some()) {
+        println!("With a restart before every turn (prefix from the disk tier):");
+        println!(
+            "{:>4} {:>8} {:>18} {:>14} {:>12}",
+            "turn", "cached", "TTFT restart (ms)", "TTFT on (ms)", "restart/on"
+        );
+        for r in &rows {
+            let restarted = r.ttft_restarted_ms.unwrap_or(f64::NAN);
+            println!(
+                "{:>4} {:>8.0} {:>18.1} {:>14.1} {:>12.2}",
+                r.turn,
+                r.cached_restarted.unwrap_or(f64::NAN),
+                restarted,
+                r.ttft_cached_ms,
+                restarted / r.ttft_cached_ms
+            );
+        }
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;

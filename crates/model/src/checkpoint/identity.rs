@@ -30,7 +30,11 @@ impl Checkpoint {
                 continue;
             }
             let mid = lo + (hi - lo) / 2;
-            let starts = [lo, mid.saturating_sub(SAMPLE / 2), hi.saturating_sub(SAMPLE)];
+            let starts = [
+                lo,
+                mid.saturating_sub(SAMPLE / 2),
+                hi.saturating_sub(SAMPLE),
+            ];
             for at in starts.map(|a| a.max(lo)) {
                 let end = (at + SAMPLE).min(hi);
                 h.update(shard.range(at, end).unwrap_or_default());
@@ -46,7 +50,9 @@ impl Checkpoint {
             .values()
             .filter(|(s, _)| *s == shard)
             .map(|(_, i)| i);
-        infos.fold((usize::MAX, 0), |(lo, hi), i| (lo.min(i.start), hi.max(i.end)))
+        infos.fold((usize::MAX, 0), |(lo, hi), i| {
+            (lo.min(i.start), hi.max(i.end))
+        })
     }
 }
 
@@ -55,10 +61,17 @@ mod tests {
     use crate::checkpoint::Checkpoint;
 
     fn write(dir: &std::path::Path, value: f32) {
-        let data: Vec<u8> = [value, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let data: Vec<u8> = [value, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 2], &data);
-        safetensors::serialize_to_file([("w", view.unwrap())], None, &dir.join("model.safetensors"))
-            .unwrap();
+        safetensors::serialize_to_file(
+            [("w", view.unwrap())],
+            None,
+            &dir.join("model.safetensors"),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -66,7 +79,8 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         write(a.path(), 1.0);
         write(b.path(), 1.0);
-        let id = |d: &tempfile::TempDir, cfg: &[u8]| Checkpoint::open(d.path()).unwrap().identity(cfg);
+        let id =
+            |d: &tempfile::TempDir, cfg: &[u8]| Checkpoint::open(d.path()).unwrap().identity(cfg);
         assert_eq!(id(&a, b"{}"), id(&b, b"{}"));
         assert_ne!(id(&a, b"{}"), id(&a, b"{ }"));
         write(b.path(), 1.5);

@@ -244,7 +244,10 @@ mod tests {
     fn another_models_or_prefixs_entry_is_not_ours() {
         let bytes = sample();
         let other = |kind, id: u8, chain: u8| decode(&bytes, kind, &[id; 32], &[chain; 32]);
-        assert_eq!(other(Kind::Snapshot, 1, 2).unwrap_err(), Invalid::Other("snap"));
+        assert_eq!(
+            other(Kind::Snapshot, 1, 2).unwrap_err(),
+            Invalid::Other("snap")
+        );
         assert_eq!(other(Kind::Block, 9, 2).unwrap_err(), Invalid::Other("blk"));
         assert_eq!(other(Kind::Block, 1, 9).unwrap_err(), Invalid::Other("blk"));
     }

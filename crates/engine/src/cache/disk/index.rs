@@ -146,7 +146,10 @@ impl Index {
             return false;
         };
         self.bytes -= m.bytes;
-        if let Some(p) = m.parent.and_then(|p| self.entries.get_mut(&(p, Kind::Block))) {
+        if let Some(p) = m
+            .parent
+            .and_then(|p| self.entries.get_mut(&(p, Kind::Block)))
+        {
             p.children -= 1;
         }
         true
@@ -206,7 +209,11 @@ mod tests {
     #[test]
     fn the_least_recently_used_go_first() {
         let mut ix = Index::default();
-        let (a, b, c) = (([1; 32], Kind::Block), ([2; 32], Kind::Block), ([3; 32], Kind::Snapshot));
+        let (a, b, c) = (
+            ([1; 32], Kind::Block),
+            ([2; 32], Kind::Block),
+            ([3; 32], Kind::Snapshot),
+        );
         ix.insert(a, 100, None);
         ix.insert(b, 100, None);
         ix.insert(c, 50, None);
@@ -228,7 +235,11 @@ mod tests {
         // The head is the least recently used, but its children hold it.
         assert_eq!(
             ix.shrink_to(11),
-            [(tip, Kind::Block), (mid, Kind::Block), (mid, Kind::Snapshot)]
+            [
+                (tip, Kind::Block),
+                (mid, Kind::Block),
+                (mid, Kind::Snapshot)
+            ]
         );
         assert!(ix.contains(&(root, Kind::Block)));
     }
@@ -239,13 +250,23 @@ mod tests {
         let key = ([9; 32], Kind::Snapshot);
         std::fs::write(dir.path().join(file_name(&key)), [0u8; 10]).unwrap();
         // A block file whose header is not readable is not an entry.
-        std::fs::write(dir.path().join(file_name(&([8; 32], Kind::Block))), [0u8; 3]).unwrap();
+        std::fs::write(
+            dir.path().join(file_name(&([8; 32], Kind::Block))),
+            [0u8; 3],
+        )
+        .unwrap();
         std::fs::write(dir.path().join(".tmp-3"), [0u8; 5]).unwrap();
         std::fs::write(dir.path().join("notes.txt"), b"x").unwrap();
         let (ix, scan) = Index::scan(dir.path()).unwrap();
         assert!(ix.contains(&key));
         assert_eq!((ix.len(), ix.bytes()), (1, 10));
-        assert_eq!(scan, Scan { torn: 1, foreign: 2 });
+        assert_eq!(
+            scan,
+            Scan {
+                torn: 1,
+                foreign: 2
+            }
+        );
         assert!(!dir.path().join(".tmp-3").exists());
     }
 }

@@ -50,7 +50,11 @@ mod tests {
     #[test]
     fn hashes_chain_and_spell_back() {
         let root = of_parts([b"a".as_slice(), b"bc"]);
-        assert_ne!(root, of_parts([b"ab".as_slice(), b"c"]), "parts are delimited");
+        assert_ne!(
+            root,
+            of_parts([b"ab".as_slice(), b"c"]),
+            "parts are delimited"
+        );
         let a = chain(&root, [1, 2, 3].into_iter());
         assert_ne!(a, chain(&root, [1, 2, 4].into_iter()));
         assert_ne!(chain(&a, [5].into_iter()), chain(&root, [5].into_iter()));

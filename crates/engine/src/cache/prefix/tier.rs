@@ -153,7 +153,9 @@ impl PrefixCache {
         };
         let stats = d.stats();
         let query = (most - in_memory) * t;
-        stats.query_tokens.fetch_add(query as u64, Ordering::Relaxed);
+        stats
+            .query_tokens
+            .fetch_add(query as u64, Ordering::Relaxed);
         // Deepest first; a snapshot or block that fails to read moves on to shallower ones.
         let targets: Vec<usize> = (in_memory + 1..=hashes.len())
             .rev()
@@ -238,7 +240,11 @@ impl PrefixCache {
             && e.tokens().eq((b * t..(b + 1) * t).map(token))
             && e.floats_len() == floats;
         if !fits {
-            d.reject(h, Kind::Block, &"its tokens, parent or size are not the prefix's");
+            d.reject(
+                h,
+                Kind::Block,
+                &"its tokens, parent or size are not the prefix's",
+            );
             return None;
         }
         let mut tables = vec![BlockTable::default(); pools.len()];
