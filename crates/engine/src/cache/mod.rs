@@ -35,6 +35,9 @@
 //! two sequences can never alias (distinct slots, blocks owned by one table each; tested).
 //! Everything reachable from user input is a [`CacheError`]; misuse of the view by the model
 //! is a bug and panics with the numbers.
+//!
+//! The prefix cache ([`prefix`]) may be backed by a directory ([`disk`]): its blocks and
+//! snapshots written there, and read back past what memory holds.
 
 mod allocator;
 mod block_pool;
