@@ -5,15 +5,18 @@
 //! with a single-process one (every position's logits of the golden prompts, fed whole, in
 //! chunks and batched; logits within 1e-5), then drives the engine over the split model
 //! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
-//! empty), and sees the step fail, naming them, when the other ranks' experts cannot be
-//! read. The other ranks serve their part of each model rank 0 loads, in the same order.
+//! empty), restarts on a prefix cache directory (the prefix read back gives the cold
+//! split run's bits), and sees the step fail, naming them, when the other ranks' experts
+//! cannot be read. The other ranks serve their part of each model rank 0 loads, in the same order.
 
 mod common;
 
 use common::*;
+use deepinfer_engine::cache::disk::DiskConfig;
 use deepinfer_engine::cache::SeqId;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::request::FinishReason;
+use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
@@ -124,6 +127,7 @@ fn ranks_scenario() {
         model.set_numerics(Numerics::Official).unwrap();
         compare_with_single_process("tiny-a", "official", model, "official numerics", 40);
         engine_scenarios(&placement(BOTH));
+        prefix_on_disk_scenario(&placement(BOTH));
         another_rank_fails(placement(BOTH));
         println!("{PASSED} on {} ranks", world.size());
     } else {
@@ -138,9 +142,10 @@ fn ranks_scenario() {
         if let Err(e) = worker.run() {
             comm.abort(&format!("official: {e}"));
         }
-        // The engine scenarios' two models.
-        serve_part(placement(BOTH), "tiny-a", "official", false);
-        serve_part(placement(BOTH), "tiny-a", "official", false);
+        // The engine scenarios' two models, then the disk scenario's three.
+        for _ in 0..5 {
+            serve_part(placement(BOTH), "tiny-a", "official", false);
+        }
         fail_part(placement(BOTH));
     }
     drop(world);
@@ -250,6 +255,17 @@ fn start(
     budget: usize,
     max_seqs: usize,
 ) -> (EngineHandle, Join) {
+    start_on(placement, sched, budget, max_seqs, None)
+}
+
+/// [`start`] with the prefix cache on `disk`.
+fn start_on(
+    placement: &Placement,
+    sched: SchedulerConfig,
+    budget: usize,
+    max_seqs: usize,
+    disk: Option<DiskConfig>,
+) -> (EngineHandle, Join) {
     let dir = model_dir("tiny-a", "official");
     let model = Model::load_split(&dir, &plan(false), placement.clone(), |_, _| {}).unwrap();
     let config = EngineConfig {
@@ -258,9 +274,63 @@ fn start(
         model_name: "test".into(),
         forced_output: None,
         speculative: None,
-        prefix_disk: None,
+        prefix_disk: disk,
     };
     engine::start(model, config).unwrap()
+}
+
+/// Split over ranks, rank 0 holds the cache: a prefix cached by one engine and read back
+/// from disk by the next (a restart) gives the tokens and logprobs of a cold split run, bit
+/// for bit. Loads three models (the other ranks serve three).
+fn prefix_on_disk_scenario(world: &Placement) {
+    let sched = SchedulerConfig {
+        max_num_seqs: 2,
+        max_num_batched_tokens: 64,
+        prefill_chunk: Some(16),
+        max_model_len: 512,
+    };
+    let prompt: Vec<u32> = (0..150).map(|i| (i * 37 + 11) % 320).collect();
+    let params = SamplingParams {
+        logprobs: Some(3),
+        ..greedy(8)
+    };
+    let run = |h: &EngineHandle| {
+        let (_, rx) = h.add_request(prompt.clone(), params.clone()).unwrap();
+        let (mut tokens, mut bits, mut cached) = (Vec::new(), Vec::new(), 0);
+        for d in rx {
+            tokens.extend(d.new_token_ids);
+            for lp in d.logprobs.iter().flatten() {
+                bits.push(lp.logprob.to_bits());
+            }
+            cached = d.num_cached_tokens;
+        }
+        (tokens, bits, cached)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let disk = DiskConfig {
+        dir: dir.path().to_path_buf(),
+        max_bytes: 1 << 30,
+        checkpoint: [1; 32],
+    };
+    let (h, join) = start_on(world, sched.clone(), 64 << 20, 2, None);
+    let cold = run(&h);
+    h.shutdown();
+    drop(join.join());
+    let (h, join) = start_on(world, sched.clone(), 64 << 20, 2, Some(disk.clone()));
+    assert_eq!(run(&h).0, cold.0);
+    h.shutdown();
+    drop(join.join()); // a clean stop: what memory cached goes to disk
+    let (h, join) = start_on(world, sched, 64 << 20, 2, Some(disk));
+    let warm = run(&h);
+    assert_eq!(
+        (&warm.0, &warm.1),
+        (&cold.0, &cold.1),
+        "read back from disk"
+    );
+    assert_eq!(warm.2, 144, "resumed from disk");
+    assert!(h.metrics.prefix_disk.hits.get() >= 144);
+    h.shutdown();
+    assert_pools_empty(join);
 }
 
 fn assert_pools_empty(join: Join) {

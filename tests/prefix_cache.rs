@@ -17,7 +17,6 @@ use deepinfer_engine::request::{Request, RequestOutput};
 use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
-use deepinfer_engine::spec::SpeculativeConfig;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
@@ -261,17 +260,18 @@ fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
 }
 
 fn engine(prefix: bool, budget: usize, max_seqs: usize, chunk: Option<usize>) -> EngineCore {
-    engine_with(prefix, budget, max_seqs, chunk, None)
+    let config = engine_config(prefix, budget, max_seqs, chunk);
+    let metrics = Arc::new(EngineMetrics::new("prefix"));
+    EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap()
 }
 
-fn engine_with(
+fn engine_config(
     prefix: bool,
     budget: usize,
     max_seqs: usize,
     chunk: Option<usize>,
-    speculative: Option<SpeculativeConfig>,
-) -> EngineCore {
-    let config = EngineConfig {
+) -> EngineConfig {
+    EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: max_seqs,
             max_num_batched_tokens: 96,
@@ -285,11 +285,9 @@ fn engine_with(
         },
         model_name: "prefix".into(),
         forced_output: None,
-        speculative,
+        speculative: None,
         prefix_disk: None,
-    };
-    let metrics = Arc::new(EngineMetrics::new("prefix"));
-    EngineCore::new(load("tiny-a", "official"), config, metrics).unwrap()
+    }
 }
 
 /// Every delta of one request: tokens, their top-5 logprobs as bits, cached tokens.

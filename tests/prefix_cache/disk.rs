@@ -6,6 +6,8 @@
 use super::*;
 use deepinfer_engine::cache::disk::{DiskConfig, DiskStats};
 use deepinfer_engine::cache::CacheError;
+use deepinfer_engine::engine;
+use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::numerics::Numerics;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -314,4 +316,79 @@ fn a_directory_that_cannot_be_written_leaves_the_cache_in_memory() {
     assert_rows_equal(&warm[0], &cold[0][48..], "memory only");
     c.flush_disk();
     assert!(stats.errors.load(Ordering::Relaxed) > 0);
+}
+
+/// The configuration of an engine on tiny-c (which has an MTP block) drafting 2 tokens a
+/// step, its prefix cache on `dir` if given.
+fn drafting_config(dir: Option<&Path>, budget: usize) -> EngineConfig {
+    let json = r#"{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false}"#;
+    EngineConfig {
+        speculative: Some(SpeculativeConfig::from_json(json, None).unwrap()),
+        prefix_disk: dir.map(|d| disk_config(d, CHECKPOINT)),
+        ..engine_config(true, budget, 3, Some(16))
+    }
+}
+
+fn drafting_engine(dir: Option<&Path>, budget: usize) -> EngineCore {
+    let metrics = Arc::new(EngineMetrics::new("prefix-disk"));
+    let config = drafting_config(dir, budget);
+    EngineCore::new(load("tiny-c", "official"), config, metrics).unwrap()
+}
+
+/// The smallest budget (in steps of 1/16) in which a drafting engine holds `tokens`.
+fn drafting_budget(tokens: usize) -> usize {
+    let model = load("tiny-c", "official");
+    let mut budget = 1 << 12;
+    loop {
+        let config = drafting_config(None, budget);
+        if engine::max_model_len_that_fits(&model.config, &config).is_ok_and(|n| n >= tokens) {
+            return budget;
+        }
+        budget += budget / 16;
+    }
+}
+
+#[test]
+fn engine_turns_resume_from_disk_across_restarts_batched_preempted_and_drafting() {
+    let vocab = drafting_engine(None, 32 << 20).vocab() as u32;
+    let system: Vec<u32> = (0..70).map(|i| (i * 13 + 5) % vocab).collect();
+    let mut prompts: Vec<Vec<u32>> = (0..3)
+        .map(|k| {
+            let own = (0..90 + 5 * k).map(|i| (i * 3 + k) % vocab);
+            system.iter().copied().chain(own).collect()
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    // Room for two of the three at full length: preemption and evictions to disk.
+    let budget = drafting_budget(256);
+    let (mut cached_before, mut preempted) = (0, 0);
+    for turn in 0..3u64 {
+        // A fresh engine each turn: everything it reuses comes from the directory.
+        let mut warm = drafting_engine(Some(dir.path()), budget);
+        let got = serve(&mut warm, &prompts, 100 * turn);
+        let mut cold = drafting_engine(None, 32 << 20);
+        let want = serve(&mut cold, &prompts, 100 * turn);
+        for k in 0..3 {
+            assert_eq!(got[k].0, want[k].0, "turn {turn} request {k}: tokens");
+        }
+        let from_disk = warm.metrics().prefix_disk.hits.get();
+        if turn > 0 {
+            for (k, g) in got.iter().enumerate() {
+                assert!(
+                    g.2 >= cached_before,
+                    "turn {turn} request {k}: {} cached",
+                    g.2
+                );
+            }
+            assert!(from_disk > 0, "turn {turn}: nothing read from disk");
+        }
+        preempted += warm.metrics().num_preemptions.get();
+        assert!(warm.metrics().spec_decode_num_drafts.get() > 0);
+        cached_before = 64;
+        for (p, g) in prompts.iter_mut().zip(&got) {
+            p.extend(&g.0);
+            p.extend((0..5).map(|i| (i * 11 + turn as u32) % vocab));
+        }
+    }
+    assert!(preempted > 0, "the budget was meant to force preemption");
 }

@@ -115,6 +115,16 @@ fn lock(dir: &Path) -> Result<Option<File>, CacheError> {
     }
 }
 
+/// Subdirectories of `root` other than `ours`: caches of other identities.
+fn other_identities(root: &Path, ours: &Path) -> usize {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| e.path().is_dir() && e.path() != ours)
+        .count()
+}
+
 impl DiskTier {
     /// Opens `cfg.dir` for the cache `identity`: `Ok(None)` (with a log line) when the
     /// directory cannot be used, an error when another process uses it.
@@ -145,6 +155,14 @@ impl DiskTier {
             other_files = scan.foreign,
             "prefix cache on disk"
         );
+        let others = other_identities(&cfg.dir, &dir);
+        if others > 0 {
+            tracing::info!(
+                dir = %cfg.dir.display(),
+                "prefix cache: {others} other subdirectories hold entries of other checkpoints, \
+                 numerics or block sizes; they are left alone (and not counted in the bound)"
+            );
+        }
         let mut tier = Self {
             dir,
             identity,
