@@ -556,6 +556,9 @@ impl EngineCore {
     /// Queues an already validated request (see [`EngineHandle::add_request_to`]).
     pub fn add_request(&mut self, req: Request, out: Box<dyn OutputSink>) {
         let id = req.id;
+        // While it waits, what it will resume from is read ahead from the disk tier.
+        let prompt = &req.prompt_ids;
+        self.cache.prefetch(prompt.len(), &|i| prompt[i]);
         self.seqs.insert(id, Sequence::new(req, out));
         self.scheduler.add(id);
     }

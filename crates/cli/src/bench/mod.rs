@@ -49,6 +49,11 @@ pub struct BenchArgs {
     /// Turns per conversation (multi-turn workload).
     #[arg(long, default_value_t = 8)]
     turns: usize,
+    /// Multi-turn with --prefix-cache-dir: empty the kernel's page cache before every
+    /// restarted turn, so the disk tier's reads come from the disk (Linux, as root: writes
+    /// /proc/sys/vm/drop_caches).
+    #[arg(long)]
+    drop_page_cache: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,

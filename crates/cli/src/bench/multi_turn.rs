@@ -157,14 +157,17 @@ fn conversations_restarting(
     mut model: Model,
     config: EngineConfig,
     msgs: &[Vec<Vec<u32>>],
-    output_len: usize,
+    args: &BenchArgs,
 ) -> Result<(Vec<Vec<Turn>>, Model)> {
     let turns = msgs.first().map_or(0, Vec::len);
     let mut histories = vec![Vec::new(); msgs.len()];
     let mut out = vec![Vec::new(); msgs.len()];
     for turn in 0..turns {
+        if args.drop_page_cache {
+            drop_page_cache()?;
+        }
         let (handle, join) = engine::start(model, config.clone())?;
-        let got = one_turn(&handle, &mut histories, msgs, turn, output_len)?;
+        let got = one_turn(&handle, &mut histories, msgs, turn, args.output_len)?;
         for (conv, t) in out.iter_mut().zip(got) {
             conv.push(t);
         }
@@ -185,7 +188,7 @@ fn restarting(
     with: &EngineConfig,
     mut disk: deepinfer_engine::cache::disk::DiskConfig,
     msgs: &[Vec<Vec<u32>>],
-    output_len: usize,
+    args: &BenchArgs,
 ) -> Result<(Vec<Vec<Turn>>, Model)> {
     disk.dir = disk.dir.join(format!("bench-{}", std::process::id()));
     let config = EngineConfig {
@@ -196,9 +199,20 @@ fn restarting(
         "multi-turn: prefix caching on, restarted before every turn ({})",
         disk.dir.display()
     );
-    let result = conversations_restarting(model, config, msgs, output_len);
+    let result = conversations_restarting(model, config, msgs, args);
     let _ = std::fs::remove_dir_all(&disk.dir);
     result
+}
+
+/// Writes the page cache's dirty pages out and empties it (`--drop-page-cache`).
+fn drop_page_cache() -> Result<()> {
+    std::process::Command::new("sync")
+        .status()
+        .context("running sync")?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context(
+        "--drop-page-cache: cannot write /proc/sys/vm/drop_caches (Linux only, as root); \
+         leave the flag out to time reads from the page cache",
+    )
 }
 
 /// TTFT of fresh prompts of the given lengths, one at a time, nothing cached.
@@ -239,6 +253,11 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
     anyhow::ensure!(args.turns > 0, "--turns must be at least 1");
     let msgs = messages(args, model.config.vocab_size);
     let disk = config.prefix_disk.clone();
+    anyhow::ensure!(
+        disk.is_some() || !args.drop_page_cache,
+        "--drop-page-cache empties the page cache before each restarted turn, and only \
+         --prefix-cache-dir DIR restarts them: add it, or drop the flag"
+    );
     let mut with = config.clone();
     with.cache.prefix_caching = true;
     with.prefix_disk = None;
@@ -253,7 +272,7 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
     let (warm, model) = conversations(model, with.clone(), &msgs, args.output_len)?;
     let (restarted, model) = match disk {
         Some(disk) => {
-            let (runs, model) = restarting(model, &with, disk, &msgs, args.output_len)?;
+            let (runs, model) = restarting(model, &with, disk, &msgs, args)?;
             (Some(runs), model)
         }
         None => (None, model),

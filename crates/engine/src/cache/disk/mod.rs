@@ -27,6 +27,7 @@
 mod entry;
 mod index;
 mod key;
+mod prefetch;
 mod writer;
 
 use std::collections::HashSet;
@@ -39,6 +40,7 @@ pub use entry::{Entry, Head, Kind, FORMAT_VERSION};
 pub use key::{chain, of_parts, Digest};
 
 use self::index::{file_name, Index, Key};
+use self::prefetch::Prefetcher;
 use self::writer::{Done, Op, Writer};
 use super::CacheError;
 
@@ -80,6 +82,7 @@ pub(super) struct DiskTier {
     /// Writes queued, not yet finished.
     pending: HashSet<Key>,
     writer: Writer,
+    prefetcher: Prefetcher,
     stats: Arc<DiskStats>,
     warned: bool,
     /// Shutting down: writes wait for room instead of being dropped.
@@ -139,8 +142,9 @@ impl DiskTier {
         let dir = cfg.dir.join(&key::hex(&identity)[..16]);
         let opened = std::fs::create_dir_all(&dir)
             .and_then(|()| Index::scan(&dir))
-            .and_then(|ix| Writer::spawn(dir.clone()).map(|w| (ix, w)));
-        let ((index, scan), writer) = match opened {
+            .and_then(|ix| Writer::spawn(dir.clone()).map(|w| (ix, w)))
+            .and_then(|(ix, w)| Prefetcher::spawn().map(|p| (ix, w, p)));
+        let ((index, scan), writer, prefetcher) = match opened {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), "prefix cache on disk is off: {e}");
@@ -170,6 +174,7 @@ impl DiskTier {
             index,
             pending: HashSet::new(),
             writer,
+            prefetcher,
             stats,
             warned: false,
             closing: false,
@@ -225,6 +230,18 @@ impl DiskTier {
         self.writer.push(Op::Flush(tx));
         let _ = rx.recv();
         self.poll();
+    }
+
+    /// Reads the entries `keys` names (those the index has) into the page cache, on the
+    /// read-ahead thread.
+    pub fn prefetch(&self, keys: impl Iterator<Item = (Digest, Kind)>) {
+        let paths: Vec<PathBuf> = keys
+            .filter(|k| self.index.contains(k))
+            .map(|k| self.dir.join(file_name(&k)))
+            .collect();
+        if !paths.is_empty() {
+            self.prefetcher.offer(paths);
+        }
     }
 
     /// From now on, [`Self::store`] waits for room in the queue instead of dropping.

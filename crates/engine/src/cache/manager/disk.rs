@@ -73,6 +73,14 @@ impl CacheManager {
         }
     }
 
+    /// Reads ahead, on the disk tier's own thread, the entries that admitting a request of
+    /// `len` tokens (`token(i)`) would read from disk (call it when the request arrives).
+    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) {
+        if let Some(p) = &mut self.prefix {
+            p.prefetch(len, token);
+        }
+    }
+
     /// The disk tier's counters, if there is one.
     pub fn disk_stats(&self) -> Option<&DiskStats> {
         self.prefix.as_ref()?.disk().map(DiskTier::stats)

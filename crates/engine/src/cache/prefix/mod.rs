@@ -156,16 +156,9 @@ impl PrefixCache {
         same.then_some(id)
     }
 
-    /// The longest cached prefix of the `len` tokens `token` gives that leaves at least one
-    /// token to compute and ends at a snapshot; its nodes are marked used.
-    pub fn lookup(
-        &mut self,
-        len: usize,
-        token: &dyn Fn(usize) -> u32,
-        pools: &mut [BlockPool],
-    ) -> Option<Hit> {
+    /// The nodes of the longest cached run of blocks `token` gives, at most `most`.
+    fn walk(&self, most: usize, token: &dyn Fn(usize) -> u32) -> Vec<usize> {
         let t = self.block_tokens;
-        let most = len.saturating_sub(1) / t;
         let mut chain = Vec::new();
         let mut parent = ROOT;
         while chain.len() < most {
@@ -175,6 +168,19 @@ impl PrefixCache {
             chain.push(id);
             parent = id;
         }
+        chain
+    }
+
+    /// The longest cached prefix of the `len` tokens `token` gives that leaves at least one
+    /// token to compute and ends at a snapshot; its nodes are marked used.
+    pub fn lookup(
+        &mut self,
+        len: usize,
+        token: &dyn Fn(usize) -> u32,
+        pools: &mut [BlockPool],
+    ) -> Option<Hit> {
+        let most = len.saturating_sub(1) / self.block_tokens;
+        let mut chain = self.walk(most, token);
         if self.disk.is_some() {
             self.extend_from_disk(&mut chain, most, token, pools);
         }

@@ -143,10 +143,7 @@ impl PrefixCache {
         pools: &mut [BlockPool],
     ) {
         let t = self.block_tokens;
-        let in_memory = chain
-            .iter()
-            .rposition(|&id| self.node(id).snapshot.is_some())
-            .map_or(0, |i| i + 1);
+        let in_memory = self.deepest_snapshot(chain);
         let hashes = self.hashes_on_disk(chain, most, token);
         let Some(d) = &self.disk else {
             return;
@@ -189,6 +186,50 @@ impl PrefixCache {
         for &id in chain.iter() {
             self.unpin(id);
         }
+    }
+
+    /// Reads ahead what a lookup of the `len` tokens `token` gives would read from disk, for
+    /// a request that waits for admission.
+    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) {
+        let keys = self.read_ahead(len, token);
+        if let Some(d) = &self.disk {
+            d.prefetch(keys.into_iter());
+        }
+    }
+
+    /// The entries a lookup would read from disk: the blocks past memory's up to the
+    /// deepest snapshot the disk has beyond memory's, and that snapshot.
+    fn read_ahead(
+        &mut self,
+        len: usize,
+        token: &dyn Fn(usize) -> u32,
+    ) -> Vec<(disk::Digest, Kind)> {
+        if self.disk.is_none() {
+            return Vec::new();
+        }
+        let most = len.saturating_sub(1) / self.block_tokens;
+        let chain = self.walk(most, token);
+        let in_memory = self.deepest_snapshot(&chain);
+        let hashes = self.hashes_on_disk(&chain, most, token);
+        let d = self.disk.as_ref().expect("checked above");
+        let Some(deepest) = (in_memory + 1..=hashes.len())
+            .rev()
+            .find(|&depth| d.has(&hashes[depth - 1], Kind::Snapshot))
+        else {
+            return Vec::new();
+        };
+        let blocks = hashes[chain.len().min(deepest)..deepest].iter();
+        let keys = blocks.map(|h| (*h, Kind::Block));
+        keys.chain([(hashes[deepest - 1], Kind::Snapshot)])
+            .collect()
+    }
+
+    /// Blocks up to the last node of `chain` with a snapshot (0: none has one).
+    fn deepest_snapshot(&self, chain: &[usize]) -> usize {
+        chain
+            .iter()
+            .rposition(|&id| self.node(id).snapshot.is_some())
+            .map_or(0, |i| i + 1)
     }
 
     /// The chain hashes of `chain`'s nodes, then of the blocks after them that the disk has.
@@ -297,5 +338,71 @@ impl PrefixCache {
             self.free_snapshot(rec);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::disk::DiskConfig;
+
+    fn cache(dir: &std::path::Path) -> PrefixCache {
+        let mut c = PrefixCache::new(4, 2, 8, 3, 8);
+        let cfg = DiskConfig {
+            dir: dir.to_path_buf(),
+            max_bytes: 1 << 20,
+            checkpoint: [1; 32],
+        };
+        let tier = DiskTier::open(&cfg, [2; 32], Default::default()).unwrap();
+        c.set_disk(tier.expect("a usable directory"));
+        c
+    }
+
+    #[test]
+    fn a_waiting_request_reads_ahead_what_its_lookup_will_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pools = vec![BlockPool::new("a", 2, 8), BlockPool::new("b", 1, 8)];
+        let tokens: Vec<u32> = (0..13).collect();
+        let tok = |i: usize| tokens[i];
+        let mut first = cache(dir.path());
+        let mut parent = None;
+        for b in 0..3 {
+            let mut tables = vec![BlockTable::default(); 2];
+            for (p, t) in pools.iter_mut().zip(&mut tables) {
+                p.grow(t, 1).unwrap();
+            }
+            let blocks: Vec<usize> = tables.iter().map(|t| t.blocks()[0]).collect();
+            let id = first
+                .insert(parent, b * 4, &tok, &blocks, &mut pools)
+                .unwrap();
+            for (p, t) in pools.iter_mut().zip(&mut tables) {
+                p.shrink(t, 0);
+            }
+            let rec = first.alloc_snapshot().unwrap();
+            assert!(first.set_snapshot(id, rec));
+            parent = Some(id);
+        }
+        assert!(first.read_ahead(13, &tok).is_empty(), "memory has it all");
+        first.spill_all(&pools);
+        drop(first); // writes what was queued
+        let mut pools = vec![BlockPool::new("a", 2, 8), BlockPool::new("b", 1, 8)];
+        let mut second = cache(dir.path());
+        let keys = second.read_ahead(13, &tok);
+        let kinds: Vec<Kind> = keys.iter().map(|k| k.1).collect();
+        assert_eq!(
+            kinds,
+            [Kind::Block, Kind::Block, Kind::Block, Kind::Snapshot]
+        );
+        assert_eq!(keys[2].0, keys[3].0, "the snapshot at the last block");
+        // What the lookup then reads is exactly that: three blocks, their snapshot.
+        let hit = second.lookup(13, &tok, &mut pools).unwrap();
+        assert_eq!(hit.chain.len(), 3);
+        assert!(second.read_ahead(13, &tok).is_empty(), "now in memory");
+        // A shorter prompt reads ahead only as deep as it could resume.
+        let mut third_pools = vec![BlockPool::new("a", 2, 8), BlockPool::new("b", 1, 8)];
+        drop(second);
+        let mut third = cache(dir.path());
+        assert_eq!(third.read_ahead(9, &tok).len(), 3);
+        assert!(third.lookup(9, &tok, &mut third_pools).is_some());
     }
 }
