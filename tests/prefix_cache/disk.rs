@@ -392,3 +392,59 @@ fn engine_turns_resume_from_disk_across_restarts_batched_preempted_and_drafting(
     }
     assert!(preempted > 0, "the budget was meant to force preemption");
 }
+
+#[test]
+fn the_directory_stays_within_its_bound_and_keeps_the_recent() {
+    let mut r = runner("tiny-a", Numerics::Official);
+    let vocab = r.model().config.vocab_size as u32;
+    let seqs: Vec<Vec<u32>> = (0..6u32)
+        .map(|k| (0..120).map(|i| (i * 7 + k * 101 + 3) % vocab).collect())
+        .collect();
+    // Measure one sequence's entries, then allow about two and a half.
+    let probe = tempfile::tempdir().unwrap();
+    let (mut c, _) = disk_cache(&r, 64 << 20, probe.path());
+    run(&mut r, &mut c, &[&seqs[0]], 64);
+    drop(c);
+    let one: u64 = ["blk", "snap"]
+        .iter()
+        .flat_map(|e| files(probe.path(), e))
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    let bound = one * 5 / 2;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cache(&r, 64 << 20, 2, true);
+    let cfg = DiskConfig {
+        max_bytes: bound,
+        ..disk_config(dir.path(), CHECKPOINT)
+    };
+    let stats = Arc::new(DiskStats::default());
+    assert!(c
+        .attach_disk(&r.model().config, &cfg, stats.clone())
+        .unwrap());
+    for s in &seqs {
+        run(&mut r, &mut c, &[s], 64);
+        c.flush_disk();
+        let held = stats.bytes.load(Ordering::Relaxed);
+        assert!(held <= bound, "{held} bytes on disk, bound {bound}");
+    }
+    let on_disk: u64 = ["blk", "snap"]
+        .iter()
+        .flat_map(|e| files(dir.path(), e))
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    assert_eq!(
+        on_disk,
+        stats.bytes.load(Ordering::Relaxed),
+        "the index counts the files"
+    );
+    drop(c);
+    // After a restart the most recent sequence resumes from disk, the oldest does not.
+    let (mut c, _) = disk_cache(&r, 64 << 20, dir.path());
+    let mut cold_cache = cache(&r, 64 << 20, 2, false);
+    let cold_last = run(&mut r, &mut cold_cache, &[&seqs[5]], 64).0;
+    let (warm, resumed) = run(&mut r, &mut c, &[&seqs[5]], 64);
+    assert_eq!(resumed[0], 112);
+    assert_rows_equal(&warm[0], &cold_last[0][112..], "the most recent");
+    let (_, resumed) = run(&mut r, &mut c, &[&seqs[0]], 64);
+    assert_eq!(resumed[0], 0, "the least recent went");
+}

@@ -260,14 +260,28 @@ impl DiskTier {
         match std::fs::read(self.dir.join(file_name(&key))) {
             Ok(bytes) => {
                 add(&self.stats.read_bytes, bytes.len() as u64);
-                self.index.touch(&key);
-                self.writer.offer(Op::Touch(key));
+                self.mark_used(chain, kind);
                 Some(bytes)
             }
             Err(e) => {
                 self.reject(chain, kind, &e);
                 None
             }
+        }
+    }
+
+    /// Marks an entry the index has as just used (in the index, and in its file's time for
+    /// the next start); writes queued for it land later and count as used then.
+    pub fn mark_used(&mut self, chain: &Digest, kind: Kind) {
+        let key = (*chain, kind);
+        if !self.index.contains(&key) {
+            return;
+        }
+        self.index.touch(&key);
+        if self.closing {
+            self.writer.push(Op::Touch(key));
+        } else {
+            self.writer.offer(Op::Touch(key));
         }
     }
 

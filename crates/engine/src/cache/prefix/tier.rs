@@ -101,8 +101,10 @@ impl PrefixCache {
         d.store(&head, &[&self.snapshots.data[rec * f..(rec + 1) * f]]);
     }
 
-    /// At shutdown: what memory holds and the disk lacks goes there, the most recently used
-    /// first, until the disk's bound is written (a restart then finds what memory had).
+    /// At shutdown: what memory holds goes to disk, as much of it as the disk's bound
+    /// takes, the most recently used kept. Written (or, if the disk has it, marked used)
+    /// from the least recently used up, so that the directory's order of use (file times,
+    /// read at the next start) has memory's, after whatever only the disk held.
     pub fn spill_all(&mut self, pools: &[BlockPool]) {
         let Some(d) = &mut self.disk else {
             return;
@@ -111,16 +113,27 @@ impl PrefixCache {
         let budget = d.max_bytes();
         let mut ids: Vec<(u64, usize)> = self.live().map(|(id, n)| (n.last_used, id)).collect();
         ids.sort_unstable_by_key(|&(used, _)| std::cmp::Reverse(used));
-        let written = |c: &Self| {
-            let s = c.disk.as_ref().map(|d| d.stats());
-            s.map_or(0, |s| s.written_bytes.load(Ordering::Relaxed))
-        };
-        let start = written(self);
-        for (_, id) in ids {
+        let block = pools.iter().map(|p| p.block_bytes() as u64).sum::<u64>();
+        let snapshot = (self.snapshots.floats * size_of::<f32>()) as u64;
+        let mut total = 0;
+        let keep = ids
+            .iter()
+            .take_while(|&&(_, id)| {
+                total += block + snapshot * u64::from(self.node(id).snapshot.is_some());
+                total <= budget
+            })
+            .count();
+        for &(_, id) in ids[..keep].iter().rev() {
             self.spill(id, pools);
-            if written(self) - start > budget {
-                break;
+            let (chain, snap) = (self.node(id).chain, self.node(id).snapshot.is_some());
+            let d = self.disk.as_mut().expect("checked above");
+            d.mark_used(&chain, Kind::Block);
+            if snap {
+                d.mark_used(&chain, Kind::Snapshot);
             }
+        }
+        if let Some(d) = &mut self.disk {
+            d.flush();
         }
     }
 
