@@ -71,27 +71,36 @@ async fn prefixes_survive_a_kill_and_a_restart_bit_for_bit() {
         assert_eq!(want.last().unwrap().2, 0);
     }
     drop(cold);
-    // Requests in flight and their entries being written when the server is killed.
-    let first = start(&with_dir(dir.path()));
-    let mut sent = Vec::new();
-    for t in &turns {
-        let (url, body) = (
-            first.url("/v1/completions"),
-            json!({"prompt": t, "max_tokens": 4, "temperature": 0}),
-        );
-        sent.push(tokio::spawn(async move {
-            reqwest::Client::new().post(url).json(&body).send().await
-        }));
-    }
-    let written = |m: &str| metric(m, "deepinfer:prefix_cache_disk_entries", &[]).unwrap_or(0.0);
-    first
-        .wait_metrics(Duration::from_secs(60), "an entry on disk", |m| {
-            written(m) >= 1.0
-        })
-        .await;
-    drop(first); // SIGKILL
-    for s in sent {
-        let _ = s.await;
+    // Killed (SIGKILL) three times with requests in flight and entries being written: at
+    // its first written entry, then after 150 and 400 ms of a restarted server's work.
+    for delay in [None, Some(150), Some(400)] {
+        let server = start(&with_dir(dir.path()));
+        let mut sent = Vec::new();
+        for t in &turns {
+            let (url, body) = (
+                server.url("/v1/completions"),
+                json!({"prompt": t, "max_tokens": 24, "temperature": 0}),
+            );
+            sent.push(tokio::spawn(async move {
+                reqwest::Client::new().post(url).json(&body).send().await
+            }));
+        }
+        match delay {
+            None => {
+                let written =
+                    |m: &str| metric(m, "deepinfer:prefix_cache_disk_entries", &[]).unwrap_or(0.0);
+                server
+                    .wait_metrics(Duration::from_secs(60), "an entry on disk", |m| {
+                        written(m) >= 1.0
+                    })
+                    .await;
+            }
+            Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+        drop(server); // SIGKILL
+        for s in sent {
+            let _ = s.await;
+        }
     }
     // Whatever the kill left, the restarted server answers as the cold one did.
     let second = start(&with_dir(dir.path()));

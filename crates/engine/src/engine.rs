@@ -266,6 +266,9 @@ pub fn start(
 /// paused for its reader (see [`crate::request::OutputSink::has_room`]).
 const STALL_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// How often an idle engine thread looks after its housekeeping ([`EngineCore::idle`]).
+const IDLE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// The engine thread: commands in, steps while there is work.
 struct EngineLoop {
     core: EngineCore,
@@ -280,13 +283,17 @@ impl EngineLoop {
                 for d in self.drains.drain(..) {
                     let _ = d.send(());
                 }
-                match rx.recv() {
-                    Ok(cmd) => {
-                        if !self.handle(cmd) {
-                            return Ok(());
-                        }
+                // Idle: now and then take in the disk tier's finished writes (its gauges,
+                // its bound) while waiting.
+                let cmd = loop {
+                    match rx.recv_timeout(IDLE_POLL) {
+                        Ok(cmd) => break cmd,
+                        Err(mpsc::RecvTimeoutError::Timeout) => self.core.idle(),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
                     }
-                    Err(_) => return Ok(()),
+                };
+                if !self.handle(cmd) {
+                    return Ok(());
                 }
             }
             loop {
@@ -541,6 +548,13 @@ impl EngineCore {
 
     pub fn metrics(&self) -> &EngineMetrics {
         &self.metrics
+    }
+
+    /// Housekeeping while nothing runs: the disk tier's finished writes are taken in (its
+    /// gauges and its bound), and the gauges brought up to date.
+    pub fn idle(&mut self) {
+        self.cache.poll_disk();
+        self.update_gauges();
     }
 
     pub fn has_work(&self) -> bool {

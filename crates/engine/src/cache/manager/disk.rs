@@ -81,6 +81,13 @@ impl CacheManager {
         }
     }
 
+    /// Takes in the disk tier's finished writes (and keeps it within its bound).
+    pub fn poll_disk(&mut self) {
+        if let Some(d) = self.prefix.as_mut().and_then(|p| p.disk_mut()) {
+            d.poll();
+        }
+    }
+
     /// The disk tier's counters, if there is one.
     pub fn disk_stats(&self) -> Option<&DiskStats> {
         self.prefix.as_ref()?.disk().map(DiskTier::stats)
