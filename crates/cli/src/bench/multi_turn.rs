@@ -302,6 +302,16 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
             prefill_new_alone_ms: alone_s[t] * 1e3,
         })
         .collect();
+    print_rows(&rows);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The report: every turn with caching on and off, then the restarted run if there was one.
+fn print_rows(rows: &[TurnRow]) {
     println!("{:=^96}", " Multi-turn Benchmark Result ");
     println!(
         "{:>4} {:>8} {:>8} {:>8} {:>14} {:>14} {:>14} {:>8} {:>8}",
@@ -315,7 +325,7 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
         "on/new",
         "off/on"
     );
-    for r in &rows {
+    for r in rows {
         println!(
             "{:>4} {:>8.0} {:>8.0} {:>8.0} {:>14.1} {:>14.1} {:>14.1} {:>8.2} {:>8.2}",
             r.turn,
@@ -336,7 +346,7 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
             "{:>4} {:>8} {:>18} {:>14} {:>12}",
             "turn", "cached", "TTFT restart (ms)", "TTFT on (ms)", "restart/on"
         );
-        for r in &rows {
+        for r in rows {
             let restarted = r.ttft_restarted_ms.unwrap_or(f64::NAN);
             println!(
                 "{:>4} {:>8.0} {:>18.1} {:>14.1} {:>12.2}",
@@ -348,9 +358,4 @@ pub fn run(args: &BenchArgs, model: Model, config: EngineConfig) -> Result<()> {
             );
         }
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
 }
