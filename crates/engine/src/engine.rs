@@ -572,8 +572,10 @@ impl EngineCore {
         let id = req.id;
         // While it waits, what it will resume from is read ahead from the disk tier.
         let prompt = &req.prompt_ids;
-        self.cache.prefetch(prompt.len(), &|i| prompt[i]);
-        self.seqs.insert(id, Sequence::new(req, out));
+        let read_ahead = self.cache.prefetch(prompt.len(), &|i| prompt[i]);
+        let mut seq = Sequence::new(req, out);
+        seq.read_ahead = read_ahead;
+        self.seqs.insert(id, seq);
         self.scheduler.add(id);
     }
 

@@ -111,12 +111,15 @@ impl Scheduler {
         }
         // Admit waiting requests in order while budget, slots and blocks last (none in a
         // step that had to preempt: memory is already short). One whose reader is behind
-        // keeps its place in line without being admitted.
+        // keeps its place in line without being admitted, and so does one whose prefix the
+        // disk tier is still reading ahead while this step has other work (its read then
+        // overlaps that work instead of stalling it).
         let memory_short = !out.preempted.is_empty();
         let mut w = 0;
         while !memory_short && budget > 0 && w < self.waiting.len() {
             let id = self.waiting[w];
-            if !seqs[&id].out.has_room() {
+            let seq = &seqs[&id];
+            if !seq.out.has_room() || (seq.reading_ahead() && !out.scheduled.is_empty()) {
                 w += 1;
                 continue;
             }

@@ -27,6 +27,8 @@ pub struct Sequence {
     /// When its first and latest tokens were sampled (TTFT, inter-token latency, TPOT).
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
+    /// Its prefix being read ahead from the disk tier (see [`Self::reading_ahead`]).
+    pub read_ahead: Option<crate::cache::disk::ReadAhead>,
 }
 
 impl Sequence {
@@ -44,7 +46,16 @@ impl Sequence {
             first_scheduled: None,
             first_token_at: None,
             last_token_at: None,
+            read_ahead: None,
         }
+    }
+
+    /// Whether the disk tier is still reading its prefix ahead: admitting it now would read
+    /// on the engine thread what another thread is about to have in memory.
+    pub fn reading_ahead(&self) -> bool {
+        self.read_ahead
+            .as_ref()
+            .is_some_and(|done| !done.load(std::sync::atomic::Ordering::Acquire))
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -355,3 +355,27 @@ fn a_paused_sequence_gives_its_place_to_a_waiting_one() {
     assert_eq!(ids, [1]);
     assert!(h.out.preempted.is_empty());
 }
+
+#[test]
+fn a_request_whose_prefix_is_read_ahead_waits_while_others_run() {
+    let mut h = Harness::new(cfg(4, 64, None), FakeAllocator::new(4, 1000));
+    h.add(1, 8);
+    assert_eq!(h.step(), [sched(1, 8, 0, 1)]);
+    let done = crate::cache::disk::ReadAhead::default();
+    h.add(2, 8);
+    h.add(3, 8);
+    h.seqs.get_mut(&2).unwrap().read_ahead = Some(done.clone());
+    // 1 decodes, 3 (behind 2 in line) is admitted, 2 keeps its place.
+    assert_eq!(h.step(), [sched(1, 1, 0, 1), sched(3, 8, 0, 1)]);
+    assert_eq!(h.sched.waiting, [2]);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    assert_eq!(
+        h.step(),
+        [sched(1, 1, 0, 1), sched(3, 1, 0, 1), sched(2, 8, 0, 1)]
+    );
+    // Alone, nothing to overlap with: admitted at once, read or not.
+    let mut h = Harness::new(cfg(4, 64, None), FakeAllocator::new(4, 1000));
+    h.add(5, 8);
+    h.seqs.get_mut(&5).unwrap().read_ahead = Some(Default::default());
+    assert_eq!(h.step(), [sched(5, 8, 0, 1)]);
+}

@@ -38,6 +38,7 @@ use std::sync::Arc;
 
 pub use entry::{Entry, Head, Kind, FORMAT_VERSION};
 pub use key::{chain, of_parts, Digest};
+pub use prefetch::ReadAhead;
 
 use self::index::{file_name, Index, Key};
 use self::prefetch::Prefetcher;
@@ -233,15 +234,13 @@ impl DiskTier {
     }
 
     /// Reads the entries `keys` names (those the index has) into the page cache, on the
-    /// read-ahead thread.
-    pub fn prefetch(&self, keys: impl Iterator<Item = (Digest, Kind)>) {
+    /// read-ahead thread; `None` if there is nothing to read.
+    pub fn prefetch(&self, keys: impl Iterator<Item = (Digest, Kind)>) -> Option<ReadAhead> {
         let paths: Vec<PathBuf> = keys
             .filter(|k| self.index.contains(k))
             .map(|k| self.dir.join(file_name(&k)))
             .collect();
-        if !paths.is_empty() {
-            self.prefetcher.offer(paths);
-        }
+        (!paths.is_empty()).then(|| self.prefetcher.offer(paths))
     }
 
     /// From now on, [`Self::store`] waits for room in the queue instead of dropping.

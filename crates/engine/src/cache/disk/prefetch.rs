@@ -5,14 +5,22 @@
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+
+/// Set once a read-ahead is done (or was dropped): the request it is for may be admitted
+/// without its admission reading from the disk.
+pub type ReadAhead = Arc<AtomicBool>;
+
+type Job = (Vec<PathBuf>, ReadAhead);
 
 /// Requests' read-aheads waiting at most (more are dropped: they only save time).
 const QUEUE: usize = 64;
 
 pub struct Prefetcher {
-    tx: Option<SyncSender<Vec<PathBuf>>>,
+    tx: Option<SyncSender<Job>>,
     join: Option<JoinHandle<()>>,
 }
 
@@ -28,11 +36,17 @@ impl Prefetcher {
         })
     }
 
-    /// Reads `paths` ahead, unless the queue is full.
-    pub fn offer(&self, paths: Vec<PathBuf>) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.try_send(paths);
+    /// Reads `paths` ahead, unless the queue is full; the flag says when it is done.
+    pub fn offer(&self, paths: Vec<PathBuf>) -> ReadAhead {
+        let done = ReadAhead::default();
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|tx| tx.try_send((paths, done.clone())));
+        if !matches!(sent, Some(Ok(()))) {
+            done.store(true, Ordering::Release);
         }
+        done
     }
 }
 
@@ -45,14 +59,15 @@ impl Drop for Prefetcher {
     }
 }
 
-fn run(rx: Receiver<Vec<PathBuf>>) {
+fn run(rx: Receiver<Job>) {
     let mut buf = vec![0u8; 1 << 20];
-    for paths in rx {
+    for (paths, done) in rx {
         for p in paths {
             // A file gone meanwhile (evicted, rejected) is simply not read.
             if let Ok(mut f) = File::open(&p) {
                 while f.read(&mut buf).is_ok_and(|n| n > 0) {}
             }
         }
+        done.store(true, Ordering::Release);
     }
 }

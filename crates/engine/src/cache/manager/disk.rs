@@ -5,7 +5,7 @@ use std::sync::Arc;
 use deepinfer_model::config::ModelConfig;
 
 use super::CacheManager;
-use crate::cache::disk::{self, DiskConfig, DiskStats, DiskTier};
+use crate::cache::disk::{self, DiskConfig, DiskStats, DiskTier, ReadAhead};
 use crate::cache::layout::CacheLayout;
 use crate::cache::CacheError;
 
@@ -74,11 +74,10 @@ impl CacheManager {
     }
 
     /// Reads ahead, on the disk tier's own thread, the entries that admitting a request of
-    /// `len` tokens (`token(i)`) would read from disk (call it when the request arrives).
-    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) {
-        if let Some(p) = &mut self.prefix {
-            p.prefetch(len, token);
-        }
+    /// `len` tokens (`token(i)`) would read from disk (call it when the request arrives);
+    /// `None` if it would read nothing.
+    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) -> Option<ReadAhead> {
+        self.prefix.as_mut()?.prefetch(len, token)
     }
 
     /// Takes in the disk tier's finished writes (and keeps it within its bound).

@@ -9,7 +9,7 @@
 
 use super::{PrefixCache, ROOT};
 use crate::cache::block_pool::{BlockPool, BlockTable};
-use crate::cache::disk::{self, DiskTier, Head, Kind};
+use crate::cache::disk::{self, DiskTier, Head, Kind, ReadAhead};
 use std::sync::atomic::Ordering;
 
 impl PrefixCache {
@@ -202,12 +202,10 @@ impl PrefixCache {
     }
 
     /// Reads ahead what a lookup of the `len` tokens `token` gives would read from disk, for
-    /// a request that waits for admission.
-    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) {
+    /// a request that waits for admission; `None` if it would read nothing.
+    pub fn prefetch(&mut self, len: usize, token: &dyn Fn(usize) -> u32) -> Option<ReadAhead> {
         let keys = self.read_ahead(len, token);
-        if let Some(d) = &self.disk {
-            d.prefetch(keys.into_iter());
-        }
+        self.disk.as_ref()?.prefetch(keys.into_iter())
     }
 
     /// The entries a lookup would read from disk: the blocks past memory's up to the
