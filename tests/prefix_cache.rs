@@ -203,14 +203,7 @@ fn evicted_prefixes_are_recomputed_and_the_cache_empties() {
     let g = Golden::load("tiny-a");
     let mut r = ModelRunner::new(load("tiny-a", "official"));
     let vocab = r.model().config.vocab_size as u32;
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|k| {
-            diverging(&long_sequence(&g, k), 0, vocab)
-                .into_iter()
-                .take(150)
-                .collect()
-        })
-        .collect();
+    let seqs = unrelated_sequences(&g, vocab);
     // Room for about two of them: later ones evict the older ones' blocks and snapshots.
     let budget = budget_for_one("tiny-a", 1, 330);
     let mut cold_cache = cache(&r, 64 << 20, 1, false);
@@ -234,6 +227,26 @@ fn evicted_prefixes_are_recomputed_and_the_cache_empties() {
     }
     let p = small.prefix_usage().unwrap();
     assert_eq!((p.nodes, p.snapshots), (0, 0));
+}
+
+/// Four sequences of up to 150 tokens with no prefix in common (the golden long sequences,
+/// shifted), for evictions.
+fn unrelated_sequences(g: &Golden, vocab: u32) -> Vec<Vec<u32>> {
+    (0..4)
+        .map(|k| {
+            diverging(&long_sequence(g, k), 0, vocab)
+                .into_iter()
+                .take(150)
+                .collect()
+        })
+        .collect()
+}
+
+/// Logits of every position of `tokens` from a cold prefill (steps of 64), in a cache that
+/// keeps no prefixes.
+fn cold_logits(r: &mut ModelRunner, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut c = cache(r, 64 << 20, 2, false);
+    run(r, &mut c, &[tokens], 64).0.remove(0)
 }
 
 /// A budget that holds `tokens` tokens of `max_seqs` sequences with prefix caching.

@@ -77,8 +77,7 @@ fn a_prefix_read_back_after_a_restart_gives_the_cold_logits_bit_for_bit() {
         // Around block (16), window (8) and compression (4, 8, 16) boundaries.
         for shared in [9, 16, 17, 33, 64, 65, 100, 160] {
             let other = diverging(&base, shared, vocab);
-            let mut cold_cache = cache(&r, 64 << 20, 2, false);
-            let (cold, _) = run(&mut r, &mut cold_cache, &[&other], 64);
+            let cold = cold_logits(&mut r, &other);
             let dir = tempfile::tempdir().unwrap();
             let (mut first, _) = disk_cache(&r, 64 << 20, dir.path());
             run(&mut r, &mut first, &[&base], 64);
@@ -91,7 +90,7 @@ fn a_prefix_read_back_after_a_restart_gives_the_cold_logits_bit_for_bit() {
             assert_eq!(resumed[0], hit, "{label}: resumed");
             let from_disk = stats.hit_tokens.load(Ordering::Relaxed);
             assert_eq!(from_disk, hit as u64, "{label}: tokens read from disk");
-            assert_rows_equal(&warm[0], &cold[0][resumed[0]..], &label);
+            assert_rows_equal(&warm[0], &cold[resumed[0]..], &label);
         }
     }
 }
@@ -125,8 +124,7 @@ fn a_chat_turn_after_a_crash_resumes_where_the_last_one_ended() {
     let turn1: Vec<u32> = long_sequence(&g, 2).into_iter().take(90).collect();
     let turn2: Vec<u32> = long_sequence(&g, 2).into_iter().take(150).collect();
     let mut r = runner("tiny-a", Numerics::Official);
-    let mut cold_cache = cache(&r, 64 << 20, 2, false);
-    let (cold, _) = run(&mut r, &mut cold_cache, &[&turn2], 64);
+    let cold = cold_logits(&mut r, &turn2);
     let dir = tempfile::tempdir().unwrap();
     let (mut first, _) = disk_cache(&r, 64 << 20, dir.path());
     run(&mut r, &mut first, &[&turn1], 64);
@@ -140,7 +138,7 @@ fn a_chat_turn_after_a_crash_resumes_where_the_last_one_ended() {
     let (warm, resumed) = run(&mut r, &mut second, &[&turn2], 64);
     assert_eq!(resumed[0], 80);
     assert_eq!(stats.hit_tokens.load(Ordering::Relaxed), 80);
-    assert_rows_equal(&warm[0], &cold[0][80..], "second turn");
+    assert_rows_equal(&warm[0], &cold[80..], "second turn");
 }
 
 #[test]
@@ -148,8 +146,7 @@ fn corrupt_torn_and_foreign_entries_are_misses_and_go() {
     let g = Golden::load("tiny-a");
     let base: Vec<u32> = long_sequence(&g, 3).into_iter().take(120).collect();
     let mut r = runner("tiny-a", Numerics::Official);
-    let mut cold_cache = cache(&r, 64 << 20, 2, false);
-    let (cold, _) = run(&mut r, &mut cold_cache, &[&base], 64);
+    let cold = cold_logits(&mut r, &base);
     let dir = tempfile::tempdir().unwrap();
     let (mut first, _) = disk_cache(&r, 64 << 20, dir.path());
     run(&mut r, &mut first, &[&base], 64);
@@ -180,7 +177,7 @@ fn corrupt_torn_and_foreign_entries_are_misses_and_go() {
     );
     let (warm, resumed) = run(&mut r, &mut second, &[&base], 64);
     assert_eq!(resumed[0], 48, "up to the block before the corrupt one");
-    assert_rows_equal(&warm[0], &cold[0][48..], "a corrupt block");
+    assert_rows_equal(&warm[0], &cold[48..], "a corrupt block");
     assert_eq!(stats.errors.load(Ordering::Relaxed), 1);
     drop(second);
     let again = std::fs::read(&block4).unwrap();
@@ -190,7 +187,7 @@ fn corrupt_torn_and_foreign_entries_are_misses_and_go() {
     let (warm, resumed) = run(&mut r, &mut third, &[&base], 64);
     assert_eq!(resumed[0], 96);
     assert_eq!(stats.errors.load(Ordering::Relaxed), 1);
-    assert_rows_equal(&warm[0], &cold[0][96..], "a cut snapshot");
+    assert_rows_equal(&warm[0], &cold[96..], "a cut snapshot");
     drop(third);
     assert_eq!(
         std::fs::metadata(&snap7).unwrap().len(),
@@ -204,32 +201,24 @@ fn memory_evictions_are_read_back_from_disk() {
     let g = Golden::load("tiny-a");
     let mut r = runner("tiny-a", Numerics::Official);
     let vocab = r.model().config.vocab_size as u32;
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|k| {
-            diverging(&long_sequence(&g, k), 0, vocab)
-                .into_iter()
-                .take(150)
-                .collect()
-        })
-        .collect();
+    let seqs = unrelated_sequences(&g, vocab);
     // Memory for about two of them: each evicts an older one, which goes to disk.
     let budget = budget_for_one("tiny-a", 2, 330);
     let dir = tempfile::tempdir().unwrap();
     let (mut small, stats) = disk_cache(&r, budget, dir.path());
-    let mut cold_cache = cache(&r, 64 << 20, 2, false);
     for round in 0..2 {
         if round == 1 {
             small.flush_disk();
         }
         for (k, s) in seqs.iter().enumerate() {
-            let (cold, _) = run(&mut r, &mut cold_cache, &[s], 64);
+            let cold = cold_logits(&mut r, s);
             // Steps of one block: each takes one snapshot, so the few records suffice.
             let (warm, resumed) = run(&mut r, &mut small, &[s], BLOCK);
             let label = format!("round {round} seq {k}");
             if round == 1 {
                 assert_eq!(resumed[0], (s.len() - 1) / BLOCK * BLOCK, "{label}");
             }
-            assert_rows_equal(&warm[0], &cold[0][resumed[0]..], &label);
+            assert_rows_equal(&warm[0], &cold[resumed[0]..], &label);
         }
     }
     assert!(
@@ -288,8 +277,7 @@ fn a_directory_that_cannot_be_written_leaves_the_cache_in_memory() {
     let g = Golden::load("tiny-a");
     let base: Vec<u32> = long_sequence(&g, 1).into_iter().take(60).collect();
     let mut r = runner("tiny-a", Numerics::Official);
-    let mut cold_cache = cache(&r, 64 << 20, 2, false);
-    let (cold, _) = run(&mut r, &mut cold_cache, &[&base], 64);
+    let cold = cold_logits(&mut r, &base);
     // A path that is a file: no disk tier, and no error.
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("not-a-dir");
@@ -313,7 +301,7 @@ fn a_directory_that_cannot_be_written_leaves_the_cache_in_memory() {
     run(&mut r, &mut c, &[&base], 64);
     let (warm, resumed) = run(&mut r, &mut c, &[&base], 64);
     assert_eq!(resumed[0], 48, "memory hits go on");
-    assert_rows_equal(&warm[0], &cold[0][48..], "memory only");
+    assert_rows_equal(&warm[0], &cold[48..], "memory only");
     c.flush_disk();
     assert!(stats.errors.load(Ordering::Relaxed) > 0);
 }
@@ -440,11 +428,10 @@ fn the_directory_stays_within_its_bound_and_keeps_the_recent() {
     drop(c);
     // After a restart the most recent sequence resumes from disk, the oldest does not.
     let (mut c, _) = disk_cache(&r, 64 << 20, dir.path());
-    let mut cold_cache = cache(&r, 64 << 20, 2, false);
-    let cold_last = run(&mut r, &mut cold_cache, &[&seqs[5]], 64).0;
+    let cold_last = cold_logits(&mut r, &seqs[5]);
     let (warm, resumed) = run(&mut r, &mut c, &[&seqs[5]], 64);
     assert_eq!(resumed[0], 112);
-    assert_rows_equal(&warm[0], &cold_last[0][112..], "the most recent");
+    assert_rows_equal(&warm[0], &cold_last[112..], "the most recent");
     let (_, resumed) = run(&mut r, &mut c, &[&seqs[0]], 64);
     assert_eq!(resumed[0], 0, "the least recent went");
 }

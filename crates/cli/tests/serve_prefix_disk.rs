@@ -121,18 +121,19 @@ async fn prefixes_survive_a_kill_and_a_restart_bit_for_bit() {
     assert!(disk_metric(&third, "external_prefix_cache_hits_total").await >= 3.0 * 192.0);
     assert!(disk_metric(&third, "prefix_cache_disk_read_bytes_total").await > 0.0);
     // Emptied on request: the next start finds nothing.
-    let r = reqwest::Client::new()
-        .post(third.url("/reset_prefix_cache?disk=maybe"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let r = reqwest::Client::new()
-        .post(third.url("/reset_prefix_cache?disk=true"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let reset = |query: &str| {
+        let url = third.url(&format!("/reset_prefix_cache?{query}"));
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(reset("disk=maybe").await, 400);
+    assert_eq!(reset("disk=true").await, 200);
     assert_eq!(disk_metric(&third, "prefix_cache_disk_entries").await, 0.0);
     assert!(third.interrupt_and_wait().success());
     let fourth = start(&with_dir(dir.path()));

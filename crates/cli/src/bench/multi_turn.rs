@@ -61,13 +61,7 @@ fn conversations(
     output_len: usize,
 ) -> Result<(Vec<Vec<Turn>>, Model)> {
     let (handle, join) = engine::start(model, config)?;
-    let params = SamplingParams {
-        temperature: 0.0,
-        max_tokens: output_len,
-        min_tokens: output_len,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    };
+    let params = answer_params(output_len);
     let workers: Vec<_> = msgs
         .iter()
         .cloned()
@@ -80,18 +74,7 @@ fn conversations(
                     history.extend(msg);
                     let sent = Instant::now();
                     let (_, rx) = handle.add_request(history.clone(), params.clone())?;
-                    let mut t = Turn {
-                        prompt_tokens: history.len(),
-                        ..Turn::default()
-                    };
-                    for delta in rx {
-                        if t.ttft_s == 0.0 && !delta.new_token_ids.is_empty() {
-                            t.ttft_s = sent.elapsed().as_secs_f64();
-                        }
-                        t.cached_tokens = delta.num_cached_tokens;
-                        history.extend(delta.new_token_ids);
-                    }
-                    turns.push(t);
+                    turns.push(answer(sent, rx, &mut history));
                 }
                 Ok(turns)
             })
@@ -120,35 +103,48 @@ fn one_turn(
     turn: usize,
     output_len: usize,
 ) -> Result<Vec<Turn>> {
-    let params = SamplingParams {
+    let params = answer_params(output_len);
+    let mut waiting = Vec::new();
+    for (history, conv) in histories.iter_mut().zip(msgs) {
+        history.extend(&conv[turn]);
+        let sent = Instant::now();
+        let (_, rx) = handle.add_request(history.clone(), params.clone())?;
+        waiting.push((sent, rx));
+    }
+    let answers = waiting.into_iter().zip(histories);
+    Ok(answers.map(|((sent, rx), h)| answer(sent, rx, h)).collect())
+}
+
+/// Greedy answers of exactly `output_len` tokens.
+fn answer_params(output_len: usize) -> SamplingParams {
+    SamplingParams {
         temperature: 0.0,
         max_tokens: output_len,
         min_tokens: output_len,
         ignore_eos: true,
         ..SamplingParams::default()
+    }
+}
+
+/// Reads a turn's answer from `rx` into `history` (sent at `sent`, with `history` as its
+/// prompt): what the turn cost.
+fn answer(
+    sent: Instant,
+    rx: std::sync::mpsc::Receiver<deepinfer_engine::request::RequestOutput>,
+    history: &mut Vec<u32>,
+) -> Turn {
+    let mut t = Turn {
+        prompt_tokens: history.len(),
+        ..Turn::default()
     };
-    let mut waiting = Vec::new();
-    for (history, conv) in histories.iter_mut().zip(msgs) {
-        history.extend(&conv[turn]);
-        let (_, rx) = handle.add_request(history.clone(), params.clone())?;
-        waiting.push((Instant::now(), rx));
-    }
-    let mut out = Vec::new();
-    for ((sent, rx), history) in waiting.into_iter().zip(histories) {
-        let mut t = Turn {
-            prompt_tokens: history.len(),
-            ..Turn::default()
-        };
-        for delta in rx {
-            if t.ttft_s == 0.0 && !delta.new_token_ids.is_empty() {
-                t.ttft_s = sent.elapsed().as_secs_f64();
-            }
-            t.cached_tokens = delta.num_cached_tokens;
-            history.extend(delta.new_token_ids);
+    for delta in rx {
+        if t.ttft_s == 0.0 && !delta.new_token_ids.is_empty() {
+            t.ttft_s = sent.elapsed().as_secs_f64();
         }
-        out.push(t);
+        t.cached_tokens = delta.num_cached_tokens;
+        history.extend(delta.new_token_ids);
     }
-    Ok(out)
+    t
 }
 
 /// Every conversation turn by turn, the engine stopped (its cache written to the disk tier)

@@ -24,8 +24,7 @@ impl Checkpoint {
             let (_, info) = &self.index[name];
             h.update(format!("{name} {:?} {:?}\n", info.dtype, info.shape));
         }
-        for (i, shard) in self.shards.iter().enumerate() {
-            let (lo, hi) = self.data_span(i);
+        for (shard, (lo, hi)) in self.shards.iter().zip(self.data_spans()) {
             if lo >= hi {
                 continue;
             }
@@ -43,16 +42,15 @@ impl Checkpoint {
         h.finalize().into()
     }
 
-    /// The bytes shard `shard`'s tensors occupy (empty if it has none).
-    fn data_span(&self, shard: usize) -> (usize, usize) {
-        let infos = self
-            .index
-            .values()
-            .filter(|(s, _)| *s == shard)
-            .map(|(_, i)| i);
-        infos.fold((usize::MAX, 0), |(lo, hi), i| {
-            (lo.min(i.start), hi.max(i.end))
-        })
+    /// Per shard, the bytes its tensors occupy (empty if it has none), in one pass over the
+    /// index.
+    fn data_spans(&self) -> Vec<(usize, usize)> {
+        let mut spans = vec![(usize::MAX, 0); self.shards.len()];
+        for (shard, info) in self.index.values() {
+            let span = &mut spans[*shard];
+            *span = (span.0.min(info.start), span.1.max(info.end));
+        }
+        spans
     }
 }
 

@@ -215,10 +215,7 @@ impl DiskTier {
             parent,
             bytes: entry::encode(head, floats),
         };
-        if self.closing {
-            self.writer.push(op);
-            self.pending.insert(key);
-        } else if self.writer.offer(op) {
+        if self.send(op) {
             self.pending.insert(key);
         } else {
             add(&self.stats.dropped_writes, 1);
@@ -277,10 +274,17 @@ impl DiskTier {
             return;
         }
         self.index.touch(&key);
+        self.send(Op::Touch(key));
+    }
+
+    /// Queues `op` for the writer: dropped (false) when the queue is full, unless shutting
+    /// down, when it waits for room.
+    fn send(&self, op: Op) -> bool {
         if self.closing {
-            self.writer.push(Op::Touch(key));
+            self.writer.push(op);
+            true
         } else {
-            self.writer.offer(Op::Touch(key));
+            self.writer.offer(op)
         }
     }
 

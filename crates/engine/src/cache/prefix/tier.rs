@@ -26,30 +26,30 @@ impl PrefixCache {
         self.disk.as_mut()
     }
 
-    /// The chain hash of node `id`'s block after `parent` (zero without a disk tier).
-    pub(super) fn chain_after(&self, parent: usize, id: usize) -> disk::Digest {
-        let Some(d) = &self.disk else {
-            return [0; 32];
-        };
-        let prev = if parent == ROOT {
-            d.root()
-        } else {
-            &self.node(parent).chain
-        };
-        disk::chain(prev, self.tokens_of(id).iter().copied())
+    /// The chain hash of every token through node `id`'s block, or the root's (the
+    /// identity) for [`ROOT`]; zero without a disk tier.
+    fn hash_through(&self, id: usize) -> disk::Digest {
+        match (id, &self.disk) {
+            (_, None) => [0; 32],
+            (ROOT, Some(d)) => *d.root(),
+            (id, Some(_)) => self.node(id).chain,
+        }
     }
 
-    fn parent_chain(&self, id: usize) -> disk::Digest {
-        match (self.node(id).parent, &self.disk) {
-            (ROOT, Some(d)) => *d.root(),
-            (ROOT, None) => [0; 32],
-            (p, _) => self.node(p).chain,
+    /// The chain hash of node `id`'s block after `parent` (zero without a disk tier).
+    pub(super) fn chain_after(&self, parent: usize, id: usize) -> disk::Digest {
+        if self.disk.is_none() {
+            return [0; 32];
         }
+        disk::chain(
+            &self.hash_through(parent),
+            self.tokens_of(id).iter().copied(),
+        )
     }
 
     /// Writes node `id`'s blocks to disk unless it has them.
     pub(super) fn store_block(&mut self, id: usize, pools: &[BlockPool]) {
-        let parent = self.parent_chain(id);
+        let parent = self.hash_through(self.node(id).parent);
         let Some(d) = &mut self.disk else {
             return;
         };
@@ -279,10 +279,7 @@ impl PrefixCache {
         pools: &mut [BlockPool],
     ) -> Option<usize> {
         let t = self.block_tokens;
-        let parent_hash = match parent {
-            Some(p) => self.node(p).chain,
-            None => *self.disk.as_ref()?.root(),
-        };
+        let parent_hash = self.hash_through(parent.unwrap_or(ROOT));
         let d = self.disk.as_mut()?;
         let bytes = d.read(h, Kind::Block)?;
         let e = d.check(&bytes, h, Kind::Block)?;
