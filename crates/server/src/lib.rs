@@ -2,6 +2,7 @@
 //! tokenizer (incremental detokenizer, stop strings) and DeepSeek-V4's chat format (prompt
 //! rendering, reasoning and DSML tool-call parsing).
 
+pub mod anthropic;
 pub mod body;
 pub mod chat;
 mod connection;

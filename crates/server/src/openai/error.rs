@@ -73,7 +73,7 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
-            message: "missing or invalid API key (send `Authorization: Bearer <key>`)".into(),
+            message: "missing or invalid API key (send `Authorization: Bearer <key>` or `x-api-key: <key>`)".into(),
             kind: "authentication_error",
             param: None,
         }
@@ -124,8 +124,12 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// The error rides along as an extension, so another API family's shape can be put on
+    /// it by the router (see `crate::anthropic::error_body`).
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut resp = (self.status, Json(self.body())).into_response();
+        resp.extensions_mut().insert(self);
+        resp
     }
 }
 

@@ -2,7 +2,9 @@
 //! into `reasoning_content`, `content` and `tool_calls`, streamed or whole.
 
 use super::{blocking, body_bytes, sse, Shared};
-use crate::chat::{render_chat, ChatDelta, ChatOutputParser, ReasoningEffort, RenderOptions};
+use crate::chat::{
+    render_chat, ChatDelta, ChatMessage, ChatOutputParser, ReasoningEffort, RenderOptions, ToolDef,
+};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
     check_sequences, fields, resolve_max_tokens, ApiError, ChatChoice, ChatCompletionResponse,
@@ -27,9 +29,42 @@ pub(crate) struct ChatPrompt {
     pub tool_names: Option<Vec<String>>,
 }
 
-/// Renders and tokenizes the conversation of a chat request (shared with `/tokenize`); a
-/// rendering too long for the context is refused before it is tokenized. CPU-bound for
-/// long conversations: call it through [`super::blocking`].
+/// What every chat API family translates its request into before rendering: the
+/// conversation, its tools and switches, and text the answer continues (Anthropic's prefill).
+pub(crate) struct ChatRequest<'a> {
+    pub messages: &'a [ChatMessage],
+    pub tools: &'a [ToolDef],
+    pub opts: RenderOptions,
+    /// Whether tool calls are parsed out of the answer.
+    pub parse_tools: bool,
+    pub prefill: &'a str,
+}
+
+/// Renders and tokenizes a conversation; a rendering too long for the context is refused
+/// before it is tokenized. CPU-bound for long conversations: call it through
+/// [`super::blocking`].
+pub(crate) fn encode_chat(
+    tok: &Tokenizer,
+    req: &ChatRequest,
+    limits: &PromptLimits,
+) -> Result<ChatPrompt, ApiError> {
+    let mut text = render_chat(req.messages, req.tools, &req.opts)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    text.push_str(req.prefill);
+    limits.check_text("messages", &text)?;
+    let ids = tok
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(ChatPrompt {
+        ids,
+        thinking: req.opts.thinking_mode(),
+        tool_names: (req.parse_tools && !req.tools.is_empty())
+            .then(|| req.tools.iter().map(|t| t.function.name.clone()).collect()),
+    })
+}
+
+/// The conversation of an OpenAI chat request, rendered and tokenized (shared with
+/// `/tokenize`).
 pub(crate) fn chat_prompt(
     tok: &Tokenizer,
     f: &ChatFields,
@@ -41,7 +76,6 @@ pub(crate) fn chat_prompt(
             "`messages` must not be empty",
         ));
     }
-    let tools = f.tools.as_deref().unwrap_or_default();
     let parse_tools = match &f.tool_choice {
         None => true,
         Some(Value::String(s)) if s == "auto" => true,
@@ -85,19 +119,14 @@ pub(crate) fn chat_prompt(
             ))
         }
     };
-    let opts = RenderOptions::from_openai(effort, kwargs);
-    let text = render_chat(&f.messages, tools, &opts)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    limits.check_text("messages", &text)?;
-    let ids = tok
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(ChatPrompt {
-        ids,
-        thinking: opts.thinking_mode(),
-        tool_names: (parse_tools && !tools.is_empty())
-            .then(|| tools.iter().map(|t| t.function.name.clone()).collect()),
-    })
+    let req = ChatRequest {
+        messages: &f.messages,
+        tools: f.tools.as_deref().unwrap_or_default(),
+        opts: RenderOptions::from_openai(effort, kwargs),
+        parse_tools,
+        prefill: "",
+    };
+    encode_chat(tok, &req, limits)
 }
 
 pub async fn chat_completions(

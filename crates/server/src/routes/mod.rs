@@ -1,9 +1,10 @@
-//! The HTTP surface: vLLM's routes, OpenAI's shapes.
+//! The HTTP surface: vLLM's routes, OpenAI's shapes, and Anthropic's Messages API in its own.
 
 mod cache;
 mod chat;
 mod completions;
 mod info;
+mod messages;
 mod sse;
 mod tokenize;
 
@@ -31,6 +32,8 @@ pub fn router(state: Shared, body: BodyLimits) -> Router {
         .route("/v1/models", get(info::models))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/reset_prefix_cache", post(cache::reset_prefix_cache))
@@ -51,17 +54,33 @@ pub fn router(state: Shared, body: BodyLimits) -> Router {
             Arc::new(body),
             read_whole_body,
         ))
+        .layer(middleware::from_fn(anthropic_errors))
         .with_state(state)
+}
+
+/// Errors on Anthropic's routes in Anthropic's shape, wherever they were raised (the body
+/// limits and the API key check run before any handler).
+async fn anthropic_errors(req: Request, next: Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let resp = next.run(req).await;
+    match resp.extensions().get::<ApiError>() {
+        Some(e) if anthropic => {
+            (e.status, axum::Json(crate::anthropic::error_body(e))).into_response()
+        }
+        _ => resp,
+    }
 }
 
 async fn require_api_key(State(st): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        let ok = req
-            .headers()
+        // OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
+        let headers = req.headers();
+        let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token)
-            .is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()));
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+        let ok = given.is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()));
         if !ok {
             return ApiError::unauthorized().into_response();
         }
