@@ -7,7 +7,7 @@ the assistant's call and the tool's result sent back), logprobs and error mappin
 optional second server runs with `--debug-force-output` set to the text that
 `--print-tool-script` prints (a DeepSeek-V4 DSML tool call: a model with random weights
 never writes one), and the script checks the parsed call exactly, whole and streamed.
-Exits non-zero on the first failed check. Run by tools/openai_e2e.sh.
+Exits non-zero on the first failed check. Run by tools/clients_e2e.sh.
 """
 
 import json

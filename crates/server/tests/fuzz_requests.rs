@@ -1,7 +1,8 @@
 //! A bounded, seeded fuzz of request handling: the real router (body limits, parsing,
 //! validation, prompt bounds, tokenizing, admission) in front of a real engine on the small
 //! synthetic model, fed valid requests mutated at the JSON and at the byte level. Every
-//! answer must be a success or an OpenAI error of the expected kinds, never a 500 or a
+//! answer must be a success or an error of the expected kinds in its API's shape (OpenAI's,
+//! or Anthropic's on `/v1/messages*`), never a 500 or a
 //! panic, each within a time bound; afterwards the engine is idle with every cache freed.
 //!
 //! `DEEPINFER_FUZZ_CASES` sets the number of cases (default 1000) and `DEEPINFER_FUZZ_SEED`
@@ -89,6 +90,27 @@ fn seeds() -> Vec<(&'static str, Value)> {
             json!({"messages": [{"role": "user", "content": "Hi"}]}),
         ),
         ("/detokenize", json!({"tokens": [100, 2000, 30000]})),
+        (
+            "/v1/messages",
+            json!({"system": [{"type": "text", "text": "Be brief."}],
+                   "messages": [{"role": "user", "content": "Weather?"},
+                                {"role": "assistant", "content": [
+                                    {"type": "thinking", "thinking": "Look.", "signature": "s"},
+                                    {"type": "tool_use", "id": "t1", "name": "get_weather",
+                                     "input": {"city": "Paris"}}]},
+                                {"role": "user", "content": [
+                                    {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"},
+                                    {"type": "text", "text": "And tomorrow?"}]}],
+                   "tools": [{"name": "get_weather", "input_schema": {"type": "object",
+                     "properties": {"city": {"type": "string"}}}}],
+                   "thinking": {"type": "enabled", "budget_tokens": 1024},
+                   "max_tokens": 3, "stream": true, "stop_sequences": ["\n"]}),
+        ),
+        (
+            "/v1/messages/count_tokens",
+            json!({"system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}],
+                   "tool_choice": {"type": "auto"}}),
+        ),
     ]
 }
 
@@ -346,6 +368,12 @@ async fn every_fuzzed_request_gets_a_bounded_answer() {
                 panic!("case {case}: a {status} that is not JSON: {}", shown())
             });
             assert!(err["error"]["message"].is_string(), "case {case}: {err}");
+            if path.starts_with("/v1/messages") {
+                assert_eq!(
+                    err["type"], "error",
+                    "case {case}: not Anthropic's shape: {err}"
+                );
+            }
         }
     }
     eprintln!(

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The official clients against `deepinfer serve` on loopback (no internet needed):
+#  1. the `openai` and `anthropic` Python packages (tools/openai_e2e.py, tools/anthropic_e2e.py)
+#     against the default model and against a second server whose output is scripted to a
+#     DSML tool call (the hidden test hook --debug-force-output);
+#  2. Claude Code (npm @anthropic-ai/claude-code) completing a turn (`claude -p`) against a
+#     server scripted to think, then answer.
+# Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
+# into target/openai-venv and Claude Code into target/claude-code on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=target/openai-venv
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check 'openai>=1.40,<4' 'anthropic>=0.40,<1'
+cargo build --locked -p deepinfer-cli
+pids=()
+logs=()
+scratch=$(mktemp -d)
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "${logs[@]}" "$scratch"' EXIT
+
+# start_server ARGS...: starts a server, waits until it listens; sets $url and $pid.
+start_server() {
+    local log
+    log=$(mktemp)
+    logs+=("$log")
+    DEEPINFER_CACHE_DIR=target/deepinfer-cache target/debug/deepinfer serve --port 0 "$@" \
+        2>"$log" &
+    pid=$!
+    pids+=("$pid")
+    url=
+    for _ in $(seq 1 600); do
+        url=$(grep -o 'http://[0-9.:]*' "$log" | head -n1 || true)
+        [ -n "$url" ] && break
+        kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; echo "the server exited early" >&2; exit 1; }
+        sleep 0.2
+    done
+    [ -n "$url" ] || { cat "$log" >&2; echo "the server did not start" >&2; exit 1; }
+}
+
+# stop_servers PID...: Ctrl-C, then a clean exit.
+stop_servers() {
+    for p in "$@"; do
+        kill -INT "$p"
+        wait "$p"
+    done
+}
+
+start_server
+main_url=$url main_pid=$pid
+script=$("$venv/bin/python" tools/openai_e2e.py --print-tool-script)
+start_server --debug-force-output "$script"
+tool_url=$url tool_pid=$pid
+"$venv/bin/python" tools/openai_e2e.py "$main_url" "$tool_url"
+model=$("$venv/bin/python" -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["id"])' "$main_url")
+"$venv/bin/python" tools/anthropic_e2e.py "$model" "$main_url" "$tool_url"
+stop_servers "$main_pid" "$tool_pid"
+echo "servers stopped cleanly"
+
+# Claude Code, pinned to the version this was checked with. It asks for adaptive thinking,
+# so the scripted answer thinks first; only the text after </think> is printed.
+cc=target/claude-code
+if [ ! -x "$cc/node_modules/.bin/claude" ]; then
+    mkdir -p "$cc"
+    npm install --prefix "$cc" --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@2.1.197
+fi
+start_server --debug-force-output "The user wants a greeting.</think>Hi from deepinfer."
+mkdir -p "$scratch/home"
+claude="$PWD/$cc/node_modules/.bin/claude"
+out=$(cd "$scratch" && HOME="$scratch/home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
+    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
+    timeout 600 "$claude" -p "say hi" --model "$model")
+echo "claude -p: $out"
+[ "$out" = "Hi from deepinfer." ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
+stop_servers "$pid"
+echo "clients e2e: all passed"
