@@ -3,10 +3,11 @@
 #  1. the `openai` and `anthropic` Python packages (tools/openai_e2e.py, tools/anthropic_e2e.py)
 #     against the default model and against a second server whose output is scripted to a
 #     DSML tool call (the hidden test hook --debug-force-output);
-#  2. Claude Code (npm @anthropic-ai/claude-code) completing a turn (`claude -p`) against a
-#     server scripted to think, then answer.
+#  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
+#     Responses API) each completing a turn (`claude -p`, `codex exec`) against a server
+#     scripted to think, then answer.
 # Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
-# into target/openai-venv and Claude Code into target/claude-code on first use.
+# into target/openai-venv, Claude Code and Codex into target/agents on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/openai-venv
@@ -59,20 +60,36 @@ print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["
 stop_servers "$main_pid" "$tool_pid"
 echo "servers stopped cleanly"
 
-# Claude Code, pinned to the version this was checked with. It asks for adaptive thinking,
-# so the scripted answer thinks first; only the text after </think> is printed.
-cc=target/claude-code
-if [ ! -x "$cc/node_modules/.bin/claude" ]; then
-    mkdir -p "$cc"
-    npm install --prefix "$cc" --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@2.1.197
+# The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
+# scripted answer thinks first; only the text after </think> is printed.
+agents=target/agents
+if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ]; then
+    mkdir -p "$agents"
+    npm install --prefix "$agents" --no-audit --no-fund --loglevel=error \
+        @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 fi
+bin="$PWD/$agents/node_modules/.bin"
 start_server --debug-force-output "The user wants a greeting.</think>Hi from deepinfer."
-mkdir -p "$scratch/home"
-claude="$PWD/$cc/node_modules/.bin/claude"
-out=$(cd "$scratch" && HOME="$scratch/home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
+home="$scratch/home"
+mkdir -p "$home/.codex" "$scratch/work"
+out=$(cd "$scratch/work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
-    timeout 600 "$claude" -p "say hi" --model "$model")
+    timeout 600 "$bin/claude" -p "say hi" --model "$model")
 echo "claude -p: $out"
 [ "$out" = "Hi from deepinfer." ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
+cat > "$home/.codex/config.toml" <<TOML
+model = "$model"
+model_provider = "local"
+[model_providers.local]
+name = "local"
+base_url = "$url/v1"
+wire_api = "responses"
+env_key = "LOCAL_API_KEY"
+TOML
+out=$(cd "$scratch/work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
+    timeout 600 "$bin/codex" exec --skip-git-repo-check "say hi" 2>"$scratch/codex.err") \
+    || { cat "$scratch/codex.err" >&2; exit 1; }
+echo "codex exec: $out"
+[ "$out" = "Hi from deepinfer." ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
 stop_servers "$pid"
 echo "clients e2e: all passed"

@@ -3,7 +3,9 @@
 Usage: python tools/openai_e2e.py http://127.0.0.1:PORT [http://127.0.0.1:TOOL_PORT]
        python tools/openai_e2e.py --print-tool-script
 Covers completions, chat streaming (with usage), a tool-call round trip (tool definitions,
-the assistant's call and the tool's result sent back), logprobs and error mapping. The
+the assistant's call and the tool's result sent back), logprobs and error mapping, and the
+Responses API (create, stream accumulated by the SDK, store with `previous_response_id`,
+retrieve and delete, function calls). The
 optional second server runs with `--debug-force-output` set to the text that
 `--print-tool-script` prints (a DeepSeek-V4 DSML tool call: a model with random weights
 never writes one), and the script checks the parsed call exactly, whole and streamed.
@@ -119,6 +121,39 @@ try:
 except openai.NotFoundError:
     pass
 
+# Responses: the same answer whole and streamed (the SDK checks the event sequence).
+def item_texts(response):
+    """Each output item's type and text (the ids differ between runs)."""
+    return [(o.type, "".join(c.text for c in (o.content or []))) for o in response.output]
+
+
+
+long_input = "Tell me about the sea. " * 40
+r1 = client.responses.create(model=model, input=long_input, max_output_tokens=8, temperature=0)
+assert r1.object == "response" and r1.status in ("completed", "incomplete"), r1
+assert r1.usage.output_tokens <= 8, r1.usage
+with client.responses.stream(model=model, input=long_input, max_output_tokens=8,
+                             temperature=0, store=False) as stream:
+    final = stream.get_final_response()
+assert item_texts(final) == item_texts(r1) and item_texts(r1), (final.output, r1.output)
+assert final.usage.input_tokens_details.cached_tokens >= 128, final.usage
+# Stored by default: retrieved, continued (the prefix cache serves the earlier turn), deleted.
+assert client.responses.retrieve(r1.id).output_text == r1.output_text
+r2 = client.responses.create(model=model, previous_response_id=r1.id, input="And the sky?",
+                             max_output_tokens=4, temperature=0)
+assert r2.usage.input_tokens > r1.usage.input_tokens, (r1.usage, r2.usage)
+assert r2.usage.input_tokens_details.cached_tokens >= 128, r2.usage
+assert client.responses.delete(r1.id) is None
+for call in (lambda: client.responses.retrieve(r1.id),
+             lambda: client.responses.create(model=model, previous_response_id=final.id,
+                                             input="x", max_output_tokens=2)):
+    try:
+        call()
+        raise AssertionError("an unstored response was found")
+    except (openai.NotFoundError, openai.BadRequestError):
+        pass
+print(f"responses: {item_texts(r1)!r}, continued with {r2.usage.input_tokens} input tokens")
+
 if len(sys.argv) > 2:
     # The scripted server writes a DSML tool call for every request.
     scripted = openai.OpenAI(base_url=sys.argv[2].rstrip("/") + "/v1", api_key="unused")
@@ -166,5 +201,33 @@ if len(sys.argv) > 2:
     assert answer.choices[0].message.role == "assistant", answer
     assert answer.usage.prompt_tokens > got.usage.prompt_tokens, (answer.usage, got.usage)
     print(f"scripted tool call: {call.function.name}({call.function.arguments})")
+
+    # Responses: reasoning, a message and a function call as output items, whole and
+    # streamed; the call's output sent back, statelessly and through previous_response_id.
+    rtools = [{"type": "function", "name": TOOL_NAME, "description": "Weather for a city",
+               "parameters": tools[0]["function"]["parameters"]}]
+    got = scripted.responses.create(model=model, input="Weather in Paris for 3 days?",
+                                    tools=rtools, max_output_tokens=200)
+    assert [o.type for o in got.output] == ["reasoning", "message", "function_call"], got.output
+    assert got.output[0].content[0].text == TOOL_REASONING, got.output[0]
+    assert got.output_text == TOOL_CONTENT, got.output_text
+    fc = got.output[2]
+    assert fc.name == TOOL_NAME and fc.arguments == TOOL_ARGUMENTS and fc.call_id, fc
+    with scripted.responses.stream(model=model, input="Weather in Paris for 3 days?",
+                                   tools=rtools, max_output_tokens=200) as stream:
+        final = stream.get_final_response()
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[2].arguments == TOOL_ARGUMENTS, final.output[2]
+    result = {"type": "function_call_output", "call_id": fc.call_id, "output": "18 C, sunny"}
+    stateless = scripted.responses.create(
+        model=model, tools=rtools, max_output_tokens=200, store=False,
+        input=[{"role": "user", "content": "Weather in Paris for 3 days?"}]
+        + [o.model_dump(exclude_none=True) for o in got.output] + [result])
+    chained = scripted.responses.create(model=model, tools=rtools, max_output_tokens=200,
+                                        previous_response_id=got.id, input=[result])
+    assert stateless.usage.input_tokens == chained.usage.input_tokens, (stateless.usage,
+                                                                         chained.usage)
+    assert chained.usage.input_tokens > got.usage.input_tokens
+    print(f"scripted responses call: {fc.name}({fc.arguments})")
 
 print("openai e2e: all checks passed")

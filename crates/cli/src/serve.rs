@@ -34,7 +34,7 @@ pub struct ServeArgs {
     /// Port to bind (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1 routes.
     #[arg(long)]
     api_key: Option<String>,
     /// Name clients put in `model` (default: the --model path as given, as vLLM does).
@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// aborted and the process exits; a second Ctrl-C aborts them at once.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout_secs: u64,
+    /// Memory for stored Responses API answers (`store: true`, what `previous_response_id`
+    /// and `GET /v1/responses/{id}` read), in MiB; the oldest are dropped first. 0 stores
+    /// none.
+    #[arg(long, default_value_t = 64)]
+    responses_store_mib: usize,
     /// Test hook, hidden from --help: every request generates exactly the tokens of TEXT,
     /// then EOS, through the whole engine path (scheduler, sampler, detokenizer, stop strings,
     /// chat parsers). A tiny model with random weights never writes tool calls or reasoning,
@@ -169,14 +174,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         dir.display(),
         start.elapsed().as_secs_f64()
     );
-    let state = Arc::new(AppState::new(
-        handle.clone(),
-        tokenizer,
-        name.clone(),
-        dir.display().to_string(),
-        args.api_key.clone(),
-        args.max_pending_requests,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            handle.clone(),
+            tokenizer,
+            name.clone(),
+            dir.display().to_string(),
+            args.api_key.clone(),
+            args.max_pending_requests,
+        )
+        .with_response_store(args.responses_store_mib.saturating_mul(1 << 20)),
+    );
     // On the cores no compute thread is pinned to, when there are such (--cpu-affinity
     // naming fewer than all, or --threads below it): requests are parsed and tokenised there
     // without taking a core from the forward passes.

@@ -1,5 +1,6 @@
 //! What every handler shares: the engine handle, the tokenizer, the served name and limits.
 
+use crate::openai::responses::ResponseStore;
 use crate::openai::ApiError;
 use crate::tokenizer::Tokenizer;
 use deepinfer_engine::engine::EngineHandle;
@@ -75,7 +76,12 @@ pub struct AppState {
     pub prompt_limits: PromptLimits,
     /// Unix time the server started (`created` in `/v1/models`).
     pub created: u64,
+    /// Stored Responses API answers (`store: true`).
+    pub responses: ResponseStore,
 }
+
+/// The stored responses' default bound (see [`AppState::with_response_store`]).
+pub const DEFAULT_RESPONSE_STORE_BYTES: usize = 64 << 20;
 
 impl AppState {
     pub fn new(
@@ -102,7 +108,14 @@ impl AppState {
             admission: Arc::new(Semaphore::new(max_pending)),
             max_pending,
             created: unix_now(),
+            responses: ResponseStore::new(DEFAULT_RESPONSE_STORE_BYTES),
         }
+    }
+
+    /// Keeps at most `bytes` of stored responses (0: none are stored).
+    pub fn with_response_store(mut self, bytes: usize) -> Self {
+        self.responses = ResponseStore::new(bytes);
+        self
     }
 
     /// A request may name the served model or leave `model` out; anything else is a 404.

@@ -5,6 +5,7 @@ mod completions;
 mod error;
 mod logit_bias;
 mod parse;
+pub mod responses;
 mod sampling;
 
 pub use chat::{

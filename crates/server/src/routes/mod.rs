@@ -5,6 +5,7 @@ mod chat;
 mod completions;
 mod info;
 mod messages;
+mod responses;
 mod sse;
 mod tokenize;
 
@@ -32,6 +33,11 @@ pub fn router(state: Shared, body: BodyLimits) -> Router {
         .route("/v1/models", get(info::models))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))

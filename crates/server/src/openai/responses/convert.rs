@@ -1,0 +1,327 @@
+//! A Responses request → the chat request the V4 renderer takes, following vLLM's translation
+//! (`entrypoints/openai/responses/utils.py`): `instructions` as the system message (never
+//! carried over from a previous response), the previous response's conversation, then the
+//! input items; a reasoning item, a message and function calls of one assistant turn merge
+//! into one assistant message; `function_call_output` items are tool messages. Function tools
+//! in a `namespace` (Codex sends them) are offered as `namespace__name`, vLLM's flat name,
+//! and their calls answered with the namespace apart. Built-in tools (`web_search`, …) run on
+//! OpenAI's side and are left out, as vLLM does.
+
+use super::request::{Content, Input, Item, ResponsesRequest, Tool};
+use crate::chat::{
+    ChatMessage, FunctionCall, FunctionDef, MessageContent, ReasoningEffort, RenderOptions,
+    ToolCall, ToolDef,
+};
+use crate::openai::ApiError;
+use serde_json::Value;
+
+/// What a Responses request renders as.
+#[derive(Debug)]
+pub struct Conversation {
+    /// Without the system message: what a later response continues from.
+    pub history: Vec<ChatMessage>,
+    pub instructions: Option<String>,
+    pub tools: Vec<ToolDef>,
+    /// Each offered tool's flat name → its namespace and own name.
+    pub names: Vec<(String, Option<String>, String)>,
+    pub opts: RenderOptions,
+    pub parse_tools: bool,
+    /// `parallel_tool_calls: false`: only the first call is returned.
+    pub single_tool_call: bool,
+}
+
+impl Conversation {
+    /// The messages to render: the instructions, then the conversation.
+    pub fn messages(&self) -> Vec<ChatMessage> {
+        let system = self.instructions.iter().map(|i| ChatMessage {
+            role: "system".into(),
+            content: Some(MessageContent::Text(i.clone())),
+            ..Default::default()
+        });
+        system.chain(self.history.iter().cloned()).collect()
+    }
+}
+
+/// `previous` is the stored conversation the request continues (its own system message
+/// already left out).
+pub fn conversation(
+    req: &ResponsesRequest,
+    previous: Vec<ChatMessage>,
+) -> Result<Conversation, ApiError> {
+    if req.background == Some(true) {
+        return Err(ApiError::invalid(
+            "background",
+            "background responses are not supported; leave `background` unset",
+        ));
+    }
+    if let Some(f) = &req.text {
+        let kind = f
+            .get("format")
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str);
+        if kind.is_some_and(|k| k != "text") {
+            return Err(ApiError::invalid(
+                "text.format",
+                "only `{\"type\": \"text\"}` is supported (structured output needs guided decoding)",
+            ));
+        }
+    }
+    let (tools, names) = tools(req.tools.as_deref().unwrap_or_default())?;
+    let parse_tools = match &req.tool_choice {
+        None => true,
+        Some(Value::String(s)) if s == "auto" => true,
+        Some(Value::String(s)) if s == "none" => false,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("`tool_choice` {other} forces a call, which needs guided decoding (not yet supported); use \"auto\" or \"none\""),
+            ))
+        }
+    } && !tools.is_empty();
+    let mut history = previous;
+    match &req.input {
+        Input::Text(s) => history.push(text_message("user", s.clone())),
+        Input::Items(items) => {
+            for (i, item) in items.iter().enumerate() {
+                push_item(item, &format!("input[{i}]"), &names, &mut history)?;
+            }
+        }
+    }
+    if history.is_empty() {
+        return Err(ApiError::invalid("input", "`input` must not be empty"));
+    }
+    Ok(Conversation {
+        history,
+        instructions: req.instructions.clone(),
+        tools,
+        names,
+        opts: render_options(req)?,
+        parse_tools,
+        single_tool_call: req.parallel_tool_calls == Some(false),
+    })
+}
+
+/// `reasoning.effort` as Chat Completions' `reasoning_effort` (`none` is chat mode; thinking
+/// is on otherwise, V4's default); vLLM's `chat_template_kwargs` apply as there.
+fn render_options(req: &ResponsesRequest) -> Result<RenderOptions, ApiError> {
+    let effort = match req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
+        None => None,
+        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                "reasoning.effort",
+                format!(
+                    "`reasoning.effort` must be one of {}, got {name:?}",
+                    ReasoningEffort::NAMES.join(", ")
+                ),
+            )
+        })?),
+    };
+    match &req.chat_template_kwargs {
+        None | Some(Value::Null) => Ok(RenderOptions::from_openai(effort, None)),
+        Some(v @ Value::Object(_)) => Ok(RenderOptions::from_openai(effort, Some(v))),
+        Some(other) => Err(ApiError::invalid(
+            "chat_template_kwargs",
+            format!("`chat_template_kwargs` must be an object, got {other}"),
+        )),
+    }
+}
+
+type Names = Vec<(String, Option<String>, String)>;
+
+fn tools(tools: &[Tool]) -> Result<(Vec<ToolDef>, Names), ApiError> {
+    let (mut defs, mut names) = (Vec::new(), Vec::new());
+    for (i, t) in tools.iter().enumerate() {
+        match t.kind.as_str() {
+            "function" => {
+                let name = function_name(t, &format!("tools[{i}]"))?;
+                defs.push(function_def(t, name.clone()));
+                names.push((name.clone(), None, name));
+            }
+            "namespace" => {
+                let ns = function_name(t, &format!("tools[{i}]"))?;
+                for (j, f) in t.tools.iter().flatten().enumerate() {
+                    if f.kind != "function" {
+                        continue;
+                    }
+                    let name = function_name(f, &format!("tools[{i}].tools[{j}]"))?;
+                    let flat = format!("{ns}__{name}");
+                    defs.push(function_def(f, flat.clone()));
+                    names.push((flat, Some(ns.clone()), name));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((defs, names))
+}
+
+fn function_name(t: &Tool, path: &str) -> Result<String, ApiError> {
+    t.name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::invalid(format!("{path}.name"), "a tool needs a `name`"))
+}
+
+fn function_def(t: &Tool, name: String) -> ToolDef {
+    ToolDef {
+        r#type: "function".into(),
+        function: FunctionDef {
+            name,
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+            strict: t.strict,
+        },
+    }
+}
+
+fn text_message(role: &str, text: String) -> ChatMessage {
+    ChatMessage {
+        role: role.into(),
+        content: Some(MessageContent::Text(text)),
+        ..Default::default()
+    }
+}
+
+/// The text of content: parts of any text type joined (images and files refused).
+fn content_text(content: &Content, path: &str) -> Result<String, ApiError> {
+    match content {
+        Content::Text(s) => Ok(s.clone()),
+        Content::Parts(parts) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.kind.as_deref(), &p.text) {
+                    (Some("input_image" | "input_file" | "input_audio"), _) => {
+                        return Err(ApiError::invalid(
+                            format!("{path}[{j}].type"),
+                            "this server takes no images, files or audio yet",
+                        ))
+                    }
+                    (_, Some(t)) => text.push_str(t),
+                    (_, None) => {}
+                }
+            }
+            Ok(text)
+        }
+    }
+}
+
+/// The open assistant message an item of the same turn merges into.
+fn open_assistant(messages: &mut [ChatMessage]) -> Option<&mut ChatMessage> {
+    messages.last_mut().filter(|m| m.role == "assistant")
+}
+
+fn push_item(
+    item: &Item,
+    path: &str,
+    names: &Names,
+    out: &mut Vec<ChatMessage>,
+) -> Result<(), ApiError> {
+    match item.kind.as_deref().unwrap_or("message") {
+        "message" => push_message(item, path, out),
+        "function_call" => {
+            let call = function_call(item, path, names)?;
+            match open_assistant(out) {
+                Some(m) => m.tool_calls.push(call),
+                None => out.push(ChatMessage {
+                    role: "assistant".into(),
+                    tool_calls: vec![call],
+                    ..Default::default()
+                }),
+            }
+            Ok(())
+        }
+        "function_call_output" => {
+            let call_id = item.call_id.clone().ok_or_else(|| {
+                ApiError::invalid(format!("{path}.call_id"), "a function_call_output needs `call_id`")
+            })?;
+            let text = match &item.output {
+                None => String::new(),
+                Some(c) => content_text(c, &format!("{path}.output"))?,
+            };
+            out.push(ChatMessage {
+                tool_call_id: Some(call_id),
+                ..text_message("tool", text)
+            });
+            Ok(())
+        }
+        "reasoning" => {
+            let text = reasoning_text(item);
+            match open_assistant(out).filter(|m| m.reasoning.is_none()) {
+                Some(m) => m.reasoning = Some(text),
+                None => out.push(ChatMessage {
+                    role: "assistant".into(),
+                    reasoning: Some(text),
+                    ..Default::default()
+                }),
+            }
+            Ok(())
+        }
+        other => Err(ApiError::invalid(
+            format!("{path}.type"),
+            format!("input item type {other:?} is not supported (message, function_call, function_call_output or reasoning)"),
+        )),
+    }
+}
+
+fn push_message(item: &Item, path: &str, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    let role = item.role.as_deref().unwrap_or_default();
+    if !matches!(role, "user" | "system" | "developer" | "assistant") {
+        return Err(ApiError::invalid(
+            format!("{path}.role"),
+            format!("unknown role {role:?} (expected user, system, developer or assistant)"),
+        ));
+    }
+    let text = match &item.content {
+        None => String::new(),
+        Some(c) => content_text(c, &format!("{path}.content"))?,
+    };
+    if role == "assistant" {
+        if let Some(m) = open_assistant(out).filter(|m| m.content.is_none()) {
+            m.content = Some(MessageContent::Text(text));
+            return Ok(());
+        }
+    }
+    out.push(text_message(role, text));
+    Ok(())
+}
+
+fn function_call(item: &Item, path: &str, names: &Names) -> Result<ToolCall, ApiError> {
+    let name = item
+        .name
+        .clone()
+        .ok_or_else(|| ApiError::invalid(format!("{path}.name"), "a function_call needs `name`"))?;
+    let flat = match &item.namespace {
+        Some(ns) => names
+            .iter()
+            .find(|(_, n, own)| n.as_deref() == Some(ns) && *own == name)
+            .map_or_else(|| format!("{ns}__{name}"), |(flat, ..)| flat.clone()),
+        None => name,
+    };
+    Ok(ToolCall {
+        id: item.call_id.clone(),
+        r#type: Some("function".into()),
+        function: FunctionCall {
+            name: flat,
+            arguments: item.arguments.clone().unwrap_or_default(),
+        },
+    })
+}
+
+/// A reasoning item's text: its `reasoning_text` content, else its summary. Encrypted
+/// reasoning (from OpenAI's servers) cannot be read here and is left out.
+fn reasoning_text(item: &Item) -> String {
+    let parts = match &item.content {
+        Some(Content::Parts(p)) if !p.is_empty() => p
+            .iter()
+            .filter_map(|p| p.text.as_deref())
+            .collect::<Vec<_>>(),
+        Some(Content::Text(s)) => vec![s.as_str()],
+        _ => item
+            .summary
+            .iter()
+            .flatten()
+            .filter_map(|p| p.text.as_deref())
+            .collect(),
+    };
+    parts.join("\n\n")
+}
