@@ -107,6 +107,21 @@ fn seeds() -> Vec<(&'static str, Value)> {
                    "max_tokens": 3, "stream": true, "stop_sequences": ["\n"]}),
         ),
         (
+            "/v1/responses",
+            json!({"instructions": "Be brief.", "reasoning": {"effort": "low"},
+                   "input": [{"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": "Weather?"}]},
+                             {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Look."}]},
+                             {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                              "arguments": "{\"city\": \"Paris\"}"},
+                             {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}],
+                   "tools": [{"type": "function", "name": "get_weather",
+                              "parameters": {"type": "object"}},
+                             {"type": "namespace", "name": "ns", "tools": [
+                                 {"type": "function", "name": "f"}]}],
+                   "max_output_tokens": 3, "stream": true, "store": true}),
+        ),
+        (
             "/v1/messages/count_tokens",
             json!({"system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}],
                    "tool_choice": {"type": "auto"}}),

@@ -325,3 +325,153 @@ fn reasoning_text(item: &Item) -> String {
     };
     parts.join("\n\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::render_chat;
+    use crate::openai::ChatFields;
+
+    fn request(body: &str) -> ResponsesRequest {
+        serde_json::from_str(body).unwrap()
+    }
+
+    fn rendered(c: &Conversation) -> String {
+        render_chat(&c.messages(), &c.tools, &c.opts).unwrap()
+    }
+
+    /// The prompt an OpenAI chat request renders: that path is pinned byte for byte to
+    /// DeepSeek's encoder (tests/fixtures/chat_cases.json).
+    fn rendered_openai(body: &str) -> String {
+        let f: ChatFields = serde_json::from_str(body).unwrap();
+        let effort = f
+            .reasoning_effort
+            .as_deref()
+            .map(ReasoningEffort::from_name);
+        let opts = RenderOptions::from_openai(effort, None);
+        render_chat(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts).unwrap()
+    }
+
+    /// An agent's second turn as items (Codex's shape: developer messages, a namespace of
+    /// tools, the reasoning, message and call of the last turn, the call's output) renders as
+    /// the same conversation sent to Chat Completions.
+    #[test]
+    fn agent_items_render_as_the_same_chat_conversation() {
+        let responses = r#"{
+            "instructions": "You are an agent.", "reasoning": {"effort": "max"},
+            "tools": [{"type": "function", "name": "exec", "description": "Runs a command",
+                       "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+                      {"type": "namespace", "name": "agents", "description": "Sub-agents", "tools": [
+                          {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
+                      {"type": "web_search", "external_web_access": false}],
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files."}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "I will run ls."}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running."}]},
+                {"type": "function_call", "call_id": "c1", "name": "exec", "arguments": "{\"cmd\": \"ls\"}"},
+                {"type": "function_call", "call_id": "c2", "namespace": "agents", "name": "spawn", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+                {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "spawned"}]}
+            ]}"#;
+        let chat = r#"{
+            "reasoning_effort": "max",
+            "tools": [{"type": "function", "function": {"name": "exec", "description": "Runs a command",
+                       "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}},
+                      {"type": "function", "function": {"name": "agents__spawn", "parameters": {"type": "object"}}}],
+            "messages": [
+                {"role": "system", "content": "You are an agent."},
+                {"role": "developer", "content": "Be careful."},
+                {"role": "user", "content": "List files."},
+                {"role": "assistant", "reasoning_content": "I will run ls.", "content": "Running.", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "exec", "arguments": "{\"cmd\": \"ls\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "agents__spawn", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+                {"role": "tool", "tool_call_id": "c2", "content": "spawned"}
+            ]}"#;
+        let c = conversation(&request(responses), Vec::new()).unwrap();
+        assert_eq!(rendered(&c), rendered_openai(chat));
+        assert_eq!(
+            c.names,
+            [
+                ("exec".to_owned(), None, "exec".to_owned()),
+                (
+                    "agents__spawn".to_owned(),
+                    Some("agents".to_owned()),
+                    "spawn".to_owned()
+                )
+            ]
+        );
+        assert!(c.parse_tools && !c.single_tool_call);
+    }
+
+    /// A continuation renders the stored conversation, then the new input; the new request's
+    /// instructions replace the old ones.
+    #[test]
+    fn a_continuation_puts_the_stored_turns_first() {
+        let first = conversation(
+            &request(r#"{"instructions": "Old.", "input": "Hi"}"#),
+            Vec::new(),
+        )
+        .unwrap();
+        let mut stored = first.history.clone();
+        stored.push(ChatMessage {
+            role: "assistant".into(),
+            content: Some(MessageContent::Text("Hello!".into())),
+            ..Default::default()
+        });
+        let next = conversation(
+            &request(r#"{"instructions": "New.", "input": "Bye"}"#),
+            stored,
+        )
+        .unwrap();
+        let chat = r#"{"messages": [{"role": "system", "content": "New."}, {"role": "user", "content": "Hi"},
+                                    {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]}"#;
+        assert_eq!(rendered(&next), rendered_openai(chat));
+    }
+
+    #[test]
+    fn what_cannot_be_served_is_refused_with_its_path() {
+        let cases = [
+            (r#"{"input": []}"#, "input"),
+            (
+                r#"{"input": [{"role": "robot", "content": "x"}]}"#,
+                "input[0].role",
+            ),
+            (r#"{"input": [{"type": "computer_call"}]}"#, "input[0].type"),
+            (
+                r#"{"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}"#,
+                "input[0].content[0].type",
+            ),
+            (
+                r#"{"input": [{"type": "function_call_output", "output": "x"}]}"#,
+                "input[0].call_id",
+            ),
+            (
+                r#"{"input": [{"type": "function_call", "arguments": "{}"}]}"#,
+                "input[0].name",
+            ),
+            (
+                r#"{"input": "x", "tools": [{"type": "function"}]}"#,
+                "tools[0].name",
+            ),
+            (
+                r#"{"input": "x", "tool_choice": "required"}"#,
+                "tool_choice",
+            ),
+            (
+                r#"{"input": "x", "reasoning": {"effort": "huge"}}"#,
+                "reasoning.effort",
+            ),
+            (r#"{"input": "x", "background": true}"#, "background"),
+            (
+                r#"{"input": "x", "text": {"format": {"type": "json_schema"}}}"#,
+                "text.format",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = conversation(&request(body), Vec::new()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+}

@@ -295,3 +295,101 @@ impl Items {
         m
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str) -> ChatDelta {
+        ChatDelta::ToolCall {
+            index: 0,
+            name: name.into(),
+            arguments: r#"{"a": 1}"#.into(),
+        }
+    }
+
+    /// The events follow OpenAI's grammar (each item added, its part added, deltas, done in
+    /// that order, output indexes in sequence) and the items they leave are the whole output.
+    #[test]
+    fn deltas_become_items_with_their_events() {
+        let names = vec![("ns__t".to_owned(), Some("ns".to_owned()), "t".to_owned())];
+        let mut items = Items::new(names, false);
+        let mut ev = Vec::new();
+        for d in [
+            ChatDelta::Reasoning("Think".into()),
+            ChatDelta::Reasoning("ing.".into()),
+            ChatDelta::Content("Hi".into()),
+            ChatDelta::Content(String::new()),
+            ChatDelta::Content(" there.".into()),
+            call("ns__t"),
+            call("other"),
+        ] {
+            items.push(d, &mut ev);
+        }
+        items.close("completed", &mut ev);
+        let kinds: Vec<String> = ev
+            .iter()
+            .map(|e| format!("{}@{}", e["type"].as_str().unwrap(), e["output_index"]))
+            .collect();
+        let want = [
+            "response.output_item.added@0",
+            "response.content_part.added@0",
+            "response.reasoning_text.delta@0",
+            "response.reasoning_text.delta@0",
+            "response.reasoning_text.done@0",
+            "response.content_part.done@0",
+            "response.output_item.done@0",
+            "response.output_item.added@1",
+            "response.content_part.added@1",
+            "response.output_text.delta@1",
+            "response.output_text.delta@1",
+            "response.output_text.done@1",
+            "response.content_part.done@1",
+            "response.output_item.done@1",
+            "response.output_item.added@2",
+            "response.function_call_arguments.delta@2",
+            "response.function_call_arguments.done@2",
+            "response.output_item.done@2",
+            "response.output_item.added@3",
+            "response.function_call_arguments.delta@3",
+            "response.function_call_arguments.done@3",
+            "response.output_item.done@3",
+        ];
+        assert_eq!(kinds, want);
+        let out = serde_json::to_value(&items.items).unwrap();
+        assert_eq!(
+            out[0]["content"][0],
+            json!({"type": "reasoning_text", "text": "Thinking."})
+        );
+        assert_eq!(out[1]["content"][0]["text"], "Hi there.");
+        assert_eq!(out[1]["status"], "completed");
+        assert_eq!(
+            (out[2]["name"].as_str(), out[2]["namespace"].as_str()),
+            (Some("t"), Some("ns"))
+        );
+        assert_eq!(out[3]["name"], "other");
+        assert!(out[3].get("namespace").is_none());
+        // Each done event carries the item as the output holds it.
+        assert_eq!(ev[13]["item"], out[1]);
+        assert_eq!(ev[17]["item"], out[2]);
+        // The turn as a later response continues it.
+        let m = items.assistant_message();
+        assert_eq!(m.reasoning.as_deref(), Some("Thinking."));
+        assert_eq!(m.tool_calls[0].function.name, "ns__t");
+        assert_eq!(m.tool_calls.len(), 2);
+    }
+
+    #[test]
+    fn a_budget_cut_marks_the_open_item_incomplete_and_parallel_calls_can_be_one() {
+        let mut items = Items::new(Vec::new(), true);
+        let mut ev = Vec::new();
+        for d in [call("a"), call("b"), ChatDelta::Content("x".into())] {
+            items.push(d, &mut ev);
+        }
+        items.close("incomplete", &mut ev);
+        assert_eq!(items.items.len(), 2);
+        let out = serde_json::to_value(&items.items).unwrap();
+        assert_eq!(out[0]["name"], "a");
+        assert_eq!(out[1]["status"], "incomplete");
+    }
+}
