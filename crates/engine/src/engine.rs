@@ -4,6 +4,7 @@
 
 use crate::cache::disk::DiskConfig;
 use crate::cache::{CacheConfig, CacheError, CacheManager, CacheSizes};
+use crate::constraint::{Constraint, TokenMask};
 use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
     FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenIds, TokenLogprobs,
@@ -64,8 +65,10 @@ pub enum EngineError {
     ThreadPool(String),
 }
 
+mod masks;
+
 enum Command {
-    Add(Request, Box<dyn OutputSink>),
+    Add(Request, Option<Box<dyn Constraint>>, Box<dyn OutputSink>),
     Abort(RequestId),
     /// Finished by a rule the engine does not see (a stop string in the text).
     Stop(RequestId),
@@ -111,6 +114,18 @@ impl EngineHandle {
         params: SamplingParams,
         sink: Box<dyn OutputSink>,
     ) -> Result<RequestId, EngineError> {
+        self.add_constrained_request_to(prompt_ids, params, None, sink)
+    }
+
+    /// Like [`Self::add_request_to`], with the output held to `constraint`'s grammar
+    /// (structured outputs).
+    pub fn add_constrained_request_to(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        constraint: Option<Box<dyn Constraint>>,
+        sink: Box<dyn OutputSink>,
+    ) -> Result<RequestId, EngineError> {
         let arrival = Instant::now();
         if !self.is_running() {
             return Err(EngineError::Stopped);
@@ -140,6 +155,7 @@ impl EngineHandle {
                     params,
                     arrival,
                 },
+                constraint,
                 sink,
             ))
             .map_err(|_| EngineError::Stopped)?;
@@ -334,7 +350,7 @@ impl EngineLoop {
     /// Applies a command; false means shut down.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add(req, out) => self.core.add_request(req, out),
+            Command::Add(req, constraint, out) => self.core.add_constrained(req, constraint, out),
             Command::Abort(id) => self
                 .core
                 .finish(id, FinishReason::Abort, TokenIds::new(), None),
@@ -372,6 +388,8 @@ pub struct EngineCore {
     records: Vec<StepRecord>,
     /// Seconds the drafter took to propose the drafts the next step verifies.
     draft_s: f64,
+    /// This step's structured-output masks, per constrained sequence (see `masks.rs`).
+    masks: HashMap<RequestId, Vec<TokenMask>>,
 }
 
 /// Refuses engine settings that cannot work, naming the field.
@@ -521,6 +539,7 @@ impl EngineCore {
             plan: SchedulerOutput::default(),
             records: Vec::new(),
             draft_s: 0.0,
+            masks: HashMap::new(),
         })
     }
 
@@ -569,12 +588,23 @@ impl EngineCore {
 
     /// Queues an already validated request (see [`EngineHandle::add_request_to`]).
     pub fn add_request(&mut self, req: Request, out: Box<dyn OutputSink>) {
+        self.add_constrained(req, None, out);
+    }
+
+    /// Queues a request whose output follows `constraint` (structured outputs).
+    pub fn add_constrained(
+        &mut self,
+        req: Request,
+        constraint: Option<Box<dyn Constraint>>,
+        out: Box<dyn OutputSink>,
+    ) {
         let id = req.id;
         // While it waits, what it will resume from is read ahead from the disk tier.
         let prompt = &req.prompt_ids;
         let read_ahead = self.cache.prefetch(prompt.len(), &|i| prompt[i]);
         let mut seq = Sequence::new(req, out);
         seq.read_ahead = read_ahead;
+        seq.constraint = constraint;
         self.seqs.insert(id, seq);
         self.scheduler.add(id);
     }
@@ -609,7 +639,7 @@ impl EngineCore {
         self.update_gauges();
         self.mark_scheduled();
         let t0 = Instant::now();
-        self.forward()?;
+        self.forward_with_masks()?;
         let target_s = t0.elapsed().as_secs_f64();
         self.metrics
             .iteration_tokens
@@ -698,6 +728,7 @@ impl EngineCore {
     /// Returns the drafts accepted.
     fn emit(&mut self, s: ScheduledSeq, first_row: usize) -> Result<usize, EngineError> {
         let logits = self.runner.logits();
+        let masks = self.masks.get(&s.id);
         let seq = self.seqs.get_mut(&s.id).expect("scheduled");
         let mut new_tokens = TokenIds::new();
         let mut logprobs = seq.request.params.logprobs.map(|_| Vec::new());
@@ -715,6 +746,7 @@ impl EngineCore {
                 output_ids: &seq.output_ids,
                 eos_ids: &self.eos,
                 rng: &mut seq.rng,
+                mask: masks.and_then(|m| m.get(j)),
             };
             let raw = logits.row(first_row + j);
             let (sample, hit) = match draft {
@@ -735,6 +767,9 @@ impl EngineCore {
             if finish.is_some() || !hit {
                 break;
             }
+        }
+        if let Some(c) = &mut seq.constraint {
+            c.accept(&new_tokens);
         }
         if s.num_draft > 0 {
             self.metrics.spec_decode_round(s.num_draft, accepted);

@@ -1,6 +1,7 @@
 //! The serving engine: owns sequences and cache memory and drives the model.
 
 pub mod cache;
+pub mod constraint;
 pub mod dist;
 pub mod engine;
 pub mod metrics;

@@ -50,6 +50,10 @@ pub struct EngineMetrics {
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub num_preemptions: IntCounter,
+    /// Structured outputs: masks computed (one per sampled row of a constrained sequence)
+    /// and the time per step spent computing them, beside the forward pass.
+    pub structured_output_masks: IntCounter,
+    pub structured_output_mask_time: Histogram,
     /// Prefix caching (vLLM's names): prompt tokens looked up at admission, and found.
     pub prefix_cache_queries: IntCounter,
     pub prefix_cache_hits: IntCounter,
@@ -201,6 +205,15 @@ impl EngineMetrics {
                 "num_preemptions_total",
                 "Sequences preempted (their cache freed, recomputed later).",
             ),
+            structured_output_masks: c(
+                "structured_output_masks_total",
+                "Token masks computed for structured outputs (one per constrained row sampled).",
+            ),
+            structured_output_mask_time: h(histogram(
+                "structured_output_mask_seconds",
+                "Time per step spent computing structured-output masks, beside the forward pass.",
+                LATENCY_BUCKETS,
+            )),
             prefix_cache_queries: c(
                 "prefix_cache_queries_total",
                 "Prefix cache queries, in tokens: every token of a sequence admitted.",

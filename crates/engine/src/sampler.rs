@@ -15,6 +15,7 @@
 //! `min_tokens` are read in place, greedy rows are a single argmax, top-k rows work on k
 //! selected candidates, and no row ever sorts the whole vocabulary.
 
+use crate::constraint::TokenMask;
 use crate::sampling_params::SamplingParams;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha12Rng;
@@ -52,6 +53,8 @@ pub struct SampleRow<'a> {
     /// The model's end-of-sequence ids, masked while `min_tokens` is pending.
     pub eos_ids: &'a [u32],
     pub rng: &'a mut SeqRng,
+    /// The tokens a structured-output grammar allows here; `None` when unconstrained.
+    pub mask: Option<&'a TokenMask>,
 }
 
 /// The chosen token and its logprobs under the raw (unprocessed) distribution.
@@ -186,7 +189,12 @@ impl Sampler {
             (false, Some(d)) => self.accept_or_resample(logits, params, d, row.rng),
         };
         self.processed = processed;
-        token
+        // Processors after the grammar's mask may leave nothing (`min_tokens` masking the end
+        // the grammar requires): the grammar wins, so the output stays well formed.
+        match row.mask {
+            Some(m) if !m.allows(token) => m.first_allowed().unwrap_or(token),
+            _ => token,
+        }
     }
 
     /// Keeps `draft` with probability `p(draft)`, else draws from `p` without it.
@@ -225,12 +233,16 @@ impl Sampler {
         }
     }
 
-    /// Applies the logits processors in vLLM V1's order: `min_tokens` masking, `logit_bias`,
-    /// then repetition, frequency and presence penalties. Logits no processor targets are
-    /// left bit-for-bit unchanged; history ids outside `logits` are ignored.
+    /// Applies the logits processors in vLLM V1's order: the structured-output mask,
+    /// `min_tokens` masking, `logit_bias`, then repetition, frequency and presence penalties.
+    /// Logits no processor targets are left bit-for-bit unchanged; history ids outside
+    /// `logits` are ignored.
     pub fn process_logits(&mut self, row: &SampleRow<'_>, logits: &mut [f32]) {
         let p = row.params;
         let vocab = logits.len();
+        if let Some(mask) = row.mask {
+            mask.apply(logits);
+        }
 
         if row.output_ids.len() < p.min_tokens {
             let eos: &[u32] = if p.ignore_eos { &[] } else { row.eos_ids };
@@ -414,6 +426,7 @@ fn needs_processing(row: &SampleRow<'_>) -> bool {
     let masking = row.output_ids.len() < p.min_tokens
         && (!p.stop_token_ids.is_empty() || (!p.ignore_eos && !row.eos_ids.is_empty()));
     masking
+        || row.mask.is_some()
         || !p.logit_bias.is_empty()
         || p.repetition_penalty != 1.0
         || p.frequency_penalty != 0.0
@@ -499,7 +512,54 @@ mod tests {
             output_ids,
             eos_ids: &[],
             rng,
+            mask: None,
         }
+    }
+
+    /// A grammar's mask: greedy and sampled rows only ever choose allowed tokens, a draft it
+    /// forbids is never accepted, and when the other processors leave none of its tokens
+    /// (`min_tokens` masking the end it requires) the grammar still wins.
+    #[test]
+    fn a_mask_keeps_rows_to_the_allowed_tokens() {
+        let logits = noise_logits(3, 64);
+        let mut mask = TokenMask::new(64);
+        for id in [7, 40, 41] {
+            mask.allow(id);
+        }
+        let mut sampler = Sampler::new();
+        for (temperature, seed) in [(0.0, 1), (1.0, 2), (1.5, 3)] {
+            let params = SamplingParams {
+                temperature,
+                seed: Some(seed),
+                ..Default::default()
+            };
+            let mut rng = SeqRng::new(Some(seed));
+            for _ in 0..50 {
+                let mut r = row(&params, &[], &mut rng);
+                r.mask = Some(&mask);
+                let s = sampler.sample_row(&logits, &mut r);
+                assert!(
+                    mask.allows(s.token),
+                    "{} at temperature {temperature}",
+                    s.token
+                );
+                let mut r = row(&params, &[], &mut rng);
+                r.mask = Some(&mask);
+                let (v, hit) = sampler.verify_row(&logits, &mut r, 8);
+                assert!(!hit && mask.allows(v.token));
+            }
+        }
+        let mut end = TokenMask::new(64);
+        end.allow(2);
+        let params = SamplingParams {
+            min_tokens: 5,
+            ..Default::default()
+        };
+        let mut rng = SeqRng::new(None);
+        let mut r = row(&params, &[], &mut rng);
+        r.eos_ids = &[2];
+        r.mask = Some(&end);
+        assert_eq!(sampler.sample_row(&logits, &mut r).token, 2);
     }
 
     fn sample_one(sampler: &mut Sampler, logits: &[f32], r: SampleRow<'_>) -> Sample {
@@ -539,6 +599,7 @@ mod tests {
                 output_ids: out,
                 eos_ids: &[1, 0],
                 rng: &mut rng,
+                mask: None,
             };
             got.push(sample_one(&mut sampler, &logits, r));
         }
@@ -691,6 +752,7 @@ mod tests {
                 output_ids: &alone_out,
                 eos_ids: &eos,
                 rng: &mut rng,
+                mask: None,
             }];
             let s = sampler.sample(&logits, VOCAB, &mut rows).remove(0);
             alone_out.push(s.token);
@@ -720,6 +782,7 @@ mod tests {
                     output_ids: o0,
                     eos_ids: &eos,
                     rng: r0,
+                    mask: None,
                 },
                 SampleRow {
                     params: &target,
@@ -727,6 +790,7 @@ mod tests {
                     output_ids: o1,
                     eos_ids: &eos,
                     rng: &mut rng,
+                    mask: None,
                 },
                 SampleRow {
                     params: &others[1],
@@ -734,6 +798,7 @@ mod tests {
                     output_ids: &rest[0],
                     eos_ids: &eos,
                     rng: r1,
+                    mask: None,
                 },
                 SampleRow {
                     params: &others[2],
@@ -741,6 +806,7 @@ mod tests {
                     output_ids: &rest[1],
                     eos_ids: &eos,
                     rng: r2,
+                    mask: None,
                 },
             ];
             let samples = sampler.sample(&logits, VOCAB, &mut rows);
@@ -1034,6 +1100,7 @@ mod tests {
             output_ids: output,
             eos_ids: eos,
             rng: &mut rng,
+            mask: None,
         };
         let mut logits = PLOGITS.to_vec();
         let mut sampler = Sampler::new();
@@ -1173,6 +1240,7 @@ mod tests {
             output_ids: &[0],
             eos_ids: &eos,
             rng: &mut rng,
+            mask: None,
         };
         assert_eq!(sample_one(&mut sampler, &PLOGITS, r).token, 2);
         let r = SampleRow {
@@ -1181,6 +1249,7 @@ mod tests {
             output_ids: &[0, 0, 0],
             eos_ids: &eos,
             rng: &mut rng,
+            mask: None,
         };
         assert_eq!(sample_one(&mut sampler, &PLOGITS, r).token, 6);
         // Sampled rows never draw a masked id.
@@ -1195,6 +1264,7 @@ mod tests {
                 output_ids: &[],
                 eos_ids: &eos,
                 rng: &mut rng,
+                mask: None,
             };
             let t = sample_one(&mut sampler, &PLOGITS, r).token;
             assert!(t != 4 && t != 6);

@@ -29,6 +29,9 @@ pub struct Sequence {
     pub last_token_at: Option<Instant>,
     /// Its prefix being read ahead from the disk tier (see [`Self::reading_ahead`]).
     pub read_ahead: Option<crate::cache::disk::ReadAhead>,
+    /// The grammar its output follows (structured outputs); lent to the mask thread during
+    /// a step.
+    pub constraint: Option<Box<dyn crate::constraint::Constraint>>,
 }
 
 impl Sequence {
@@ -47,6 +50,7 @@ impl Sequence {
             first_token_at: None,
             last_token_at: None,
             read_ahead: None,
+            constraint: None,
         }
     }
 

@@ -13,6 +13,7 @@
 
 use crate::openai::Usage;
 use crate::openai::{ApiError, OutputOptions};
+use crate::structured::Grammar;
 use crate::tokenizer::{IncrementalDetokenizer, StopSet, StopStrings, Tokenizer};
 use deepinfer_engine::engine::EngineHandle;
 use deepinfer_engine::request::{
@@ -168,6 +169,19 @@ impl Generation {
         choices: Vec<(Vec<u32>, SamplingParams)>,
         opts: &OutputOptions,
     ) -> Result<Self, ApiError> {
+        Self::start_constrained(engine, tokenizer, permit, choices, opts, None)
+    }
+
+    /// Like [`Self::start`], each choice's output held to its own copy of a grammar
+    /// (structured outputs); with `thinking` the grammar starts after the reasoning.
+    pub fn start_constrained(
+        engine: &EngineHandle,
+        tokenizer: &Tokenizer,
+        permit: OwnedSemaphorePermit,
+        choices: Vec<(Vec<u32>, SamplingParams)>,
+        opts: &OutputOptions,
+        grammar: Option<(&Grammar, bool)>,
+    ) -> Result<Self, ApiError> {
         let (tx, rx) = unbounded_channel();
         let stops = Arc::new(StopSet::new(opts.stop.iter().cloned()));
         let mut gen = Generation {
@@ -193,7 +207,8 @@ impl Generation {
                 stopped: stopped.clone(),
             });
             // On an error the choices already submitted are aborted by `Drop`.
-            let request_id = engine.add_request_to(prompt_ids, p, sink)?;
+            let constraint = grammar.map(|(g, thinking)| g.constraint(thinking));
+            let request_id = engine.add_constrained_request_to(prompt_ids, p, constraint, sink)?;
             gen.choices.push(ChoiceText {
                 request_id,
                 detok,

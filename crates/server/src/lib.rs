@@ -11,6 +11,7 @@ pub mod openai;
 mod routes;
 pub mod serve;
 pub mod state;
+pub mod structured;
 pub mod tokenizer;
 
 pub use routes::router;

@@ -2,9 +2,10 @@
 
 use crate::openai::responses::ResponseStore;
 use crate::openai::ApiError;
+use crate::structured::{Grammar, Requested, Structured};
 use crate::tokenizer::Tokenizer;
 use deepinfer_engine::engine::EngineHandle;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 /// What a prompt may cost before the tokenizer sees it: a prompt that cannot fit the
@@ -78,6 +79,9 @@ pub struct AppState {
     pub created: u64,
     /// Stored Responses API answers (`store: true`).
     pub responses: ResponseStore,
+    /// The structured-output compiler, built at the first request that needs it (its token
+    /// trie costs a fraction of a second a server without such requests need not pay).
+    structured: OnceLock<Result<Structured, String>>,
 }
 
 /// The stored responses' default bound (see [`AppState::with_response_store`]).
@@ -109,6 +113,29 @@ impl AppState {
             max_pending,
             created: unix_now(),
             responses: ResponseStore::new(DEFAULT_RESPONSE_STORE_BYTES),
+            structured: OnceLock::new(),
+        }
+    }
+
+    /// Compiles a request's structured-output constraint, if it has one (CPU-bound: call it
+    /// through `routes::blocking`).
+    pub fn grammar(&self, requested: Option<&Requested>) -> Result<Option<Grammar>, ApiError> {
+        let Some(r) = requested else {
+            return Ok(None);
+        };
+        let structured = self.structured.get_or_init(|| {
+            let eos = self
+                .tokenizer
+                .eos_id()
+                .ok_or("the tokenizer names no end-of-sequence token")?;
+            Structured::new(&self.tokenizer, eos)
+        });
+        match structured {
+            Ok(s) => s.compile(r).map(Some),
+            Err(e) => Err(ApiError::invalid(
+                r.field.clone(),
+                format!("structured outputs are unavailable with this model: {e}"),
+            )),
         }
     }
 

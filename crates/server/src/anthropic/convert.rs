@@ -12,6 +12,7 @@ use crate::chat::{
     RenderOptions, ToolCall, ToolDef, TypedPart,
 };
 use crate::openai::ApiError;
+use crate::structured::{flat_format, one_of, Requested};
 use serde_json::Value;
 
 /// Claude Code starts its system prompt with a block naming a per-request hash; kept, it
@@ -31,6 +32,19 @@ pub struct Conversation {
     pub single_tool_call: bool,
     /// A trailing assistant message's text, which the answer continues.
     pub prefill: Option<String>,
+}
+
+/// The structured-output format a Messages request asks for (`output_config.format`, or the
+/// beta's `output_format`).
+pub fn output_format(req: &MessagesRequest) -> Result<Option<Requested>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(f) = req.output_config.as_ref().and_then(|o| o.format.as_ref()) {
+        found.extend(flat_format(f, "output_config.format")?);
+    }
+    if let Some(f) = &req.output_format {
+        found.extend(flat_format(f, "output_format")?);
+    }
+    one_of(found)
 }
 
 pub fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {

@@ -10,7 +10,7 @@ mod request;
 mod response;
 
 pub use blocks::{BlockDelta, BlockEvent, BlockStart, Blocks, ContentBlock, Whole};
-pub use convert::{conversation, Conversation};
+pub use convert::{conversation, output_format, Conversation};
 pub use error::error_body;
 pub use request::MessagesRequest;
 pub use response::{stop_reason, MessageResponse, MessageUsage};

@@ -23,6 +23,9 @@ pub struct MessagesRequest {
     pub thinking: Option<Thinking>,
     #[serde(default)]
     pub output_config: Option<OutputConfig>,
+    /// The structured-outputs beta's field (`output_config.format` in the released API).
+    #[serde(default)]
+    pub output_format: Option<Value>,
     /// vLLM's extension, as on Chat Completions (`thinking`, `reasoning_effort`, …).
     #[serde(default)]
     pub chat_template_kwargs: Option<Value>,
@@ -116,9 +119,12 @@ pub struct Thinking {
     pub budget_tokens: Option<i64>,
 }
 
-/// `output_config`: only `effort` is read (`low`, `medium`, `high`, `max`).
+/// `output_config`: `effort` (`low`, `medium`, `high`, `max`) and `format` (structured
+/// outputs: `{"type": "json_schema", "schema": …}`).
 #[derive(Deserialize, Debug)]
 pub struct OutputConfig {
     #[serde(default)]
     pub effort: Option<String>,
+    #[serde(default)]
+    pub format: Option<Value>,
 }

@@ -18,7 +18,6 @@ pub struct ChatFields {
     pub max_completion_tokens: Option<i64>,
     pub reasoning_effort: Option<String>,
     pub chat_template_kwargs: Option<Value>,
-    pub response_format: Option<Value>,
 }
 
 #[derive(Serialize, Debug, Clone)]

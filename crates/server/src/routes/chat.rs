@@ -11,6 +11,7 @@ use crate::openai::{
     ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
+use crate::structured::{Requested, VllmFields};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -89,14 +90,6 @@ pub(crate) fn chat_prompt(
             ))
         }
     };
-    if let Some(rf) = &f.response_format {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid(
-                "response_format",
-                "only `{\"type\": \"text\"}` is supported (structured output needs guided decoding)",
-            ));
-        }
-    }
     let effort = match f.reasoning_effort.as_deref() {
         None => None,
         Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
@@ -129,6 +122,24 @@ pub(crate) fn chat_prompt(
     encode_chat(tok, &req, limits)
 }
 
+/// The structured-output constraint of a Chat Completions or Completions request (its
+/// `response_format` or vLLM's fields), refused beside `ignore_eos` (a finished grammar
+/// allows only the end, which that would ignore).
+pub(crate) fn constraint_of(
+    bytes: &[u8],
+    sf: &SamplingFields,
+) -> Result<Option<Requested>, ApiError> {
+    let vf: VllmFields = fields(bytes)?;
+    let requested = vf.requested()?;
+    if requested.is_some() && sf.ignore_eos == Some(true) {
+        return Err(ApiError::invalid(
+            "ignore_eos",
+            "`ignore_eos` cannot be combined with a structured output constraint",
+        ));
+    }
+    Ok(requested)
+}
+
 pub async fn chat_completions(
     State(st): State<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -136,6 +147,7 @@ pub async fn chat_completions(
     let bytes = body_bytes(body)?;
     let sf: SamplingFields = fields(&bytes)?;
     let cf: ChatFields = fields(&bytes)?;
+    let requested = constraint_of(&bytes, &sf)?;
     drop(bytes);
     st.check_model(sf.model.as_deref())?;
     let opts = sf.output_options()?;
@@ -166,8 +178,11 @@ pub async fn chat_completions(
     let permit = st.admit(check_sequences(1, opts.n)?)?;
     let tok = st.tokenizer.clone();
     let limits = st.prompt_limits;
-    let (prompt, cf) = blocking(&st, move || {
-        chat_prompt(&tok, &cf, &limits).map(|p| (p, cf))
+    let state = st.clone();
+    let (prompt, cf, grammar) = blocking(&st, move || {
+        let prompt = chat_prompt(&tok, &cf, &limits)?;
+        let grammar = state.grammar(requested.as_ref())?;
+        Ok((prompt, cf, grammar))
     })
     .await?;
     let (requested, param) = match cf.max_completion_tokens {
@@ -190,7 +205,14 @@ pub async fn chat_completions(
             (prompt.ids.clone(), p)
         })
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
+    let gen = Generation::start_constrained(
+        &st.engine,
+        &st.tokenizer,
+        permit,
+        choices,
+        &opts,
+        grammar.as_ref().map(|g| (g, prompt.thinking)),
+    )?;
     let parsers = (0..opts.n)
         .map(|_| {
             let p = ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some());

@@ -26,6 +26,7 @@ pub async fn completions(
     let bytes = body_bytes(body)?;
     let sf: SamplingFields = fields(&bytes)?;
     let cf: CompletionFields = fields(&bytes)?;
+    let requested = super::chat::constraint_of(&bytes, &sf)?;
     drop(bytes);
     st.check_model(sf.model.as_deref())?;
     let opts = sf.output_options()?;
@@ -76,8 +77,10 @@ pub async fn completions(
     let add_special = cf.add_special_tokens.unwrap_or(true);
     let echo = cf.echo;
     let tok = st.tokenizer.clone();
-    // (token ids, echo text) per prompt.
-    let prompts: Vec<(Vec<u32>, String)> = blocking(&st, move || {
+    let state = st.clone();
+    // (token ids, echo text) per prompt, and the structured-output grammar.
+    let (prompts, grammar) = blocking(&st, move || {
+        let grammar = state.grammar(requested.as_ref())?;
         let encode = |text: String| {
             tok.encode(&text, add_special)
                 .map(|ids| (ids, if echo { text } else { String::new() }))
@@ -92,12 +95,13 @@ pub async fn completions(
             };
             (ids, text)
         };
-        match prompt {
-            PromptField::Text(t) => Ok(vec![encode(t)?]),
-            PromptField::Texts(ts) => ts.into_iter().map(encode).collect(),
-            PromptField::Ids(ids) => Ok(vec![decode(ids)]),
-            PromptField::IdBatches(b) => Ok(b.into_iter().map(decode).collect()),
-        }
+        let prompts: Vec<(Vec<u32>, String)> = match prompt {
+            PromptField::Text(t) => vec![encode(t)?],
+            PromptField::Texts(ts) => ts.into_iter().map(encode).collect::<Result<_, _>>()?,
+            PromptField::Ids(ids) => vec![decode(ids)],
+            PromptField::IdBatches(b) => b.into_iter().map(decode).collect(),
+        };
+        Ok((prompts, grammar))
     })
     .await?;
     if prompts.iter().any(|p| p.0.is_empty()) {
@@ -127,7 +131,14 @@ pub async fn completions(
         .iter()
         .flat_map(|p| std::iter::repeat_n(p.1.clone(), opts.n))
         .collect();
-    let gen = Generation::start(&st.engine, &st.tokenizer, permit, choices, &opts)?;
+    let gen = Generation::start_constrained(
+        &st.engine,
+        &st.tokenizer,
+        permit,
+        choices,
+        &opts,
+        grammar.as_ref().map(|g| (g, false)),
+    )?;
     let head = CompletionResponse {
         id: response_id("cmpl"),
         object: "text_completion",

@@ -6,8 +6,8 @@
 use super::chat::{encode_chat, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::anthropic::{
-    conversation, stop_reason, BlockEvent, Blocks, MessageResponse, MessageUsage, MessagesRequest,
-    Whole,
+    conversation, output_format, stop_reason, BlockEvent, Blocks, MessageResponse, MessageUsage,
+    MessagesRequest, Whole,
 };
 use crate::chat::ChatOutputParser;
 use crate::generation::{ChoiceDelta, Generation};
@@ -31,10 +31,15 @@ pub async fn messages(
     st.check_model(req.model.as_deref())?;
     let sf = sampling_fields(&req)?;
     let requested = sf.max_tokens.expect("sampling_fields requires it");
+    let format = output_format(&req)?;
     let opts = sf.output_options()?;
     let permit = st.admit(1)?;
-    let (tok, limits) = (st.tokenizer.clone(), st.prompt_limits);
-    let (prompt, single_tool_call) = blocking(&st, move || prepare(&tok, &req, &limits)).await?;
+    let (tok, limits, state) = (st.tokenizer.clone(), st.prompt_limits, st.clone());
+    let (prompt, single_tool_call, grammar) = blocking(&st, move || {
+        let (prompt, single) = prepare(&tok, &req, &limits)?;
+        Ok((prompt, single, state.grammar(format.as_ref())?))
+    })
+    .await?;
     // Agents send a fixed budget (Claude Code: 32 000) whatever the context; the budget is
     // cut to the context left and an answer that reaches it says so.
     let room = st.engine.max_model_len().saturating_sub(prompt.ids.len());
@@ -57,12 +62,14 @@ pub async fn messages(
         prompt_tokens: prompt.ids.len(),
         cut_to_context: requested as usize > max_tokens,
     };
-    let gen = Generation::start(
+    let thinking = prompt.thinking;
+    let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
         permit,
         vec![(prompt.ids, params)],
         &opts,
+        grammar.as_ref().map(|g| (g, thinking)),
     )?;
     if opts.stream {
         Ok(out.stream(gen))

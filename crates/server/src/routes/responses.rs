@@ -9,6 +9,7 @@ use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::responses::{conversation, Items, OutputItem, ResponsesRequest, Stored};
 use crate::openai::{fields, resolve_max_tokens, ApiError, SamplingFields};
 use crate::state::{response_id, unix_now};
+use crate::structured::flat_format;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -57,9 +58,13 @@ pub async fn create(
             )
         })?,
     };
+    let format = match req.text.as_ref().and_then(|t| t.get("format")) {
+        Some(f) => flat_format(f, "text.format")?,
+        None => None,
+    };
     let permit = st.admit(1)?;
-    let (tok, limits) = (st.tokenizer.clone(), st.prompt_limits);
-    let (prompt, conv, req) = blocking(&st, move || {
+    let (tok, limits, state) = (st.tokenizer.clone(), st.prompt_limits, st.clone());
+    let (prompt, conv, req, grammar) = blocking(&st, move || {
         let conv = conversation(&req, previous)?;
         let messages = conv.messages();
         let chat = ChatRequest {
@@ -69,7 +74,8 @@ pub async fn create(
             parse_tools: conv.parse_tools,
             prefill: "",
         };
-        Ok((encode_chat(&tok, &chat, &limits)?, conv, req))
+        let grammar = state.grammar(format.as_ref())?;
+        Ok((encode_chat(&tok, &chat, &limits)?, conv, req, grammar))
     })
     .await?;
     let max_tokens = resolve_max_tokens(
@@ -102,12 +108,14 @@ pub async fn create(
         head,
         st: st.clone(),
     };
-    let gen = Generation::start(
+    let thinking = prompt.thinking;
+    let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
         permit,
         vec![(prompt.ids, params)],
         &opts,
+        grammar.as_ref().map(|g| (g, thinking)),
     )?;
     if opts.stream {
         Ok(out.stream(gen))

@@ -54,18 +54,6 @@ pub fn conversation(
             "background responses are not supported; leave `background` unset",
         ));
     }
-    if let Some(f) = &req.text {
-        let kind = f
-            .get("format")
-            .and_then(|f| f.get("type"))
-            .and_then(Value::as_str);
-        if kind.is_some_and(|k| k != "text") {
-            return Err(ApiError::invalid(
-                "text.format",
-                "only `{\"type\": \"text\"}` is supported (structured output needs guided decoding)",
-            ));
-        }
-    }
     let (tools, names) = tools(req.tools.as_deref().unwrap_or_default())?;
     let parse_tools = match &req.tool_choice {
         None => true,
@@ -464,10 +452,6 @@ mod tests {
                 "reasoning.effort",
             ),
             (r#"{"input": "x", "background": true}"#, "background"),
-            (
-                r#"{"input": "x", "text": {"format": {"type": "json_schema"}}}"#,
-                "text.format",
-            ),
         ];
         for (body, param) in cases {
             let e = conversation(&request(body), Vec::new()).unwrap_err();
