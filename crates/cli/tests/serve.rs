@@ -728,9 +728,9 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
             "role",
         ),
         (
-            json!({"messages": user, "tool_choice": "required", "tools": tools}),
+            json!({"messages": user, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": tools}),
             "tool_choice",
-            "not supported",
+            "no offered tool",
         ),
         (
             json!({"messages": user, "top_logprobs": 2}),

@@ -159,8 +159,7 @@ async fn the_store_bound_and_bad_requests() {
             "previous_response_id",
         ),
         (
-            json!({"input": "x", "tool_choice": "required",
-                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+            json!({"input": "x", "tool_choice": "required"}),
             "tool_choice",
         ),
         (

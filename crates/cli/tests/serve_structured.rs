@@ -305,3 +305,131 @@ async fn bad_constraints_are_400s_naming_the_field() {
         "{v}"
     );
 }
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 10},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "unit": {"enum": ["C", "F"], "type": "string"}},
+        "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])
+}
+
+/// A forced call on a model that never calls tools unaided (its random weights spell the
+/// DSML literals in small tokens, so the budgets are large): `required` gives every sampled
+/// answer a call whose arguments fit the tool's schema; a named function gives exactly that
+/// call; the same through Anthropic's `any` and the Responses API's `required`.
+#[tokio::test]
+async fn forced_tool_calls_always_come_with_valid_arguments() {
+    let server = Server::start(&[]);
+    let base = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": weather_tools(),
+                      "max_tokens": 600, "temperature": 1.0, "seed": 3, "n": 10,
+                      "chat_template_kwargs": {"thinking": false}});
+    let check_call = |name: &str, args: &Value| match name {
+        "get_weather" => {
+            assert!(
+                args["city"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 10),
+                "{args}"
+            );
+            assert!(
+                args["days"].as_u64().is_some_and(|d| (1..=14).contains(&d)),
+                "{args}"
+            );
+            assert!(
+                args.get("unit").is_none_or(|u| u == "C" || u == "F"),
+                "{args}"
+            );
+        }
+        "now" => assert_eq!(args, &json!({})),
+        other => panic!("called {other}"),
+    };
+    let mut body = base.clone();
+    body["tool_choice"] = json!("required");
+    let (status, v) = post(&server, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    // The model decides how many calls to make; a budget that ends among them cuts the last
+    // (the parser gives back what it has of it, as the finish reason says).
+    for c in v["choices"].as_array().unwrap() {
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{c}");
+        let complete = match c["finish_reason"].as_str().unwrap() {
+            "tool_calls" => calls.len(),
+            "length" => calls.len() - 1,
+            other => panic!("{other}: {c}"),
+        };
+        for call in &calls[..complete] {
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            check_call(call["function"]["name"].as_str().unwrap(), &args);
+        }
+    }
+    // One call only: named, or `required` without parallel calls.
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (_, v) = post(&server, "/v1/chat/completions", &body).await;
+    body["tool_choice"] = json!("required");
+    body["parallel_tool_calls"] = json!(false);
+    let (_, single) = post(&server, "/v1/chat/completions", &body).await;
+    for c in single["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert_eq!(
+            c["message"]["tool_calls"].as_array().unwrap().len(),
+            1,
+            "{c}"
+        );
+    }
+    for c in v["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{c}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+    }
+    let tools: Vec<Value> = weather_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(
+            |t| json!({"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}),
+        )
+        .collect();
+    let (status, m) = post(
+        &server,
+        "/v1/messages",
+        &json!({
+        "messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "max_tokens": 600,
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": true}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(m["stop_reason"], "tool_use", "{m}");
+    let uses: Vec<&Value> = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{m}");
+    check_call(uses[0]["name"].as_str().unwrap(), &uses[0]["input"]);
+    let rtools: Vec<Value> = weather_tools().as_array().unwrap().iter()
+        .map(|t| json!({"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]})).collect();
+    let (status, r) = post(
+        &server,
+        "/v1/responses",
+        &json!({"input": "Weather?", "tools": rtools,
+        "tool_choice": "required", "max_output_tokens": 600, "reasoning": {"effort": "none"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let fc = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "function_call")
+        .expect("a call");
+    check_call(
+        fc["name"].as_str().unwrap(),
+        &serde_json::from_str(fc["arguments"].as_str().unwrap()).unwrap(),
+    );
+}

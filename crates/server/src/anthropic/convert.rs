@@ -12,7 +12,7 @@ use crate::chat::{
     RenderOptions, ToolCall, ToolDef, TypedPart,
 };
 use crate::openai::ApiError;
-use crate::structured::{flat_format, one_of, Requested};
+use crate::structured::{flat_format, one_of, Forced, Requested};
 use serde_json::Value;
 
 /// Claude Code starts its system prompt with a block naming a per-request hash; kept, it
@@ -30,6 +30,8 @@ pub struct Conversation {
     pub parse_tools: bool,
     /// `tool_choice.disable_parallel_tool_use`: only the first call is returned.
     pub single_tool_call: bool,
+    /// A call the answer must make (`tool_choice` `any` or `tool`).
+    pub forced: Option<Forced>,
     /// A trailing assistant message's text, which the answer continues.
     pub prefill: Option<String>,
 }
@@ -56,7 +58,7 @@ pub fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
     }
     let opts = render_options(req)?;
     let tools = tools(req.tools.as_deref().unwrap_or_default())?;
-    let (parse_tools, single_tool_call) = tool_choice(req, &tools)?;
+    let (parse_tools, single_tool_call, forced) = tool_choice(req, &tools)?;
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     let mut system = system_text(req.system.as_ref(), "system")?;
     for (i, m) in req.messages.iter().enumerate() {
@@ -92,6 +94,7 @@ pub fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
         opts,
         parse_tools,
         single_tool_call,
+        forced,
         prefill,
     })
 }
@@ -182,31 +185,39 @@ fn tools(tools: &[Tool]) -> Result<Vec<ToolDef>, ApiError> {
         .collect()
 }
 
-/// `(parse tool calls, only the first call)`. `any` and `tool` force a call, which needs
-/// guided decoding: refused until structured outputs exist rather than silently ignored.
-fn tool_choice(req: &MessagesRequest, tools: &[ToolDef]) -> Result<(bool, bool), ApiError> {
+/// `(parse tool calls, only the first call, a forced call)`: `any` forces a call of some
+/// tool, `tool` one of the named tool (their arguments held to the tool's schema).
+fn tool_choice(
+    req: &MessagesRequest,
+    tools: &[ToolDef],
+) -> Result<(bool, bool, Option<Forced>), ApiError> {
     let Some(tc) = &req.tool_choice else {
-        return Ok((!tools.is_empty(), false));
+        return Ok((!tools.is_empty(), false, None));
     };
     let single = tc.disable_parallel_tool_use.unwrap_or(false);
-    match tc.kind.as_str() {
-        "auto" => Ok((!tools.is_empty(), single)),
-        "none" => Ok((false, single)),
-        "any" | "tool" => Err(ApiError::invalid(
-            "tool_choice.type",
-            format!(
-                "`tool_choice` {:?} forces a tool call, which needs guided decoding (not yet \
-                 supported); use \"auto\" or \"none\"",
-                tc.kind
-            ),
-        )),
-        other => Err(ApiError::invalid(
-            "tool_choice.type",
-            format!(
+    let forced = match tc.kind.as_str() {
+        "auto" => None,
+        "none" => return Ok((false, single, None)),
+        "any" => Some(Forced::Any { parallel: !single }),
+        "tool" => {
+            let name = tc.name.clone().ok_or_else(|| {
+                ApiError::invalid(
+                    "tool_choice.name",
+                    "`tool_choice` of type \"tool\" needs `name`",
+                )
+            })?;
+            Some(Forced::Named(name))
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                format!(
                 "`tool_choice.type` must be \"auto\", \"any\", \"tool\" or \"none\", got {other:?}"
             ),
-        )),
-    }
+            ))
+        }
+    };
+    Ok((!tools.is_empty(), single, forced))
 }
 
 fn plain(role: &str, text: String) -> ChatMessage {
@@ -537,8 +548,8 @@ mod tests {
                 "tools[0].input_schema",
             ),
             (
-                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t", "input_schema": {}}], "tool_choice": {"type": "any"}}"#,
-                "tool_choice.type",
+                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t", "input_schema": {}}], "tool_choice": {"type": "tool"}}"#,
+                "tool_choice.name",
             ),
             (
                 r#"{"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "sometimes"}}"#,

@@ -13,6 +13,7 @@ pub struct ChatFields {
     #[serde(default)]
     pub tools: Option<Vec<ToolDef>>,
     pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
     pub max_completion_tokens: Option<i64>,

@@ -11,7 +11,7 @@ use crate::openai::{
     ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
-use crate::structured::{Requested, VllmFields};
+use crate::structured::{forced_call, one_of, Forced, Requested, VllmFields};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -28,6 +28,8 @@ pub(crate) struct ChatPrompt {
     pub thinking: bool,
     /// `None` when tool calls are not parsed (no tools, or `tool_choice: "none"`).
     pub tool_names: Option<Vec<String>>,
+    /// The grammar of a forced tool call (`tool_choice` `required` or a named function).
+    pub forced: Option<Requested>,
 }
 
 /// What every chat API family translates its request into before rendering: the
@@ -38,6 +40,8 @@ pub(crate) struct ChatRequest<'a> {
     pub opts: RenderOptions,
     /// Whether tool calls are parsed out of the answer.
     pub parse_tools: bool,
+    /// A call the answer must make (`tool_choice` forcing one).
+    pub forced: Option<Forced>,
     pub prefill: &'a str,
 }
 
@@ -56,11 +60,16 @@ pub(crate) fn encode_chat(
     let ids = tok
         .encode(&text, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let forced = match &req.forced {
+        Some(f) => Some(forced_call(req.tools, f, "tool_choice")?),
+        None => None,
+    };
     Ok(ChatPrompt {
         ids,
         thinking: req.opts.thinking_mode(),
         tool_names: (req.parse_tools && !req.tools.is_empty())
             .then(|| req.tools.iter().map(|t| t.function.name.clone()).collect()),
+        forced,
     })
 }
 
@@ -77,16 +86,23 @@ pub(crate) fn chat_prompt(
             "`messages` must not be empty",
         ));
     }
-    let parse_tools = match &f.tool_choice {
-        None => true,
-        Some(Value::String(s)) if s == "auto" => true,
-        Some(Value::String(s)) if s == "none" => false,
+    let parallel = f.parallel_tool_calls.unwrap_or(true);
+    let (parse_tools, forced) = match &f.tool_choice {
+        None => (true, None),
+        Some(Value::String(s)) if s == "auto" => (true, None),
+        Some(Value::String(s)) if s == "none" => (false, None),
+        Some(Value::String(s)) if s == "required" => (true, Some(Forced::Any { parallel })),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+            let name = name.ok_or_else(|| {
+                ApiError::invalid("tool_choice.function.name", "a named `tool_choice` needs `function.name`")
+            })?;
+            (true, Some(Forced::Named(name.to_owned())))
+        }
         Some(other) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                format!(
-                    "`tool_choice` {other} is not supported (it needs guided decoding); use \"auto\" or \"none\""
-                ),
+                format!("`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, got {other}"),
             ))
         }
     };
@@ -117,6 +133,7 @@ pub(crate) fn chat_prompt(
         tools: f.tools.as_deref().unwrap_or_default(),
         opts: RenderOptions::from_openai(effort, kwargs),
         parse_tools,
+        forced,
         prefill: "",
     };
     encode_chat(tok, &req, limits)
@@ -181,6 +198,7 @@ pub async fn chat_completions(
     let state = st.clone();
     let (prompt, cf, grammar) = blocking(&st, move || {
         let prompt = chat_prompt(&tok, &cf, &limits)?;
+        let requested = one_of(requested.into_iter().chain(prompt.forced.clone()).collect())?;
         let grammar = state.grammar(requested.as_ref())?;
         Ok((prompt, cf, grammar))
     })

@@ -13,6 +13,7 @@ use crate::chat::ChatOutputParser;
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{fields, resolve_max_tokens, ApiError, SamplingFields, StopField};
 use crate::state::{response_id, PromptLimits};
+use crate::structured::one_of;
 use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -37,7 +38,8 @@ pub async fn messages(
     let (tok, limits, state) = (st.tokenizer.clone(), st.prompt_limits, st.clone());
     let (prompt, single_tool_call, grammar) = blocking(&st, move || {
         let (prompt, single) = prepare(&tok, &req, &limits)?;
-        Ok((prompt, single, state.grammar(format.as_ref())?))
+        let requested = one_of(format.into_iter().chain(prompt.forced.clone()).collect())?;
+        Ok((prompt, single, state.grammar(requested.as_ref())?))
     })
     .await?;
     // Agents send a fixed budget (Claude Code: 32 000) whatever the context; the budget is
@@ -120,6 +122,7 @@ fn prepare(
         tools: &conv.tools,
         opts: conv.opts,
         parse_tools: conv.parse_tools,
+        forced: conv.forced.clone(),
         prefill: conv.prefill.as_deref().unwrap_or_default(),
     };
     Ok((encode_chat(tok, &chat, limits)?, conv.single_tool_call))

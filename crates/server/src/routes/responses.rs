@@ -9,7 +9,7 @@ use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::responses::{conversation, Items, OutputItem, ResponsesRequest, Stored};
 use crate::openai::{fields, resolve_max_tokens, ApiError, SamplingFields};
 use crate::state::{response_id, unix_now};
-use crate::structured::flat_format;
+use crate::structured::{flat_format, one_of};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -72,10 +72,13 @@ pub async fn create(
             tools: &conv.tools,
             opts: conv.opts,
             parse_tools: conv.parse_tools,
+            forced: conv.forced.clone(),
             prefill: "",
         };
-        let grammar = state.grammar(format.as_ref())?;
-        Ok((encode_chat(&tok, &chat, &limits)?, conv, req, grammar))
+        let prompt = encode_chat(&tok, &chat, &limits)?;
+        let requested = one_of(format.into_iter().chain(prompt.forced.clone()).collect())?;
+        let grammar = state.grammar(requested.as_ref())?;
+        Ok((prompt, conv, req, grammar))
     })
     .await?;
     let max_tokens = resolve_max_tokens(

@@ -247,7 +247,7 @@ impl Spec {
 /// take precedence.
 const JSON_WHITESPACE: &str = r"\x20|\x0A[\x20\x09]{0,20}";
 
-fn bounded_whitespace(schema: &Value) -> Value {
+pub(super) fn bounded_whitespace(schema: &Value) -> Value {
     let mut schema = schema.clone();
     if let Some(map) = schema.as_object_mut() {
         if !map.contains_key("x-guidance") {

@@ -7,11 +7,13 @@
 mod constraint;
 mod grammar;
 mod tok_env;
+mod tools;
 
 pub use constraint::GrammarConstraint;
 pub use grammar::{
     flat_format, one_of, openai_format, Requested, Spec, VllmFields, MAX_SPEC_BYTES,
 };
+pub use tools::{forced_call, tool_call_grammar, Forced};
 
 use crate::chat::tokens::THINK_END;
 use crate::openai::ApiError;
@@ -121,13 +123,12 @@ mod tests {
     /// the tokens of a text it refuses are masked.
     fn walk(tok: &Tokenizer, c: &mut dyn Constraint, text: &str) {
         let vocab = tok.vocab_size();
-        for id in tok.encode(text, false).unwrap() {
+        let ids = tok.encode(text, false).unwrap();
+        for (k, &id) in ids.iter().enumerate() {
             let m = mask(c, vocab);
-            assert!(
-                m.allows(id),
-                "{text:?}: {:?} refused",
-                tok.decode(&[id], false)
-            );
+            let before = tok.decode(&ids[..k], false);
+            let token = tok.decode(&[id], false);
+            assert!(m.allows(id), "{token:?} refused after {before:?}");
             c.accept(&[id]);
         }
         assert!(
@@ -230,6 +231,121 @@ mod tests {
                 .err()
                 .unwrap_or_else(|| panic!("{spec:?} compiled"));
             assert_eq!(e.param.as_deref(), Some("guided_regex"), "{}", e.message);
+        }
+    }
+
+    fn weather_tools() -> Vec<crate::chat::ToolDef> {
+        serde_json::from_str(
+            r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                 "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1},
+                                "unit": {"type": "string", "enum": ["C", "F"]}},
+                 "required": ["city", "days"]}}},
+                {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]"#,
+        )
+        .unwrap()
+    }
+
+    /// A forced call's grammar takes what the encoder writes for it (one call, parallel
+    /// calls, an optional parameter left out) and the chat parser reads the calls back;
+    /// arguments off the schema are masked.
+    #[test]
+    fn a_forced_call_follows_the_dsml_format_and_the_schema() {
+        let (tok, s) = setup();
+        let d = crate::chat::tokens::DSML;
+        let call = |name: &str, params: &[(&str, bool, &str)]| {
+            let p: String = params
+                .iter()
+                .map(|(k, is_str, v)| {
+                    format!("<{d}parameter name=\"{k}\" string=\"{is_str}\">{v}</{d}parameter>\n")
+                })
+                .collect();
+            format!("<{d}invoke name=\"{name}\">\n{p}</{d}invoke>")
+        };
+        let block = |calls: &[String]| {
+            format!(
+                "\n\n<{d}tool_calls>\n{}\n</{d}tool_calls>",
+                calls.join("\n")
+            )
+        };
+        let paris = call(
+            "get_weather",
+            &[
+                ("city", true, "Paris <3>"),
+                ("days", false, "3"),
+                ("unit", true, "C"),
+            ],
+        );
+        let now = call("now", &[]);
+        let tools = weather_tools();
+        let any = s
+            .compile(&req(tool_call_grammar(
+                &tools,
+                &Forced::Any { parallel: true },
+            )
+            .unwrap()))
+            .unwrap();
+        for text in [
+            block(std::slice::from_ref(&paris)),
+            block(&[paris.clone(), now.clone()]),
+            block(&[call(
+                "get_weather",
+                &[("city", true, ""), ("days", false, "10")],
+            )]),
+        ] {
+            walk(&tok, any.constraint(false).as_mut(), &text);
+            let parsed = crate::chat::parse_chat_output(&text, false, true);
+            assert!(
+                !parsed.tool_calls.is_empty() && parsed.content.is_empty(),
+                "{parsed:?}"
+            );
+        }
+        let parsed = crate::chat::parse_chat_output(&block(std::slice::from_ref(&paris)), false, true);
+        assert_eq!(
+            parsed.tool_calls[0].arguments,
+            r#"{"city": "Paris <3>", "days": 3, "unit": "C"}"#
+        );
+        // Named: only that tool, once.
+        let named = s
+            .compile(&req(tool_call_grammar(
+                &tools,
+                &Forced::Named("now".into()),
+            )
+            .unwrap()))
+            .unwrap();
+        walk(
+            &tok,
+            named.constraint(false).as_mut(),
+            &block(std::slice::from_ref(&now)),
+        );
+        assert!(tool_call_grammar(&tools, &Forced::Named("missing".into())).is_none());
+        // Off the schema: a string where an integer goes, a unit outside the enum, a missing
+        // required parameter.
+        for bad in [
+            call(
+                "get_weather",
+                &[("city", true, "x"), ("days", false, "\"3\"")],
+            ),
+            call(
+                "get_weather",
+                &[
+                    ("city", true, "x"),
+                    ("days", false, "3"),
+                    ("unit", true, "K"),
+                ],
+            ),
+            call("get_weather", &[("days", false, "3")]),
+        ] {
+            let mut c = any.constraint(false);
+            let refused = tok
+                .encode(&block(std::slice::from_ref(&bad)), false)
+                .unwrap()
+                .into_iter()
+                .any(|id| {
+                    let ok = mask(c.as_mut(), tok.vocab_size()).allows(id);
+                    c.accept(&[id]);
+                    !ok
+                });
+            assert!(refused, "{bad}");
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::chat::{
     ToolCall, ToolDef,
 };
 use crate::openai::ApiError;
+use crate::structured::Forced;
 use serde_json::Value;
 
 /// What a Responses request renders as.
@@ -28,6 +29,8 @@ pub struct Conversation {
     pub parse_tools: bool,
     /// `parallel_tool_calls: false`: only the first call is returned.
     pub single_tool_call: bool,
+    /// A call the answer must make (`tool_choice` `required` or a named function).
+    pub forced: Option<Forced>,
 }
 
 impl Conversation {
@@ -55,17 +58,31 @@ pub fn conversation(
         ));
     }
     let (tools, names) = tools(req.tools.as_deref().unwrap_or_default())?;
-    let parse_tools = match &req.tool_choice {
-        None => true,
-        Some(Value::String(s)) if s == "auto" => true,
-        Some(Value::String(s)) if s == "none" => false,
+    let parallel = req.parallel_tool_calls != Some(false);
+    let (parse_tools, forced) = match &req.tool_choice {
+        None => (true, None),
+        Some(Value::String(s)) if s == "auto" => (true, None),
+        Some(Value::String(s)) if s == "none" => (false, None),
+        Some(Value::String(s)) if s == "required" => (true, Some(Forced::Any { parallel })),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = v.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid("tool_choice.name", "a named `tool_choice` needs `name`")
+            })?;
+            // Codex's namespaced tools are offered by their flat name.
+            let flat = names
+                .iter()
+                .find(|(flat, ns, own)| flat == name || (ns.is_some() && own == name))
+                .map_or_else(|| name.to_owned(), |(flat, ..)| flat.clone());
+            (true, Some(Forced::Named(flat)))
+        }
         Some(other) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                format!("`tool_choice` {other} forces a call, which needs guided decoding (not yet supported); use \"auto\" or \"none\""),
+                format!("`tool_choice` {other} is not supported (\"auto\", \"none\", \"required\" or a function)"),
             ))
         }
-    } && !tools.is_empty();
+    };
+    let parse_tools = parse_tools && !tools.is_empty();
     let mut history = previous;
     match &req.input {
         Input::Text(s) => history.push(text_message("user", s.clone())),
@@ -86,6 +103,7 @@ pub fn conversation(
         opts: render_options(req)?,
         parse_tools,
         single_tool_call: req.parallel_tool_calls == Some(false),
+        forced,
     })
 }
 
@@ -444,8 +462,8 @@ mod tests {
                 "tools[0].name",
             ),
             (
-                r#"{"input": "x", "tool_choice": "required"}"#,
-                "tool_choice",
+                r#"{"input": "x", "tool_choice": {"type": "function"}}"#,
+                "tool_choice.name",
             ),
             (
                 r#"{"input": "x", "reasoning": {"effort": "huge"}}"#,
