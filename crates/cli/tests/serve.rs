@@ -758,9 +758,9 @@ async fn chat_tool_turns_are_accepted_and_bad_chats_rejected() {
             "must be an object",
         ),
         (
-            json!({"messages": user, "response_format": {"type": "json_object"}}),
-            "response_format",
-            "text",
+            json!({"messages": user, "response_format": {"type": "xml"}}),
+            "response_format.type",
+            "json_schema",
         ),
         (
             json!({"messages": user, "max_completion_tokens": 0}),

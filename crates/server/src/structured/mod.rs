@@ -299,7 +299,8 @@ mod tests {
                 "{parsed:?}"
             );
         }
-        let parsed = crate::chat::parse_chat_output(&block(std::slice::from_ref(&paris)), false, true);
+        let parsed =
+            crate::chat::parse_chat_output(&block(std::slice::from_ref(&paris)), false, true);
         assert_eq!(
             parsed.tool_calls[0].arguments,
             r#"{"city": "Paris <3>", "days": 3, "unit": "C"}"#
