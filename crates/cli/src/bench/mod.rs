@@ -8,6 +8,7 @@ mod model;
 mod multi_turn;
 mod passes;
 mod streamed;
+mod structured;
 
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
@@ -18,6 +19,7 @@ use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::spec::config::MAX_SPECULATIVE_TOKENS;
 use deepinfer_engine::spec::{SpecMethod, SpeculativeConfig};
 use deepinfer_model::v4::Model;
+use deepinfer_server::structured::Grammar;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -57,6 +59,12 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// A JSON schema file: the workload runs twice, plain and then with every request held
+    /// to the schema (structured outputs), and both reports print, the second with the
+    /// masks' cost. A schema the answers never finish (an open array) keeps the outputs at
+    /// `--output-len` tokens.
+    #[arg(long)]
+    json_schema: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -220,6 +228,9 @@ struct Timing {
 /// What the engine counted during a run, and how long the run took.
 struct EngineCounts {
     duration_s: f64,
+    /// Structured-output masks computed, and the seconds spent on them.
+    masks: u64,
+    mask_s: f64,
     steps: u64,
     batched_tokens: f64,
     preemptions: u64,
@@ -269,6 +280,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.seed,
     );
     let mut config = args.engine.bench_config(&model.config, "deepinfer")?;
+    if let Some(path) = &args.json_schema {
+        return structured::run(&args, path, dir, model, config, &prompts);
+    }
     let replay = matches!(
         config.speculative,
         Some(SpeculativeConfig {
@@ -283,7 +297,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             speculative: None,
             ..config.clone()
         };
-        let (timings, counts, back) = workload(model, plain, &prompts, &args)?;
+        let (timings, counts, back) = workload(model, plain, &prompts, &args, None)?;
         model = back;
         println!("The plain run, for comparison:");
         print_report(&Report::new(&args, &timings, &counts));
@@ -299,7 +313,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .collect();
         }
     }
-    let (timings, counts, _) = workload(model, config, &prompts, &args)?;
+    let (timings, counts, _) = workload(model, config, &prompts, &args, None)?;
     let report = Report::new(&args, &timings, &counts);
     print_report(&report);
     if let Some(path) = &args.json {
@@ -309,13 +323,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs every prompt through an engine (arrivals as `--request-rate` says) and returns each
-/// request's timings, the engine's counts, and the model back.
+/// Runs every prompt through an engine (arrivals as `--request-rate` says), each held to
+/// `grammar` when given, and returns each request's timings, the engine's counts, and the
+/// model back.
 fn workload(
     model: Model,
     config: EngineConfig,
     prompts: &[Vec<u32>],
     args: &BenchArgs,
+    grammar: Option<&Grammar>,
 ) -> Result<(Vec<Timing>, EngineCounts, Model)> {
     let (handle, join) = engine::start(model, config)?;
     let bar = indicatif::ProgressBar::new(prompts.len() as u64);
@@ -327,7 +343,8 @@ fn workload(
         temperature: 0.0,
         max_tokens: args.output_len,
         min_tokens: args.output_len,
-        ignore_eos: true,
+        // A finished grammar allows only the end (which `min_tokens` then cannot hold back).
+        ignore_eos: grammar.is_none(),
         ..SamplingParams::default()
     };
     let start = Instant::now();
@@ -346,7 +363,9 @@ fn workload(
             std::thread::sleep(Duration::from_secs_f64(-u.ln() / rate));
         }
         let submitted = Instant::now();
-        let (_, rx) = handle.add_request(p.clone(), params.clone())?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let constraint = grammar.map(|g| g.constraint(false));
+        handle.add_constrained_request_to(p.clone(), params.clone(), constraint, Box::new(tx))?;
         let bar = bar.clone();
         workers.push(std::thread::spawn(move || {
             let mut t = Timing {
@@ -384,6 +403,8 @@ fn workload(
     let m = &handle.metrics;
     let counts = EngineCounts {
         duration_s,
+        masks: m.structured_output_masks.get(),
+        mask_s: m.structured_output_mask_time.get_sample_sum(),
         steps: m.iteration_tokens.get_sample_count(),
         batched_tokens: m.iteration_tokens.get_sample_sum(),
         preemptions: m.num_preemptions.get(),
