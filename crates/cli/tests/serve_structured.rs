@@ -205,7 +205,7 @@ async fn responses_and_messages_take_their_formats() {
 }
 
 /// Greedy under a grammar: the same answer with MTP drafts verified against the grammar as
-/// without speculation, and the same when a free request shares its batch; a repeat is
+/// without speculation (and sampled answers under it all valid), and the same when a free request shares its batch; a repeat is
 /// served from the prefix cache with the same answer.
 #[tokio::test]
 async fn speculation_batching_and_the_prefix_cache_leave_constrained_output_alone() {
@@ -235,6 +235,10 @@ async fn speculation_batching_and_the_prefix_cache_leave_constrained_output_alon
             >= 128,
         "{again}"
     );
+    // Sampled with drafts: every answer still validates.
+    let format = json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema()}});
+    let (_, sampled) = post(&server, "/v1/chat/completions", &chat(format, 8, 1.0)).await;
+    contents(&sampled).iter().for_each(|a| check(a));
     let m = server.wait_idle().await;
     assert!(
         metric(&m, "deepinfer:spec_decode_num_draft_tokens_total", &[]).unwrap() > 0.0,

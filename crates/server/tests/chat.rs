@@ -5,5 +5,6 @@
 mod chat {
     pub mod parse;
     pub mod render;
+    pub mod stream_bytes;
     pub mod tokenize;
 }
