@@ -2,13 +2,15 @@
 //! same rendering, engine and output parser as Chat Completions, with the bounded store that
 //! `previous_response_id` continues from.
 
-use super::chat::{encode_chat, ChatRequest};
+use super::chat::{encode_chat, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{ChatDelta, ChatMessage, ChatOutputParser};
 use crate::generation::{ChoiceDelta, Generation};
-use crate::openai::responses::{conversation, Items, OutputItem, ResponsesRequest, Stored};
+use crate::openai::responses::{
+    conversation, Conversation, Items, OutputItem, ResponsesRequest, Stored,
+};
 use crate::openai::{fields, resolve_max_tokens, ApiError, SamplingFields};
-use crate::state::{response_id, unix_now};
+use crate::state::{response_id, unix_now, AppState};
 use crate::structured::{flat_format, one_of};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -49,15 +51,7 @@ pub async fn create(
         ..Default::default()
     };
     let opts = sf.output_options()?;
-    let previous = match &req.previous_response_id {
-        None => Vec::new(),
-        Some(id) => st.responses.get(id).map(|s| s.history).ok_or_else(|| {
-            ApiError::invalid(
-                "previous_response_id",
-                format!("previous response {id:?} not found (never stored, deleted, or dropped from the server's store)"),
-            )
-        })?,
-    };
+    let previous = previous_history(&st, req.previous_response_id.as_deref())?;
     let format = match req.text.as_ref().and_then(|t| t.get("format")) {
         Some(f) => flat_format(f, "text.format")?,
         None => None,
@@ -100,18 +94,8 @@ pub async fn create(
         store: req.store.unwrap_or(true),
         echo,
     };
-    let out = ResponseOutput {
-        parser: ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some())
-            .with_tool_names(prompt.tool_names.clone().unwrap_or_default()),
-        items: Items::new(conv.names, conv.single_tool_call),
-        history: conv.history,
-        prompt_tokens: prompt.ids.len(),
-        reasoning_tokens: 0,
-        status: "completed",
-        head,
-        st: st.clone(),
-    };
     let thinking = prompt.thinking;
+    let out = ResponseOutput::new(&prompt, conv, head, st.clone());
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
@@ -125,6 +109,20 @@ pub async fn create(
     } else {
         out.whole(gen).await
     }
+}
+
+/// The stored conversation a request continues (`previous_response_id`); a 400 naming the
+/// field when it is not (or no longer) stored.
+fn previous_history(st: &AppState, id: Option<&str>) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(id) = id else {
+        return Ok(Vec::new());
+    };
+    st.responses.get(id).map(|s| s.history).ok_or_else(|| {
+        ApiError::invalid(
+            "previous_response_id",
+            format!("previous response {id:?} not found (never stored, deleted, or dropped from the server's store)"),
+        )
+    })
 }
 
 pub async fn retrieve(
@@ -216,6 +214,20 @@ struct ResponseOutput {
 }
 
 impl ResponseOutput {
+    fn new(prompt: &ChatPrompt, conv: Conversation, head: Head, st: Shared) -> Self {
+        Self {
+            parser: ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some())
+                .with_tool_names(prompt.tool_names.clone().unwrap_or_default()),
+            items: Items::new(conv.names, conv.single_tool_call),
+            history: conv.history,
+            prompt_tokens: prompt.ids.len(),
+            reasoning_tokens: 0,
+            status: "completed",
+            head,
+            st,
+        }
+    }
+
     /// The item events of one engine delta (the open item finished on the last). A delta
     /// that produced only reasoning counts its tokens as reasoning tokens.
     fn events(&mut self, d: &ChoiceDelta) -> Vec<Value> {
