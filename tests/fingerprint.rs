@@ -194,7 +194,7 @@ fn dspark_fingerprint(config: &str, numerics: Numerics) -> Option<Fingerprint> {
         let mut cache = CacheManager::new(&model.config, cfg).unwrap();
         let seq = cache.add_seq().unwrap();
         cache.ensure_capacity(seq, len).unwrap();
-        let batch = ForwardBatch::from_prompts(&[committed.clone()], false);
+        let batch = ForwardBatch::from_prompts(std::slice::from_ref(&committed), false);
         model
             .forward(&batch, &mut cache.view(&[seq]).unwrap())
             .unwrap();

@@ -398,6 +398,11 @@ impl Checkpoint {
         Ok(ia.dtype == ib.dtype && ia.shape == ib.shape && ba == bb)
     }
 
+    /// A 1-D tensor of `n` values, widened to f32 (norm gains, biases, sinks).
+    pub fn vector(&self, official_name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
+        self.tensor_f32(official_name, &[n])
+    }
+
     /// Load a tensor by its OFFICIAL name (spec §4.1) as f32 with the given logical shape,
     /// dequantising: F32/BF16/F16 as is; F8_E4M3 with its block scale (official `.scale`, HF
     /// `.weight_scale_inv`; E8M0, F32 or BF16; block size inferred from the two shapes); packed

@@ -9,8 +9,10 @@
 //! is never evicted under the products using it; otherwise eviction picks the slab with the
 //! oldest use, each doubling of an expert's use count worth one more step of age.
 
+mod expert;
 mod plan;
 mod reader;
+mod routed;
 mod slots;
 
 use std::ops::Range;
@@ -24,10 +26,12 @@ use std::time::Instant;
 use deepinfer_kernels::buffer::Slab;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, MatrixSource};
-use crate::weights::ExpertWeights;
+pub use expert::ExpertWeights;
 pub use plan::{available_memory, BudgetTooSmall, ExpertPlan, MemoryPlan, StoredBytes};
 pub use reader::file_read_bandwidth;
 use reader::{read_rate, Bounce, Reader};
+pub use routed::RoutedExperts;
+pub(crate) use routed::{expert_store, layer_experts, resident_experts, Holding};
 use slots::{Claim, Slots};
 
 /// Threads reading experts: enough requests in flight to keep an NVMe device's queue busy.

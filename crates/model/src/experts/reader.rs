@@ -13,7 +13,8 @@ use deepinfer_kernels::buffer::Slab;
 
 use super::{ExpertError, ExpertSource};
 use crate::checkpoint::FileRange;
-use crate::weights::{ExpertWeights, Linear};
+use crate::experts::ExpertWeights;
+use crate::linear::Linear;
 
 /// Direct reads need offsets, lengths and buffers aligned to the device's logical block;
 /// 4 KiB covers every common one.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use deepinfer_kernels::buffer::Slab;
 
 use super::ExpertError;
-use crate::weights::ExpertWeights;
+use crate::experts::ExpertWeights;
 
 enum State {
     Empty,

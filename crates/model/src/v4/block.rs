@@ -3,16 +3,22 @@
 //! sublayer's weights, which the block takes from and leaves in the [`Carry`].
 
 use super::attention::attention;
+use super::attention::AttentionWeights;
 use super::carry::Carry;
+use super::hyper::HyperWeights;
 use super::hyper::{hc_mix, hc_post, Collapse, HyperMix};
 use super::moe::moe;
+use super::moe::MoeWeights;
 use super::rows::{Angles, BatchRows};
 use super::workspace::Workspace;
 use crate::cache::CacheView;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::config::{AttnKind, MlpKind};
 use crate::experts::ExpertError;
+use crate::experts::RoutedExperts;
+use crate::parallel::Placement;
 use crate::profile::{scope, Op};
-use crate::weights::LayerWeights;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::Rope;
 
@@ -91,4 +97,76 @@ fn hand_on(mut mix: HyperMix, shifted: bool, carry: &mut Carry, ws: &mut Workspa
         carry.shift(std::mem::take(&mut mix.pre), ws);
     }
     mix.recycle(ws);
+}
+
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub ffn_norm: Vec<f32>,
+    pub hc_attn: HyperWeights,
+    pub hc_ffn: HyperWeights,
+    pub attn: AttentionWeights,
+    pub ffn: MoeWeights,
+    /// V4.1's n-gram memory on the layers that have it.
+    pub engram: Option<crate::v4::engram::EngramWeights>,
+}
+
+/// Where a layer's weights come from and what kind of layer it is.
+pub(crate) struct LayerSpec<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) kind: AttnKind,
+    pub(crate) mlp: MlpKind,
+    pub(crate) ratio: usize,
+    /// The ranks this layer is split over (a main layer of a split model, on rank 0).
+    pub(crate) placement: Option<&'a Placement>,
+    /// The layer's index (what the other ranks keep their parts under).
+    pub(crate) index: usize,
+}
+
+impl LayerWeights {
+    /// One decoder block: a main layer (`layers.N`) or the MTP block (`mtp.0`); `experts` as
+    /// [`MoeWeights::load`] takes them.
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        s: &LayerSpec,
+        experts: Option<RoutedExperts>,
+    ) -> Result<LayerWeights, CheckpointError> {
+        let (p, d) = (s.prefix, c.hidden_size);
+        Ok(LayerWeights {
+            attn_norm: ck.vector(&format!("{p}.attn_norm.weight"), d)?,
+            ffn_norm: ck.vector(&format!("{p}.ffn_norm.weight"), d)?,
+            hc_attn: HyperWeights::load(ck, &format!("{p}.hc_attn"), c)?,
+            hc_ffn: HyperWeights::load(ck, &format!("{p}.hc_ffn"), c)?,
+            attn: AttentionWeights::load(ck, c, s)?,
+            ffn: MoeWeights::load(ck, c, s, experts)?,
+            engram: match c.v41.as_ref().and_then(|v| v.engram_index(s.index)) {
+                Some(k) if s.prefix.starts_with("layers.") => {
+                    Some(crate::v4::engram::EngramWeights::load(ck, c, p, k)?)
+                }
+                _ => None,
+            },
+        })
+    }
+}
+
+impl LayerWeights {
+    /// A drafter's decoder block under `prefix` (DSpark's `mtp.N` stages): window-only,
+    /// score-routed, at layer id `index`, with `c`'s expert counts.
+    pub(crate) fn draft_stage(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        prefix: &str,
+        index: usize,
+    ) -> Result<LayerWeights, CheckpointError> {
+        let spec = LayerSpec {
+            prefix,
+            kind: AttnKind::Sliding,
+            mlp: MlpKind::Scored,
+            ratio: 0,
+            placement: None,
+            index,
+        };
+        LayerWeights::load(ck, c, &spec, None)
+    }
 }

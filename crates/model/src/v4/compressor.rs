@@ -12,9 +12,10 @@
 //! indexer's key for that entry (`k_norm(wk · latent)`, rotated like the entry).
 
 use crate::cache::{CacheView, Stream};
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::linear::Linear;
 use crate::record;
-use crate::weights::CompressorWeights;
 use deepinfer_kernels::norm::rms_norm;
 use deepinfer_kernels::rope::Rope;
 use deepinfer_kernels::vector::exp_in_place;
@@ -161,5 +162,95 @@ fn pool(
     }
     for (o, d) in out.iter_mut().zip(den.iter()) {
         *o /= d;
+    }
+}
+
+#[derive(Debug)]
+pub struct CompressorWeights {
+    /// Window length `m` and whether windows overlap (CSA).
+    pub ratio: usize,
+    pub overlap: bool,
+    /// Output width `c` of one entry.
+    pub dim: usize,
+    pub wkv: Linear,
+    /// The gate logits' projection; V4.1's ratio-1 compressor pools single tokens and has
+    /// none (its logits are zero: the pool is the token's own row).
+    pub wgate: Option<Linear>,
+    /// `[m, coff·c]`, added to the gate logits of slot `pos mod m` (zeros for V4.1, which
+    /// has no `ape`).
+    pub ape: Vec<f32>,
+    pub norm: Vec<f32>,
+    /// V4.1's indexer keys, made from each entry's latent before its RoPE (spec §8.5): the
+    /// kv source's indexer owns them.
+    pub keys: Option<IndexKeyWeights>,
+}
+
+/// `key = k_norm(wk · latent)`, then RoPE like the entry.
+#[derive(Debug)]
+pub struct IndexKeyWeights {
+    pub wk: Linear,
+    pub k_norm: Vec<f32>,
+}
+
+impl CompressorWeights {
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        p: &str,
+        c: &ModelConfig,
+        ratio: usize,
+        overlap: bool,
+        dim: usize,
+    ) -> Result<CompressorWeights, CheckpointError> {
+        let width = if overlap { 2 * dim } else { dim };
+        Ok(CompressorWeights {
+            ratio,
+            overlap,
+            dim,
+            wkv: Linear::load(ck, &format!("{p}.wkv"), width, c.hidden_size)?,
+            wgate: Some(Linear::load(
+                ck,
+                &format!("{p}.wgate"),
+                width,
+                c.hidden_size,
+            )?),
+            ape: ck.tensor_f32(&format!("{p}.ape"), &[ratio, width])?,
+            norm: ck.vector(&format!("{p}.norm.weight"), dim)?,
+            keys: None,
+        })
+    }
+}
+
+impl CompressorWeights {
+    /// V4.1's compressor on a kv source (spec §8.3): no overlap, no `ape`, a gate only for
+    /// ratio 2, and the indexer's key projection when the layer indexes.
+    pub(crate) fn load_shared(
+        ck: &Checkpoint,
+        p: &str,
+        c: &ModelConfig,
+        ratio: usize,
+        indexes: bool,
+    ) -> Result<CompressorWeights, CheckpointError> {
+        let (hd, d) = (c.head_dim, c.hidden_size);
+        let keys = match indexes {
+            true => Some(IndexKeyWeights {
+                wk: Linear::load(ck, &format!("{p}.attn.indexer.wk"), c.index_head_dim, hd)?,
+                k_norm: ck.vector(&format!("{p}.attn.indexer.k_norm.weight"), c.index_head_dim)?,
+            }),
+            false => None,
+        };
+        let comp = format!("{p}.attn.compressor");
+        Ok(CompressorWeights {
+            ratio,
+            overlap: false,
+            dim: hd,
+            wkv: Linear::load(ck, &format!("{comp}.wkv"), hd, d)?,
+            wgate: match ratio > 1 {
+                true => Some(Linear::load(ck, &format!("{comp}.wgate"), hd, d)?),
+                false => None,
+            },
+            ape: vec![0.0; ratio * hd],
+            norm: ck.vector(&format!("{comp}.norm.weight"), hd)?,
+            keys,
+        })
     }
 }

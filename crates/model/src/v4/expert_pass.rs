@@ -4,8 +4,9 @@
 
 use super::moe::{activate, Activation};
 use crate::experts::ExpertError;
+use crate::experts::ExpertWeights;
+use crate::experts::RoutedExperts;
 use crate::profile::{self, scope, Op};
-use crate::weights::{ExpertWeights, RoutedExperts};
 use deepinfer_kernels::linear::Matmul;
 use smallvec::SmallVec;
 use std::sync::Arc;

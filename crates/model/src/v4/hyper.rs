@@ -3,9 +3,10 @@
 //! Sinkhorn-normalised mixing matrix.
 
 use super::workspace::Workspace;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::linear::Linear;
 use crate::profile::{scope, Op};
-use crate::weights::{HyperWeights, Linear};
 use deepinfer_kernels::norm::rms_factor;
 use deepinfer_kernels::vector::{axpy, scale};
 use rayon::prelude::*;
@@ -227,4 +228,51 @@ pub fn hc_head(
         });
     ws.give(mix);
     out
+}
+
+/// mHC parameters of one use site: `fn [(2+hc)·hc, hc·D]`, `base`, `scale [3]`.
+#[derive(Debug)]
+pub struct HyperWeights {
+    pub fn_: Linear,
+    pub base: Vec<f32>,
+    pub scale: Vec<f32>,
+}
+
+impl HyperWeights {
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        p: &str,
+        c: &ModelConfig,
+    ) -> Result<HyperWeights, CheckpointError> {
+        let hc = c.hc_mult;
+        let mix = (2 + hc) * hc;
+        Ok(HyperWeights {
+            fn_: Linear {
+                w: ck.matrix(&format!("{p}_fn"), &[mix, hc * c.hidden_size])?,
+            },
+            base: ck.vector(&format!("{p}_base"), mix)?,
+            scale: ck.vector(&format!("{p}_scale"), 3)?,
+        })
+    }
+}
+
+/// The hyper head's weights: `fn [hc, hc·D]`, `base [hc]`, `scale [1]`.
+#[derive(Debug)]
+pub struct HcHead {
+    pub fn_: Linear,
+    pub base: Vec<f32>,
+    pub scale: f32,
+}
+
+impl HcHead {
+    pub(crate) fn load(ck: &Checkpoint, p: &str, c: &ModelConfig) -> Result<Self, CheckpointError> {
+        let (hc, d) = (c.hc_mult, c.hidden_size);
+        Ok(Self {
+            fn_: Linear {
+                w: ck.matrix(&format!("{p}fn"), &[hc, hc * d])?,
+            },
+            base: ck.vector(&format!("{p}base"), hc)?,
+            scale: ck.vector(&format!("{p}scale"), 1)?[0],
+        })
+    }
 }

@@ -5,8 +5,11 @@
 //! best blocks of entries (a block scores its best entry; the newest block always stays), and
 //! later index sources pick only among the entries of those blocks.
 
+use super::compressor::CompressorWeights;
 use crate::cache::{CacheView, Stream};
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::linear::Linear;
 use crate::record;
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::dot;
@@ -128,4 +131,38 @@ pub fn candidate_blocks(
         *newest = f32::INFINITY;
     }
     topk_into(block_scores, top, out);
+}
+
+#[derive(Debug)]
+pub struct IndexerWeights {
+    pub wq_b: Linear,
+    pub weights_proj: Linear,
+    /// V4's indexer compresses its own keys; V4.1's reads the kv source's
+    /// ([`CompressorWeights::keys`]).
+    pub compressor: Option<CompressorWeights>,
+}
+
+impl IndexerWeights {
+    /// An indexer's query projection and head weights (its compressor left to the caller).
+    pub(crate) fn load_queries(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        p: &str,
+    ) -> Result<IndexerWeights, CheckpointError> {
+        Ok(IndexerWeights {
+            wq_b: Linear::load(
+                ck,
+                &format!("{p}.attn.indexer.wq_b"),
+                c.index_n_heads * c.index_head_dim,
+                c.q_lora_rank,
+            )?,
+            weights_proj: Linear::load(
+                ck,
+                &format!("{p}.attn.indexer.weights_proj"),
+                c.index_n_heads,
+                c.hidden_size,
+            )?,
+            compressor: None,
+        })
+    }
 }

@@ -4,15 +4,20 @@
 //! the main model's unless the checkpoint ships different copies.
 
 use super::block::{block_forward, BlockCtx};
+use super::block::{LayerSpec, LayerWeights};
 use super::carry::Carry;
+use super::hyper::HcHead;
+use super::model::HeadWeights;
 use super::model::{embed_streams, FinalCollapse, Head, Model, ModelError};
 use super::rows::Angles;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::config::{AttnKind, MlpKind};
+use crate::linear::Linear;
 use crate::profile::{scope, Op};
-use crate::weights::MtpWeights;
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
@@ -152,4 +157,84 @@ fn mtp_input(
         ws.give(v);
     }
     x
+}
+
+/// The MTP draft block (spec §7.1): the next token's embedding and the main model's final
+/// streams projected into one set of streams, a full sliding-window decoder block, and its
+/// own hyper head and norm in front of the (shared) head.
+#[derive(Debug)]
+pub struct MtpWeights {
+    pub e_proj: Linear,
+    pub h_proj: Linear,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub hc_head: HcHead,
+    pub block: LayerWeights,
+    /// The checkpoint's own copy of the embedding when it differs from the main one
+    /// (`mtp.0.emb.tok_emb.weight`); `None`: the main embedding is shared.
+    pub embed: Option<QMatrix>,
+    /// Likewise for the head (`mtp.0.head.weight`).
+    pub head: Option<HeadWeights>,
+}
+
+impl MtpWeights {
+    /// The MTP block when the config announces one and the checkpoint carries it; `None`
+    /// otherwise (a checkpoint without `mtp.*` still serves, it just cannot draft).
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+    ) -> Result<Option<MtpWeights>, CheckpointError> {
+        const P: &str = "mtp.0";
+        // V4.1's `mtp.*` stages are DSpark's, another drafter.
+        if c.num_nextn_predict_layers == 0
+            || c.v41.is_some()
+            || !ck.contains(&format!("{P}.e_proj.weight"))
+        {
+            return Ok(None);
+        }
+        let d = c.hidden_size;
+        let spec = LayerSpec {
+            prefix: P,
+            kind: AttnKind::Sliding,
+            mlp: MlpKind::Scored,
+            ratio: 0,
+            placement: None,
+            index: c.num_hidden_layers,
+        };
+        // Some checkpoints carry copies of the embedding and head under the MTP's prefix; the
+        // reference shares the main ones, so a copy is only kept when it differs.
+        let differs = |name: &str, main: &str| -> Result<bool, CheckpointError> {
+            if !ck.contains(name) || ck.same_stored_tensor(name, main)? {
+                return Ok(false);
+            }
+            tracing::info!("{name} differs from {main}: the MTP block uses its own copy");
+            Ok(true)
+        };
+        const EMBED: &str = "mtp.0.emb.tok_emb.weight";
+        let embed = match differs(EMBED, "embed.weight")? {
+            true => Some(ck.matrix(EMBED, &[c.vocab_size, d])?),
+            false => None,
+        };
+        let head = match differs("mtp.0.head.weight", "head.weight")? {
+            true => Some(HeadWeights::Whole(Linear::load(
+                ck,
+                "mtp.0.head",
+                c.vocab_size,
+                d,
+            )?)),
+            false => None,
+        };
+        Ok(Some(MtpWeights {
+            e_proj: Linear::load(ck, &format!("{P}.e_proj"), d, d)?,
+            h_proj: Linear::load(ck, &format!("{P}.h_proj"), d, d)?,
+            enorm: ck.vector(&format!("{P}.enorm.weight"), d)?,
+            hnorm: ck.vector(&format!("{P}.hnorm.weight"), d)?,
+            norm: ck.vector(&format!("{P}.norm.weight"), d)?,
+            hc_head: HcHead::load(ck, &format!("{P}.hc_head_"), c)?,
+            block: LayerWeights::load(ck, c, &spec, None)?,
+            embed,
+            head,
+        }))
+    }
 }

@@ -8,11 +8,13 @@ use super::tensor_parallel::{head_part, out_part, q_part};
 use super::workspace::Workspace;
 use super::ModelError;
 use crate::checkpoint::Checkpoint;
+use crate::checkpoint::CheckpointError;
 use crate::config::ModelConfig;
+use crate::experts::{expert_store, layer_experts, ExpertPlan, Holding, RoutedExperts};
 use crate::experts::{MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{receive_header, Collectives, MoeMessage, Op, Placement};
-use crate::weights::RankWeights;
+use crate::parallel::{AttnPart, HeadPart, WidthPart};
 use std::path::Path;
 
 /// Rank 0 sent a message out of protocol (a bug): the job cannot go on.
@@ -178,4 +180,59 @@ impl Worker {
 fn report(comm: &dyn Collectives, what: &str) {
     let line = format!("rank {} of {}: {what}\n", comm.rank(), comm.size());
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
+/// What a rank other than 0 of a split model holds: its share of every main layer's routed
+/// experts and, tensor parallel, its parts of the dense projections; nothing else.
+pub struct RankWeights {
+    /// One per main layer.
+    pub layers: Vec<RankLayer>,
+    pub head: Option<HeadPart>,
+}
+
+/// A rank's part of one main layer.
+pub struct RankLayer {
+    pub experts: RoutedExperts,
+    pub attn: Option<AttnPart>,
+    pub shared: Option<WidthPart>,
+}
+
+impl RankWeights {
+    /// This rank's part as `placement` splits the model.
+    pub fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        plan: ExpertPlan,
+        placement: &Placement,
+    ) -> Result<Self, CheckpointError> {
+        let (rank, size, tensor) = (
+            placement.comm.rank(),
+            placement.comm.size(),
+            placement.tensor,
+        );
+        let holding = Holding::of(Some(placement), c);
+        let store = expert_store(ck, c, plan, &holding)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("layers.{l}");
+            let shared = tensor && c.n_shared_experts > 0;
+            layers.push(RankLayer {
+                experts: layer_experts(ck, c, l, store.as_ref(), &holding)?,
+                attn: tensor
+                    .then(|| AttnPart::load(ck, c, &p, rank, size))
+                    .transpose()?,
+                shared: shared
+                    .then(|| {
+                        let inter = c.moe_intermediate_size * c.n_shared_experts;
+                        let prefix = format!("{p}.ffn.shared_experts");
+                        WidthPart::load(ck, c, &prefix, inter, (rank, size))
+                    })
+                    .transpose()?,
+            });
+        }
+        let head = tensor
+            .then(|| HeadPart::load(ck, c, rank, size))
+            .transpose()?;
+        Ok(Self { layers, head })
+    }
 }

@@ -10,8 +10,8 @@ use crate::batch::ForwardBatch;
 use crate::checkpoint::Checkpoint;
 use crate::config::{AttnKind, MlpKind, ModelConfig};
 use crate::synth::*;
+use crate::v4::model::ModelWeights;
 use crate::v4::Model;
-use crate::weights::ModelWeights;
 
 /// Small enough that `tiny` (~70 MB) spans several shards, so the index path is exercised.
 pub(super) const SMALL_SHARDS: u64 = 16 << 20;

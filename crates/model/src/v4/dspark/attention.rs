@@ -4,9 +4,10 @@
 use super::Draft;
 use crate::config::ModelConfig;
 use crate::v4::attention::grouped_output;
+use crate::v4::attention::HeadProjections;
+use crate::v4::block::LayerWeights;
 use crate::v4::rows::Angles;
 use crate::v4::workspace::Workspace;
-use crate::weights::{HeadProjections, LayerWeights};
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;

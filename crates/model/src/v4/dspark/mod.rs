@@ -21,7 +21,10 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
-use crate::weights::{draft_stage, HcHead, HeadWeights, LayerWeights, Linear};
+use crate::linear::Linear;
+use crate::v4::block::LayerWeights;
+use crate::v4::hyper::HcHead;
+use crate::v4::model::HeadWeights;
 use attention::block_attention;
 pub use context::DraftContext;
 use deepinfer_kernels::matrix::QMatrix;
@@ -78,7 +81,9 @@ impl DsparkWeights {
         sc.n_routed_experts = dc.n_routed_experts;
         sc.num_experts_per_tok = dc.num_experts_per_tok;
         let stages = (0..dc.stages)
-            .map(|i| draft_stage(ck, &sc, &format!("mtp.{i}"), c.num_hidden_layers + i))
+            .map(|i| {
+                LayerWeights::draft_stage(ck, &sc, &format!("mtp.{i}"), c.num_hidden_layers + i)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let last = format!("mtp.{}", dc.stages.saturating_sub(1));
         let width = dc.aux_layers.len() * d;

@@ -8,6 +8,9 @@
 //! indexer's keys; only index sources score, and the layers after them attend to their
 //! picks (the [`Carry`]); later index sources pick inside the candidate source's blocks.
 
+mod weights;
+pub use weights::{AttentionWeights, HeadProjections};
+
 use super::carry::Carry;
 use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::{candidate_blocks, IndexerQueries, Scope};
@@ -19,7 +22,6 @@ use crate::config::ModelConfig;
 use crate::parallel;
 use crate::profile::{self, scope, Op};
 use crate::record;
-use crate::weights::{AttentionWeights, HeadProjections};
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::matrix::QMatrix;
@@ -176,7 +178,7 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     let comp = w.compressor.as_ref();
     let icomp = w.indexer.as_ref().and_then(|iw| iw.compressor.as_ref());
     let width =
-        |cw: Option<&crate::weights::CompressorWeights>| cw.map_or(0, |cw| cw.wkv.out_dim());
+        |cw: Option<&crate::v4::compressor::CompressorWeights>| cw.map_or(0, |cw| cw.wkv.out_dim());
     let (mut ck, mut cz) = (ws.take(n * width(comp)), ws.take(n * width(comp)));
     let (mut ik, mut iz) = (ws.take(n * width(icomp)), ws.take(n * width(icomp)));
     let mut iwt = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.weights_proj.out_dim()));

@@ -7,15 +7,19 @@
 //! expert (and the shared one) share one parallel pass, as do the down products. The
 //! routing weight scales the hidden activation before `w2`, as DeepSeek's reference does.
 
+mod weights;
+pub use weights::{MoeWeights, Routing, SharedExpert};
+
 use super::expert_pass::{experts_per_pass, pass_experts, pass_order, PassRows, SharedBufs};
 use super::tensor_parallel;
 use super::workspace::Workspace;
 use crate::config::{ModelConfig, ScoringFunc};
 use crate::experts::ExpertError;
+use crate::experts::ExpertWeights;
+use crate::experts::RoutedExperts;
 use crate::numerics::Numerics;
 use crate::parallel::{self, announce, Collectives, MoeMessage, WidthPart};
 use crate::profile::{scope, Op};
-use crate::weights::{ExpertWeights, MoeWeights, RoutedExperts, Routing, SharedExpert};
 use deepinfer_kernels::topk::topk_into;
 use deepinfer_kernels::vector::{axpy, exp_in_place};
 use rayon::prelude::*;

@@ -3,6 +3,9 @@
 //! adds Engram reads in front of some blocks and collapses the final streams with the last
 //! sublayer's weights instead of a hyper head.
 
+mod weights;
+pub use weights::{HeadWeights, ModelWeights};
+
 use super::block::{block_forward, BlockCtx};
 use super::carry::Carry;
 use super::dspark::DsparkWeights;
@@ -20,7 +23,8 @@ use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
-use crate::weights::{HcHead, HeadWeights, ModelWeights, Routing};
+use crate::v4::hyper::HcHead;
+use crate::v4::moe::Routing;
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};

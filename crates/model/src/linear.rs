@@ -1,0 +1,43 @@
+//! A projection as the model holds it: the stored matrix, multiplied through the profiler.
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use deepinfer_kernels::matrix::QMatrix;
+
+/// A projection `y = x · Wᵀ` with `W: [out, in]`.
+#[derive(Debug)]
+pub struct Linear {
+    pub w: QMatrix,
+}
+
+impl Linear {
+    pub fn load(
+        ck: &Checkpoint,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, CheckpointError> {
+        Ok(Self {
+            w: ck.matrix(&format!("{name}.weight"), &[out_dim, in_dim])?,
+        })
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.w.rows
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.w.cols
+    }
+
+    /// `x: [m, in]` → `[m, out]`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut y = vec![0.0f32; m * self.out_dim()];
+        self.forward_into(x, m, &mut y);
+        y
+    }
+
+    /// `x: [m, in]` → `y: [m, out]`.
+    pub fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        crate::profile::matmul(&self.w, x, m, y);
+    }
+}

@@ -1,0 +1,107 @@
+//! The MoE layer's weights, loaded by name: the gate and its routing, the routed experts as
+//! the caller holds them, the shared expert.
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::{MlpKind, ModelConfig};
+use crate::experts::{resident_experts, ExpertWeights, RoutedExperts};
+use crate::linear::Linear;
+use crate::parallel::{LayerLink, WidthPart};
+use crate::v4::block::LayerSpec;
+
+/// The shared expert, whole or this rank's part of its width.
+#[derive(Debug)]
+pub enum SharedExpert {
+    Whole(ExpertWeights),
+    Part(WidthPart),
+}
+
+#[derive(Debug)]
+pub enum Routing {
+    /// Frozen token → experts table, `[vocab, k]`.
+    Hash(Vec<u32>),
+    /// Learned top-k with a selection-only bias; V4.1 picks image positions (the image
+    /// token's) with their own bias (`gate.bias_vl`).
+    Scored {
+        bias: Vec<f32>,
+        image: Option<(u32, Vec<f32>)>,
+    },
+}
+
+#[derive(Debug)]
+pub struct MoeWeights {
+    pub gate: Linear,
+    pub routing: Routing,
+    pub experts: RoutedExperts,
+    pub shared: Option<SharedExpert>,
+    /// Set when the layer's experts are split over ranks (this is rank 0).
+    pub split: Option<LayerLink>,
+}
+
+impl MoeWeights {
+    /// `experts`: the routed experts as the caller holds them (a main layer's share, resident
+    /// or streamed); `None` loads them all resident here (the MTP block).
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        s: &LayerSpec,
+        experts: Option<RoutedExperts>,
+    ) -> Result<MoeWeights, CheckpointError> {
+        let (p, d, e) = (s.prefix, c.hidden_size, c.n_routed_experts);
+        let routing = match s.mlp {
+            MlpKind::Hash => {
+                let ids = ck.tensor_i64(
+                    &format!("{p}.ffn.gate.tid2eid"),
+                    &[c.vocab_size, c.num_experts_per_tok],
+                )?;
+                let mut table = Vec::with_capacity(ids.len());
+                for v in ids {
+                    if v < 0 || v as usize >= e {
+                        return Err(CheckpointError::InvalidValue {
+                            name: format!("{p}.ffn.gate.tid2eid"),
+                            reason: format!("expert id {v} outside 0..{e}"),
+                        });
+                    }
+                    table.push(v as u32);
+                }
+                Routing::Hash(table)
+            }
+            MlpKind::Scored => Routing::Scored {
+                bias: ck.vector(&format!("{p}.ffn.gate.bias"), e)?,
+                image: match c.v41.as_ref().and_then(|v| v.image_token_id) {
+                    Some(id) if ck.contains(&format!("{p}.ffn.gate.bias_vl")) => {
+                        Some((id, ck.vector(&format!("{p}.ffn.gate.bias_vl"), e)?))
+                    }
+                    _ => None,
+                },
+            },
+        };
+        let inter = c.moe_intermediate_size;
+        let experts = match experts {
+            Some(experts) => experts,
+            None => resident_experts(ck, c, p, 0..e)?,
+        };
+        let shared = match (c.n_shared_experts, s.placement.filter(|pl| pl.tensor)) {
+            (0, _) => None,
+            (n, Some(pl)) => Some(SharedExpert::Part(WidthPart::load(
+                ck,
+                c,
+                &format!("{p}.ffn.shared_experts"),
+                inter * n,
+                (pl.comm.rank(), pl.comm.size()),
+            )?)),
+            (n, None) => Some(SharedExpert::Whole(ExpertWeights::load(
+                ck,
+                &format!("{p}.ffn.shared_experts"),
+                d,
+                inter * n,
+            )?)),
+        };
+        Ok(MoeWeights {
+            gate: Linear::load(ck, &format!("{p}.ffn.gate"), e, d)?,
+            routing,
+            experts,
+            shared,
+            split: s.placement.map(|pl| pl.link(s.index)),
+        })
+    }
+}
