@@ -7,7 +7,7 @@
 //! `DEEPINFER_FUZZ_CASES` sets the number of cases (default 300) and `DEEPINFER_FUZZ_SEED`
 //! the seed (default 18).
 
-use deepinfer_engine::cache::{CacheBudget, CacheConfig};
+use deepinfer_engine::cache::CacheConfig;
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
@@ -285,12 +285,9 @@ fn mutate(dir: &Path, rng: &mut Rng) -> String {
 /// Runs four greedy tokens through an engine on `model`: it must answer, one way or another.
 fn generate(model: Model) -> Result<Vec<u32>, String> {
     let cache = CacheConfig {
-        budget: CacheBudget::Bytes(64 << 20),
         max_seqs: 2,
-        rollback_slack: 0,
         block_tokens: 64,
-        prefix_caching: true,
-        draft_layers: 0,
+        ..CacheConfig::default()
     };
     let mut config = EngineConfig {
         scheduler: SchedulerConfig {

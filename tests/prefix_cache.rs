@@ -29,10 +29,9 @@ fn cache(model: &ModelRunner, budget: usize, max_seqs: usize, prefix: bool) -> C
     let cfg = CacheConfig {
         budget: CacheBudget::Bytes(budget),
         max_seqs,
-        rollback_slack: 0,
         block_tokens: BLOCK,
-        draft_layers: 0,
         prefix_caching: prefix,
+        ..CacheConfig::default()
     };
     CacheManager::new(&model.model().config, cfg).unwrap()
 }
@@ -259,10 +258,8 @@ fn budget_for_one(config: &str, max_seqs: usize, tokens: usize) -> usize {
         let cfg = CacheConfig {
             budget: CacheBudget::Bytes(mid),
             max_seqs,
-            rollback_slack: 0,
             block_tokens: BLOCK,
-            draft_layers: 0,
-            prefix_caching: true,
+            ..CacheConfig::default()
         };
         match CacheManager::max_tokens_for(&model.config, cfg) {
             Ok(n) if n >= tokens => hi = mid,

@@ -231,8 +231,7 @@ pub fn cache_config(budget: usize, max_seqs: usize, slack: usize) -> CacheConfig
         max_seqs,
         rollback_slack: slack,
         block_tokens: 16,
-        prefix_caching: true,
-        draft_layers: 0,
+        ..CacheConfig::default()
     }
 }
 

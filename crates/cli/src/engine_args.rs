@@ -200,12 +200,11 @@ impl EngineArgs {
             cache: CacheConfig {
                 budget: CacheBudget::Bytes(cache),
                 max_seqs: seqs,
-                rollback_slack: 0,
                 block_tokens: self
                     .block_size
                     .unwrap_or_else(|| default_block_tokens(model)),
-                draft_layers: 0,
                 prefix_caching: !self.no_enable_prefix_caching,
+                ..CacheConfig::default()
             },
             forced_output: None,
             speculative,

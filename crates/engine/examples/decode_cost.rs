@@ -58,11 +58,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let max_ctx = *contexts.iter().max().unwrap_or(&0);
     let cache = CacheConfig {
         budget: CacheBudget::Bytes(1 << 30),
-        max_seqs: 1,
         rollback_slack: 1,
         block_tokens: 256,
         prefix_caching: false,
-        draft_layers: 0,
+        ..CacheConfig::default()
     };
     let mut cache = CacheManager::new(&model.config, cache)?;
     let mut runner = ModelRunner::new(model);

@@ -314,10 +314,8 @@ fn start() -> Harness {
         cache: CacheConfig {
             budget: CacheBudget::Bytes(256 << 20),
             max_seqs: 64,
-            rollback_slack: 0,
             block_tokens: 64,
-            prefix_caching: true,
-            draft_layers: 0,
+            ..CacheConfig::default()
         },
         model_name: "fuzz".into(),
         // Every generation writes these tokens then EOS: short, whatever the model says.

@@ -57,11 +57,9 @@ pub fn run(args: CacheArgs) -> Result<()> {
         }
         let cache = CacheConfig {
             budget: CacheBudget::Bytes(args.budget_mib << 20),
-            max_seqs: 1,
-            rollback_slack: 0,
             block_tokens: default_block_tokens(&c),
             prefix_caching: false,
-            draft_layers: 0,
+            ..CacheConfig::default()
         };
         let longest = CacheManager::max_tokens_for(&c, cache)?;
         print!("{:<10} {:>14}", numerics.name(), layout.slot_bytes());

@@ -33,11 +33,10 @@ pub(super) fn dspark_row(
         &c,
         CacheConfig {
             budget: CacheBudget::Bytes(256 << 20),
-            max_seqs: 1,
-            rollback_slack: 0,
             block_tokens: default_block_tokens(&c),
             prefix_caching: false,
             draft_layers: stages,
+            ..CacheConfig::default()
         },
     )?;
     // The context, through the target: it leaves the context keys in the rings.

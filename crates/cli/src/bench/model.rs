@@ -447,7 +447,7 @@ fn bench(args: ModelArgs) -> Result<()> {
         rollback_slack: args.tokens_per_seq.iter().copied().max().unwrap_or(1),
         block_tokens: deepinfer_engine::cache::default_block_tokens(&model.config),
         prefix_caching: false,
-        draft_layers: 0,
+        ..CacheConfig::default()
     };
     let cache = CacheManager::new(&model.config, cache)?;
     // Scratch for the longest sequence the cache holds, not the config's whole context.

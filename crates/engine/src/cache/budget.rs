@@ -1,6 +1,6 @@
 //! How much memory the cache gets, and how it is split between state slots and paged pools.
 
-use super::layout::CacheLayout;
+use super::layout::{lcm, CacheLayout};
 use super::CacheError;
 
 /// Memory for the whole cache (state slots and paged pools together).
@@ -132,17 +132,6 @@ fn snapshot_bytes(layout: &CacheLayout, snapshots: bool) -> usize {
 /// snapshot record when `snapshots` are kept.
 pub(super) fn min_pool_bytes(layout: &CacheLayout, snapshots: bool) -> usize {
     layout.pools.iter().map(|p| p.block_bytes()).sum::<usize>() + snapshot_bytes(layout, snapshots)
-}
-
-pub(super) fn lcm(a: u128, b: u128) -> u128 {
-    fn gcd(a: u128, b: u128) -> u128 {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    a / gcd(a, b) * b
 }
 
 #[cfg(test)]

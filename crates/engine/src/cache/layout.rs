@@ -142,8 +142,20 @@ pub fn default_block_tokens(cfg: &ModelConfig) -> usize {
     let lcm = [cfg.compress_rate_csa, cfg.compress_rate_hca]
         .into_iter()
         .filter(|&m| m > 0)
-        .fold(1, |l, m| super::budget::lcm(l, m as u128)) as usize;
+        .fold(1, |l, m| lcm(l, m as u128)) as usize;
     128usize.div_ceil(lcm) * lcm
+}
+
+/// The least common multiple (block sizes and budgets compare compress ratios in integers).
+pub(super) fn lcm(a: u128, b: u128) -> u128 {
+    fn gcd(a: u128, b: u128) -> u128 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
 }
 
 /// The rows of one ring a snapshot keeps: those of the `rows` positions before the boundary,

@@ -33,6 +33,22 @@ pub struct CacheConfig {
     pub prefix_caching: bool,
 }
 
+/// One sequence in 64 MiB with vLLM's defaults otherwise (prefix caching on, 128-token blocks:
+/// V4's compress ratios 4 and 128 divide it, as [`super::default_block_tokens`] would choose
+/// for V4's shipped configs), so that a caller names only what it changes.
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            budget: CacheBudget::Bytes(64 << 20),
+            max_seqs: 1,
+            rollback_slack: 0,
+            block_tokens: 128,
+            draft_layers: 0,
+            prefix_caching: true,
+        }
+    }
+}
+
 /// A sequence's handle. Never reused, so a stale handle is reported, not confused with a
 /// newer sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -481,8 +497,8 @@ mod tests {
             max_seqs,
             rollback_slack: 2,
             block_tokens: 32,
-            draft_layers: 0,
             prefix_caching: false,
+            ..CacheConfig::default()
         };
         CacheManager::new(&tiny_config(), cfg).unwrap()
     }
@@ -688,8 +704,8 @@ mod tests {
             max_seqs: 4,
             rollback_slack: 2,
             block_tokens: 32,
-            draft_layers: 0,
             prefix_caching: false,
+            ..CacheConfig::default()
         };
         let e = CacheManager::new(&tiny_config(), cfg).unwrap_err();
         let msg = e.to_string();

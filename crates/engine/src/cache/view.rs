@@ -288,7 +288,7 @@ mod tests {
             rollback_slack: 1,
             block_tokens: 8,
             prefix_caching: false,
-            draft_layers: 0,
+            ..CacheConfig::default()
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let (a, b, c) = (
@@ -344,11 +344,9 @@ mod tests {
     fn entry_beyond_capacity_panics() {
         let cfg = CacheConfig {
             budget: CacheBudget::Bytes(1 << 20),
-            max_seqs: 1,
-            rollback_slack: 0,
             block_tokens: 32,
             prefix_caching: false,
-            draft_layers: 0,
+            ..CacheConfig::default()
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let a = m.add_seq().unwrap();
@@ -362,11 +360,9 @@ mod tests {
     fn missing_state_panics() {
         let cfg = CacheConfig {
             budget: CacheBudget::Bytes(1 << 20),
-            max_seqs: 1,
-            rollback_slack: 0,
             block_tokens: 32,
             prefix_caching: false,
-            draft_layers: 0,
+            ..CacheConfig::default()
         };
         let mut m = CacheManager::new(&tiny_config(), cfg).unwrap();
         let a = m.add_seq().unwrap();

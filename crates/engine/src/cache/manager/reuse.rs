@@ -212,8 +212,7 @@ mod tests {
             max_seqs: 3,
             rollback_slack: 2,
             block_tokens: 16,
-            draft_layers: 0,
-            prefix_caching: true,
+            ..CacheConfig::default()
         };
         CacheManager::new(&tiny_config(), cfg).unwrap()
     }
