@@ -14,7 +14,28 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: AVX2 and FMA are present (that is what `Isa::Avx2` means); lengths match.
         return unsafe { avx2::dot(a, b) };
     }
-    crate::linear::dot(a, b)
+    dot_portable(a, b)
+}
+
+/// Dot product with eight independent partial sums, so the compiler can vectorise it and
+/// the rounding error grows like a tree rather than a chain. Plain multiply-add, not
+/// `mul_add`: without a compile-time FMA target that becomes a libm call per element.
+#[inline]
+pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// `y[i] += alpha · x[i]`.

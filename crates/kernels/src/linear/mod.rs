@@ -38,27 +38,6 @@ use std::sync::OnceLock;
 /// microseconds, about what two cores gain on this much work.
 const SERIAL_WORK: usize = 1 << 18;
 
-/// Dot product with eight independent partial sums, so the compiler can vectorise it and
-/// the rounding error grows like a tree rather than a chain. Plain multiply-add, not
-/// `mul_add`: without a compile-time FMA target that becomes a libm call per element.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut tail = 0.0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 /// One product: `y[i, j] = Σ_t x[i, t] · W[rows.start + j, t]`, `x: [m, k]`,
 /// `y: [m, rows.len()]`.
 pub struct Matmul<'a> {

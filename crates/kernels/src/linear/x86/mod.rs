@@ -709,7 +709,7 @@ fn tails(
         for (mi, &xp) in xs.iter().enumerate().take(mg) {
             // SAFETY: every activation row holds k floats.
             let x = unsafe { std::slice::from_raw_parts(xp.add(from), n) };
-            out[ri][mi] += crate::linear::dot(&w[..n], x) * mult;
+            out[ri][mi] += crate::vector::dot_portable(&w[..n], x) * mult;
         }
     }
 }
