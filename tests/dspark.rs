@@ -1,4 +1,4 @@
-//! DSpark (spec §7.2) against our CPU references on both kinds of target: tiny-v41-a
+//! DSpark (docs/MODEL.md §7.2) against our CPU references on both kinds of target: tiny-v41-a
 //! (tools/make_dspark_golden.py, V4.1 stages) and tiny-a-dspark (tools/make_dspark_v4_golden.py,
 //! a V4-Flash-0731-style checkpoint: tiny-a with three V4 stages). The context keys a target
 //! pass leaves in the drafter's rings; the head's logits of the five block positions, the

@@ -1,4 +1,4 @@
-//! V4.1's Engram tables stay in the checkpoint's files (spec §8.6: ~100 GB per layer in the
+//! V4.1's Engram tables stay in the checkpoint's files (docs/MODEL.md §8.6: ~100 GB per layer in the
 //! real model): loading and running a model whose tables are larger than everything else in
 //! it grows the process by about the rest, not by the tables. Its own test binary, so no other
 //! test shares the process whose resident memory is measured.

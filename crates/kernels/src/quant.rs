@@ -1,5 +1,5 @@
 //! Block quantisation with power-of-two (E8M0) scales, the one rule behind DeepSeek's weight
-//! converter and its inference code's activation quantisation (spec §2 `act_quant`,
+//! converter and its inference code's activation quantisation (docs/MODEL.md §2 `act_quant`,
 //! `fp4_act_quant`): per block, `s = 2^ceil(log2(max(amax, floor) / fmt_max))`, then
 //! round to nearest even onto FP8 e4m3 or FP4 e2m1 after clamping to the format's range.
 //! Because `s` is a power of two, `q · s` is exact in f32: a round trip (quantise, then

@@ -4,7 +4,7 @@
 //! f32, reciprocal in f32, the YaRN ramp in f32) because at large positions a one-ulp
 //! difference in a frequency becomes a visible angle difference.
 
-/// YaRN parameters (spec §2): `factor`, original context `L₀`, `β_fast`, `β_slow`.
+/// YaRN parameters (docs/MODEL.md §2): `factor`, original context `L₀`, `β_fast`, `β_slow`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct YarnParams {
     pub factor: f64,

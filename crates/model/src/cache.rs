@@ -3,7 +3,7 @@
 //! The model never allocates or owns per-sequence state. Everything it keeps between steps
 //! is addressed by absolute position, so that shortening a sequence (rejected draft tokens,
 //! preemption) is a truncation, never an undo: every row past the new length is rewritten
-//! before it is read again (spec §6).
+//! before it is read again (docs/MODEL.md §6).
 //!
 //! Per sequence and layer there are four kinds of state:
 //! - the **window ring** of K=V latents, slot `pos mod window_slots`;

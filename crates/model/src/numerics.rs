@@ -1,4 +1,4 @@
-//! Which rounding the forward pass computes (spec §5): the one place that decides every
+//! Which rounding the forward pass computes (docs/MODEL.md §5): the one place that decides every
 //! point where DeepSeek's own inference code quantises an activation.
 //!
 //! - [`Numerics::Reference`] (the default) computes everything in f32 from the stored

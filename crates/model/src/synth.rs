@@ -1,5 +1,5 @@
 //! Synthetic DeepSeek-V4 checkpoints: deterministic random weights in DeepSeek's official
-//! layout and dtypes (spec §4.1), with a shipped-style `config.json` and the real tokenizer.
+//! layout and dtypes (docs/MODEL.md §4.1), with a shipped-style `config.json` and the real tokenizer.
 //!
 //! They exist so that loading, the quantised formats and performance can be exercised at
 //! realistic shapes without downloading hundreds of GB: the values are drawn so activations

@@ -339,7 +339,7 @@ impl CacheLayout {
                     index_entries: None,
                 },
                 // Only a kv source keeps compressed state: the layers after it read its
-                // entries and keys, stored once (spec §8.4-5).
+                // entries and keys, stored once (docs/MODEL.md §8.4-5).
                 AttnKind::Shared => {
                     let source = cfg.v41.as_ref().and_then(|v| v.kv_source(layer)) == Some(layer);
                     LayerLayout {

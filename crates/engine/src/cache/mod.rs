@@ -2,7 +2,7 @@
 //!
 //! # Why it looks like this
 //!
-//! The model's state per sequence and layer (spec §6, [`deepinfer_model::cache`]) comes in
+//! The model's state per sequence and layer (docs/MODEL.md §6, [`deepinfer_model::cache`]) comes in
 //! two shapes, and each gets the allocator that suits it:
 //!
 //! - **Fixed-size state** — the sliding-window ring of every layer and the compressors'

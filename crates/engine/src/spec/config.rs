@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 /// Where draft tokens come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SpecMethod {
-    /// The checkpoint's own MTP block (`mtp.0.*`, spec §7.1); vLLM also calls it
+    /// The checkpoint's own MTP block (`mtp.0.*`, docs/MODEL.md §7.1); vLLM also calls it
     /// `deepseek_mtp`.
     Mtp,
     /// The DSpark drafter of V4.1 and V4-Flash-0731-style checkpoints (`mtp.0..2.*`, spec

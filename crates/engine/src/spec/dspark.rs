@@ -1,4 +1,4 @@
-//! The DSpark drafter (spec §7.2): every target pass leaves its rows' context keys in the
+//! The DSpark drafter (docs/MODEL.md §7.2): every target pass leaves its rows' context keys in the
 //! drafter's rings (the cache's draft layers, filled by the model), and after every step
 //! each sequence that drafts next runs one draft block after its newest token: all its
 //! drafts in one pass over its window of context.

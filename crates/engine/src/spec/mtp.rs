@@ -1,4 +1,4 @@
-//! The MTP drafter (spec §7.1): the checkpoint's draft block predicts the token after
+//! The MTP drafter (docs/MODEL.md §7.1): the checkpoint's draft block predicts the token after
 //! next from the target's final streams at a position and the token that follows it.
 //!
 //! After every step it first *follows* each sequence over the positions the step committed

@@ -2,7 +2,7 @@
 //!
 //! Files are memory-mapped, so opening even a multi-hundred-gigabyte checkpoint only reads
 //! headers; a tensor's bytes are touched when it is loaded. Loading dequantises to f32 because
-//! every stored format decodes exactly into f32 (spec §2), which makes the f32 copy a faithful
+//! every stored format decodes exactly into f32 (docs/MODEL.md §2), which makes the f32 copy a faithful
 //! reference for the quantised kernels that will later consume the stored bytes directly.
 
 mod decode;
@@ -403,7 +403,7 @@ impl Checkpoint {
         self.tensor_f32(official_name, &[n])
     }
 
-    /// Load a tensor by its OFFICIAL name (spec §4.1) as f32 with the given logical shape,
+    /// Load a tensor by its OFFICIAL name (docs/MODEL.md §4.1) as f32 with the given logical shape,
     /// dequantising: F32/BF16/F16 as is; F8_E4M3 with its block scale (official `.scale`, HF
     /// `.weight_scale_inv`; E8M0, F32 or BF16; block size inferred from the two shapes); packed
     /// FP4 (I8/U8 `[out, in/2]`) with its scale (`[out, in/32]` when shipped) → `[out, in]`.

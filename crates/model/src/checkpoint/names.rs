@@ -1,4 +1,4 @@
-//! Official tensor names → HF `DeepseekV4ForCausalLM` names (spec §4.2).
+//! Official tensor names → HF `DeepseekV4ForCausalLM` names (docs/MODEL.md §4.2).
 //!
 //! The engine speaks official names only; HF checkpoints are translated at lookup time. The
 //! routed experts are the one non-rename: HF stacks them into 3-D tensors, so an official

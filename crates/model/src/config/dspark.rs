@@ -1,4 +1,4 @@
-//! The `dspark_*` fields of a checkpoint that ships the DSpark drafter (spec §7.2): V4.1, and
+//! The `dspark_*` fields of a checkpoint that ships the DSpark drafter (docs/MODEL.md §7.2): V4.1, and
 //! V4-Flash-0731 / -DSpark style V4 checkpoints. The two read the target layer ids
 //! differently (vLLM's `get_eagle3_aux_layers_from_config`): V4.1's id `l` names the streams
 //! entering layer `l`, V4's id `i` the streams leaving layer `i`; both become

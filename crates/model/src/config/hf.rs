@@ -216,7 +216,7 @@ pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
         }
         kinds
     } else {
-        // V4.1 routes every layer by score (spec §8.7).
+        // V4.1 routes every layer by score (docs/MODEL.md §8.7).
         let n_hash = f.usize_or("num_hash_layers", if v41 { 0 } else { 3 })?;
         if v41 && n_hash > 0 {
             return Err(invalid(

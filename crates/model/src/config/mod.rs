@@ -41,7 +41,7 @@ pub enum AttnKind {
     /// Heavily compressed attention: attends to every compressed entry
     /// (HF `heavily_compressed_attention`, any other official ratio).
     Hca,
-    /// V4.1's compressed attention (spec §8.3-5): non-overlapping compression by 1 or 2, the
+    /// V4.1's compressed attention (docs/MODEL.md §8.3-5): non-overlapping compression by 1 or 2, the
     /// entries and index picks of source layers shared by the layers after them.
     Shared,
 }
@@ -63,7 +63,7 @@ pub enum ScoringFunc {
     Sigmoid,
 }
 
-/// YaRN frequency interpolation (spec §2). No attention/mscale factor exists here on purpose:
+/// YaRN frequency interpolation (docs/MODEL.md §2). No attention/mscale factor exists here on purpose:
 /// the V4 reference never multiplies cos/sin, and HF pins `attention_factor` to 1.0, so a
 /// config's `attention_factor` is ignored (with a warning when it is not 1.0).
 #[derive(Clone, Debug, PartialEq)]
@@ -130,9 +130,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Which rounding the forward pass computes: a run-time choice, not read from the file.
     pub numerics: Numerics,
-    /// V4.1's architecture (spec §8); `None` for V4.
+    /// V4.1's architecture (docs/MODEL.md §8); `None` for V4.
     pub v41: Option<V41>,
-    /// The DSpark drafter the config announces (spec §7.2); the checkpoint may still lack it.
+    /// The DSpark drafter the config announces (docs/MODEL.md §7.2); the checkpoint may still lack it.
     pub dspark: Option<DsparkConfig>,
 }
 

@@ -1,4 +1,4 @@
-//! DeepSeek-V4.1's configuration (spec §8): an HF config with `model_type: deepseek_v41` whose
+//! DeepSeek-V4.1's configuration (docs/MODEL.md §8): an HF config with `model_type: deepseek_v41` whose
 //! text model sits in `text_config` (or, for a text-only export, at the top level). The text
 //! fields V4 also has are read as V4's ([`super::hf`]); what V4.1 adds is read here into
 //! [`V41`], and the layer topology (which layers own compressors, indexers, candidates) is
@@ -32,7 +32,7 @@ pub struct Candidates {
     pub block_size: usize,
 }
 
-/// Engram's n-gram tables (spec §8.6).
+/// Engram's n-gram tables (docs/MODEL.md §8.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngramConfig {
     pub layer_ids: Vec<usize>,

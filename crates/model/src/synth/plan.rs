@@ -1,5 +1,5 @@
 //! The tensor inventory of a synthetic checkpoint: official names, dtypes and shapes
-//! (spec §4.1), plus how each tensor's values are drawn.
+//! (docs/MODEL.md §4.1), plus how each tensor's values are drawn.
 
 use safetensors::Dtype;
 
@@ -120,7 +120,7 @@ impl Planner {
         self.push(format!("{stem}.scale"), Dtype::F8_E8M0, &scale, Init::Scale);
     }
 
-    /// V4.1's Engram on layer `l` (spec §8.6): the n-gram table (FP8 rows with a scale per
+    /// V4.1's Engram on layer `l` (docs/MODEL.md §8.6): the n-gram table (FP8 rows with a scale per
     /// 32 columns, as shipped), the key/value projection and the gate's two weights.
     fn engram(&mut self, s: &ModelConfig, l: usize) {
         let Some(e) = s.v41.as_ref().and_then(|v| v.engram.as_ref()) else {
@@ -191,7 +191,7 @@ impl Planner {
         self.bf16(format!("{p}.norm.weight"), &[dim], NORM);
     }
 
-    /// What a V4.1 layer adds by its role (spec §8.3-5): a kv source's compressor (a gate for
+    /// What a V4.1 layer adds by its role (docs/MODEL.md §8.3-5): a kv source's compressor (a gate for
     /// ratio 2 only, no `ape`) and, as it indexes, the key projection; an index source's
     /// query projection and head weights.
     fn v41_attention(&mut self, s: &ModelConfig, l: usize) {
@@ -219,7 +219,7 @@ impl Planner {
         }
     }
 
-    /// The MTP draft block (spec §7.1): input projections and norms, a full block, its own
+    /// The MTP draft block (docs/MODEL.md §7.1): input projections and norms, a full block, its own
     /// hyper head and norm (the embedding and head are the main ones).
     fn mtp(&mut self, s: &ModelConfig) {
         let d = s.hidden_size;
@@ -232,7 +232,7 @@ impl Planner {
         self.layer(s, "mtp.0", AttnKind::Sliding, MlpKind::Scored);
     }
 
-    /// The DSpark drafter (spec §7.2): `main_proj`/`main_norm` under `mtp.0`, window-only
+    /// The DSpark drafter (docs/MODEL.md §7.2): `main_proj`/`main_norm` under `mtp.0`, window-only
     /// stages with their own expert counts, and the head stack under the last stage (V4's
     /// hyper head; the Markov factors; the confidence projection).
     fn dspark(&mut self, s: &ModelConfig, dc: &DsparkConfig) {
@@ -358,7 +358,7 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
     let mut p = Planner {
         out: Vec::new(),
         dense: spec.dense,
-        // V4.1 quantises with 32×32 blocks (spec §8.8), V4 with 128×128.
+        // V4.1 quantises with 32×32 blocks (docs/MODEL.md §8.8), V4 with 128×128.
         fp8_block: if s.v41.is_some() { 32 } else { 128 },
     };
     let (v, d) = (s.vocab_size, s.hidden_size);

@@ -79,7 +79,7 @@ fn tiny_widths() -> ModelConfig {
         o_lora_rank: 64,
         sliding_window: 16,
         index_n_heads: 16,
-        // Strictly wider than the rope slice (spec §10.1), unlike a 64-wide indexer head.
+        // Strictly wider than the rope slice (docs/MODEL.md §10.1), unlike a 64-wide indexer head.
         index_head_dim: 128,
         index_topk: 4,
         n_routed_experts: 8,
@@ -165,11 +165,11 @@ fn flash_like() -> ModelConfig {
     }
 }
 
-/// The real V4 tokenizer's compressed vocabulary (spec §8.6): what the hash multipliers of
+/// The real V4 tokenizer's compressed vocabulary (docs/MODEL.md §8.6): what the hash multipliers of
 /// a synthetic V4.1 checkpoint, which ships that tokenizer, are drawn for.
 const COMPRESSED_VOCAB: usize = 99_092;
 
-/// V4.1-Flash's settings (spec §1.1) over a schedule of `ratios` with the given sources, and
+/// V4.1-Flash's settings (docs/MODEL.md §1.1) over a schedule of `ratios` with the given sources, and
 /// Engram on `engram_layers` with tables of about `24 · engram_vocab` rows.
 fn v41_like(
     base: ModelConfig,
@@ -249,7 +249,7 @@ fn v41_like(
 ///   and BF16 head) over 6 layers (SWA, SWA, CSA, HCA, CSA, HCA; the first three hash-routed)
 ///   with 16 experts each and the MTP block, about 4.7 GB: the real model's product shapes
 ///   and share of bytes per format, at a size this machine holds.
-/// * `tiny-v41`: DeepSeek-V4.1 (spec §8) at `tiny`'s width in spec §10.3's shape: ratios
+/// * `tiny-v41`: DeepSeek-V4.1 (docs/MODEL.md §8) at `tiny`'s width in docs/MODEL.md §10.3's shape: ratios
 ///   0, 2, 2, 1, 1, kv sources 1 and 3, index sources 1, 3, 4, the candidate source 3, Engram
 ///   on layers 1 and 3 (8 heads × 32, n-grams up to 4, ~1 MB tables), hc 2.
 /// * `bench-v41`: V4.1-Flash's proportions at `bench`'s width over 12 layers (window-only,
@@ -369,7 +369,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     })
 }
 
-/// A V4.1 `config.json` (spec §1.1): the text model's keys under `text_config`, with
+/// A V4.1 `config.json` (docs/MODEL.md §1.1): the text model's keys under `text_config`, with
 /// V4.1's own, and a top level that names the architecture and the 32×32 quantisation.
 fn v41_config_json(v4_pairs: Vec<(&str, Value)>, c: &ModelConfig, v: &V41) -> Value {
     let mut text: serde_json::Map<String, Value> = v4_pairs

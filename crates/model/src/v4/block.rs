@@ -1,5 +1,5 @@
-//! One decoder block (spec §3.2): mHC collapse → norm → attention → mHC write-back, then the
-//! same around the MoE. V4.1 (spec §8.1) collapses each sublayer's input with the previous
+//! One decoder block (docs/MODEL.md §3.2): mHC collapse → norm → attention → mHC write-back, then the
+//! same around the MoE. V4.1 (docs/MODEL.md §8.1) collapses each sublayer's input with the previous
 //! sublayer's weights, which the block takes from and leaves in the [`Carry`].
 
 use super::attention::attention;

@@ -1,4 +1,4 @@
-//! What V4.1's layers hand on to later layers within one forward (spec §8.1, §8.5): the
+//! What V4.1's layers hand on to later layers within one forward (docs/MODEL.md §8.1, §8.5): the
 //! collapse weights of the last sublayer (shifted mHC), the index picks of the last index
 //! source, and the candidate source's blocks. V4 carries nothing; one owner — the forward
 //! pass — keeps it from layer to layer.

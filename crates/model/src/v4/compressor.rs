@@ -1,4 +1,4 @@
-//! Token-level compression (spec §3.6): every `m` tokens become one entry, a per-channel
+//! Token-level compression (docs/MODEL.md §3.6): every `m` tokens become one entry, a per-channel
 //! softmax-gated pool of the tokens' projections. CSA windows overlap (each entry pools the
 //! previous window's A-half and its own window's B-half); HCA windows do not.
 //!
@@ -7,7 +7,7 @@
 //! normed, rotated at the window's first position and stored as entry `pos div m`. Entries
 //! are a pure function of their window's rows, so re-running a truncated span rewrites them.
 //!
-//! V4.1's compressors (spec §8.3) pool non-overlapping windows of 1 or 2 without `ape`, and
+//! V4.1's compressors (docs/MODEL.md §8.3) pool non-overlapping windows of 1 or 2 without `ape`, and
 //! a kv source that indexes also turns each entry's normed latent, before its RoPE, into the
 //! indexer's key for that entry (`k_norm(wk · latent)`, rotated like the entry).
 
@@ -180,7 +180,7 @@ pub struct CompressorWeights {
     /// has no `ape`).
     pub ape: Vec<f32>,
     pub norm: Vec<f32>,
-    /// V4.1's indexer keys, made from each entry's latent before its RoPE (spec §8.5): the
+    /// V4.1's indexer keys, made from each entry's latent before its RoPE (docs/MODEL.md §8.5): the
     /// kv source's indexer owns them.
     pub keys: Option<IndexKeyWeights>,
 }
@@ -221,7 +221,7 @@ impl CompressorWeights {
 }
 
 impl CompressorWeights {
-    /// V4.1's compressor on a kv source (spec §8.3): no overlap, no `ape`, a gate only for
+    /// V4.1's compressor on a kv source (docs/MODEL.md §8.3): no overlap, no `ape`, a gate only for
     /// ratio 2, and the indexer's key projection when the layer indexes.
     pub(crate) fn load_shared(
         ck: &Checkpoint,

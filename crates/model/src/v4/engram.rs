@@ -1,4 +1,4 @@
-//! V4.1's Engram read (spec §8.6): each token's n-gram hashes pick rows of a huge table; a
+//! V4.1's Engram read (docs/MODEL.md §8.6): each token's n-gram hashes pick rows of a huge table; a
 //! projection of those rows gives one key per residual stream and a shared value, and each
 //! stream takes the value through a gate that measures how well the stream matches its key.
 //! Applied to the streams before the layer's attention mHC. The tables stay in the

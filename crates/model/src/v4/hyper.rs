@@ -1,4 +1,4 @@
-//! Manifold-constrained hyper-connections (mHC, spec §3.3): the residual is `hc` streams per
+//! Manifold-constrained hyper-connections (mHC, docs/MODEL.md §3.3): the residual is `hc` streams per
 //! token; each sublayer collapses them with learned weights and writes back through a
 //! Sinkhorn-normalised mixing matrix.
 
@@ -71,7 +71,7 @@ impl HyperMix {
 pub enum Collapse<'a> {
     /// V4: the sublayer's own `pre`.
     Own,
-    /// V4.1's shifted mHC (spec §8.1): the previous sublayer's `pre`, `[T, hc]`…
+    /// V4.1's shifted mHC (docs/MODEL.md §8.1): the previous sublayer's `pre`, `[T, hc]`…
     Carried(&'a [f32]),
     /// …or, at the model's entry, stream 0 (all streams are the embedding there).
     First,
@@ -203,7 +203,7 @@ pub fn hc_post(x: &mut [f32], f: &[f32], mix: &HyperMix, t: usize, d: usize, ws:
     ws.give(scratch);
 }
 
-/// Final collapse of the streams (spec §3.10): sigmoid weights, no Sinkhorn. `[T, D]`.
+/// Final collapse of the streams (docs/MODEL.md §3.10): sigmoid weights, no Sinkhorn. `[T, D]`.
 pub fn hc_head(
     x: &[f32],
     t: usize,

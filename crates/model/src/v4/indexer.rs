@@ -1,7 +1,7 @@
-//! The lightning indexer (spec §3.7): scores every visible compressed entry for a query with
+//! The lightning indexer (docs/MODEL.md §3.7): scores every visible compressed entry for a query with
 //! `Σ_h w_h · relu(q_h · K)` and keeps the top-k. CSA layers attend only to those.
 //!
-//! V4.1's two-level variant (spec §8.5): the candidate source also keeps, per query, the
+//! V4.1's two-level variant (docs/MODEL.md §8.5): the candidate source also keeps, per query, the
 //! best blocks of entries (a block scores its best entry; the newest block always stays), and
 //! later index sources pick only among the entries of those blocks.
 

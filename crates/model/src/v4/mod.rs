@@ -1,4 +1,4 @@
-//! The DeepSeek-V4 forward pass (spec §3), in f32, matching HF transformers' numerics.
+//! The DeepSeek-V4 forward pass (docs/MODEL.md §3), in f32, matching HF transformers' numerics.
 
 pub mod attention;
 pub mod block;

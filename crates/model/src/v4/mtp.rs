@@ -1,4 +1,4 @@
-//! The MTP draft block (spec §7.1): from the main model's final streams at a position and
+//! The MTP draft block (docs/MODEL.md §7.1): from the main model's final streams at a position and
 //! the token that follows it, one sliding-window decoder block predicts the token after
 //! that. Its window ring is the cache's layer `num_hidden_layers`; the embedding and head are
 //! the main model's unless the checkpoint ships different copies.
@@ -29,7 +29,7 @@ impl Model {
         self.weights.mtp.is_some()
     }
 
-    /// The MTP draft block (spec §7.1) over a flat batch: row `i` sits at position
+    /// The MTP draft block (docs/MODEL.md §7.1) over a flat batch: row `i` sits at position
     /// `positions[i]`, takes the main model's final streams at that position
     /// (`hidden_in[i]`, `[hc, D]`) and the token that follows it (`token_ids[i]`), and its
     /// logits predict the token after that. The block keeps its window ring in cache layer
@@ -117,7 +117,7 @@ impl Model {
 }
 
 /// The MTP block's input streams: `h_proj(hnorm(h))` per stream plus `e_proj(enorm(e))` of
-/// the next token's embedding, broadcast to every stream (spec §7.1).
+/// the next token's embedding, broadcast to every stream (docs/MODEL.md §7.1).
 fn mtp_input(
     mtp: &MtpWeights,
     main_embed: &QMatrix,
@@ -159,7 +159,7 @@ fn mtp_input(
     x
 }
 
-/// The MTP draft block (spec §7.1): the next token's embedding and the main model's final
+/// The MTP draft block (docs/MODEL.md §7.1): the next token's embedding and the main model's final
 /// streams projected into one set of streams, a full sliding-window decoder block, and its
 /// own hyper head and norm in front of the (shared) head.
 #[derive(Debug)]

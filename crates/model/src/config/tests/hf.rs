@@ -274,7 +274,7 @@ fn rope_width_sources() {
 }
 
 /// A V4-Flash-0731-style config: the DSpark fields beside `num_nextn_predict_layers: 1`
-/// (spec §1.1), ids naming the streams that leave a layer.
+/// (docs/MODEL.md §1.1), ids naming the streams that leave a layer.
 #[test]
 fn reads_a_v4_dspark_drafter() {
     let with = |extra: &str| TINY_HF.replacen('{', &format!("{{ {extra},"), 1);

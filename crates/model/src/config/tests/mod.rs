@@ -69,7 +69,7 @@ const TINY_LEGACY: &str = r#"{
     "expert_dtype": "fp4"
 }"#;
 
-/// V4-Flash as shipped (spec §1.1): HF keys, legacy schedule fields.
+/// V4-Flash as shipped (docs/MODEL.md §1.1): HF keys, legacy schedule fields.
 fn flash_hf() -> String {
     let mut ratios = vec![0, 0];
     for _ in 0..20 {

@@ -1,4 +1,4 @@
-//! V4.1 configs (spec §1.1, §8): the text model nested in `text_config`, the topology of
+//! V4.1 configs (docs/MODEL.md §1.1, §8): the text model nested in `text_config`, the topology of
 //! sources and readers, and the rules that keep every reader supplied.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! `bench` checked against spec §4.1 from its plan alone: writing it takes 3 GB and a minute.
+//! `bench` checked against docs/MODEL.md §4.1 from its plan alone: writing it takes 3 GB and a minute.
 
 use std::collections::BTreeMap;
 
@@ -109,7 +109,7 @@ fn bench_inventory_matches_the_official_table() {
             assert!(want.insert(n.clone(), (d, s)).is_none(), "{n} twice");
         }
     }
-    // The MTP block (spec §4.1's last row): a sliding-window, score-routed block plus its
+    // The MTP block (docs/MODEL.md §4.1's last row): a sliding-window, score-routed block plus its
     // input projections, norms and hyper head.
     for (n, d, s) in [
         ("mtp.0.e_proj.weight", F8_E4M3, vec![2048, 2048]),
@@ -210,7 +210,7 @@ fn bench_inventory_matches_the_official_table() {
     );
 }
 
-/// `flash-slice` stores every per-layer tensor with V4-Flash's shape and dtype (spec §4.1):
+/// `flash-slice` stores every per-layer tensor with V4-Flash's shape and dtype (docs/MODEL.md §4.1):
 /// only the layer and expert counts are smaller.
 #[test]
 fn flash_slice_has_v4_flash_shapes() {

@@ -1,9 +1,9 @@
-//! V4 attention (spec §3.4–3.8): single-latent MQA where one normed vector per token is both
+//! V4 attention (docs/MODEL.md §3.4–3.8): single-latent MQA where one normed vector per token is both
 //! key and value, partial interleaved RoPE on the trailing dims, a learned sink logit per
 //! head, a sliding window, plus compressed entries (all of them for HCA, the indexer's
 //! top-k for CSA), and a grouped low-rank output projection.
 //!
-//! V4.1's layers (spec §8.2-5) differ in small ways handled here: no per-head q norm; only
+//! V4.1's layers (docs/MODEL.md §8.2-5) differ in small ways handled here: no per-head q norm; only
 //! kv sources compress (into their own cache rows, which later layers read) and make the
 //! indexer's keys; only index sources score, and the layers after them attend to their
 //! picks (the [`Carry`]); later index sources pick inside the candidate source's blocks.

@@ -1,4 +1,4 @@
-//! DSpark's context (spec §7.2; tools/make_dspark_golden.py steps 1-3): every position the
+//! DSpark's context (docs/MODEL.md §7.2; tools/make_dspark_golden.py steps 1-3): every position the
 //! target computes leaves one key per stage, `RoPE(kv_norm(wkv · main_x))` with
 //! `main_x = main_norm(main_proj(aux))`, in that stage's window ring — the cache's draft
 //! layer `num_hidden_layers + stage`, kept in the cache pools like the target's rings (vLLM

@@ -1,4 +1,4 @@
-//! DSpark's draft block (spec §7.2; tools/make_dspark_golden.py for V4.1 and
+//! DSpark's draft block (docs/MODEL.md §7.2; tools/make_dspark_golden.py for V4.1 and
 //! tools/make_dspark_v4_golden.py for V4 are the references and state the computation step
 //! by step): the target's streams around its last layers, averaged and projected (`main_x`),
 //! give every stage a window of context keys; a block of `[anchor, noise, …]` rows runs

@@ -1,5 +1,5 @@
 //! The whole model: embedding → mHC residual streams → blocks → hyper head → norm → lm_head,
-//! over a flat batch whose sequences keep their state in a [`CacheView`]. V4.1 (spec §8)
+//! over a flat batch whose sequences keep their state in a [`CacheView`]. V4.1 (docs/MODEL.md §8)
 //! adds Engram reads in front of some blocks and collapses the final streams with the last
 //! sublayer's weights instead of a hyper head.
 
@@ -283,7 +283,7 @@ impl Model {
             let csa = c.layer_types.contains(&AttnKind::Csa);
             let reason = if c.v41.is_some() {
                 Some(
-                    "DeepSeek-V4.1's official rounding points are not published (spec §11); \
+                    "DeepSeek-V4.1's official rounding points are not published (docs/MODEL.md §11); \
                      it runs in reference numerics",
                 )
             } else if self.split_tensor {

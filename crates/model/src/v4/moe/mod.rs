@@ -1,4 +1,4 @@
-//! Mixture of experts (spec §3.9): hash-routed (frozen token → experts table) or scored
+//! Mixture of experts (docs/MODEL.md §3.9): hash-routed (frozen token → experts table) or scored
 //! top-k with a selection-only bias, renormalised weights × routed_scaling_factor, clamped
 //! SwiGLU experts, plus the always-on shared expert.
 //!
