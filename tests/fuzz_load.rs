@@ -12,24 +12,26 @@ use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_model::v4::Model;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// SplitMix64: a tiny deterministic generator, so a failing case can be replayed.
-struct Rng(u64);
+/// A seeded generator (the workspace's ChaCha), so a failing case can be replayed.
+struct Rng(ChaCha12Rng);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(ChaCha12Rng::seed_from_u64(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.random()
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.random_range(0..n.max(1))
     }
 
     fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
@@ -348,7 +350,7 @@ fn loading_fuzzed_checkpoints_ends_in_a_model_or_an_error() {
         golden("tiny-b", "official"),
         golden("tiny-c", "hf"),
     ];
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let (mut loaded, mut refused, mut slowest) = (0, 0, 0.0f64);
     for case in 0..cases {
         let dir = tempfile::tempdir().unwrap();
