@@ -54,15 +54,6 @@ pub fn available() -> Option<usize> {
     available_memory().map(|a| a / deepinfer_engine::dist::local_size())
 }
 
-/// A memory figure of this process from `/proc/self/status` (`VmHWM`, `RssAnon`, …), in MiB.
-pub fn process_status_mib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
-    Some(line.split_whitespace().next()?.parse::<u64>().ok()? / 1024)
-}
-
 impl LoadArgs {
     /// The checkpoint directory `--model` names: a directory, or a Hugging Face repo id
     /// found in (or downloaded into) the local hub cache ([`crate::hub`]).

@@ -210,6 +210,15 @@ fn describe(
     )
 }
 
+/// A memory figure of this process from `/proc/self/status` (`VmHWM`, `RssAnon`, …), in MiB.
+pub fn process_status_mib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    Some(line.split_whitespace().next()?.parse::<u64>().ok()? / 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

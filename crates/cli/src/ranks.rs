@@ -24,7 +24,7 @@ pub fn world() -> Option<Arc<dyn Collectives>> {
 /// resident memory (`RssAnon`), the weights' own copies, without the checkpoint's page
 /// cache, which the kernel may drop).
 pub fn report_memory(world: &dyn Collectives) {
-    if let Some(mib) = crate::load_args::process_status_mib("RssAnon") {
+    if let Some(mib) = crate::memory::process_status_mib("RssAnon") {
         eprintln!(
             "rank {} of {}: {mib} MiB resident after loading (anonymous memory)",
             world.rank(),

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod awake;
 pub mod buffer;
+pub mod choice;
 pub mod cpu;
 pub mod formats;
 pub mod linear;

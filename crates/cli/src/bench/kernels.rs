@@ -8,7 +8,8 @@
 //! roof.
 
 use clap::Args;
-use deepinfer_model::kernels::cpu::{amx, bf16_dot_gain, bf16_dots, bf16_dots_detected, isa};
+use deepinfer_model::kernels::choice::{bf16_dot_gain, bf16_dots};
+use deepinfer_model::kernels::cpu::{amx, bf16_dots_detected, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
 use deepinfer_model::kernels::linear::{matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;

@@ -151,5 +151,5 @@ pub fn decode_run(
 
 /// This process's peak resident set (`VmHWM`), in MiB.
 pub fn peak_rss_mib() -> Option<u64> {
-    crate::load_args::process_status_mib("VmHWM")
+    crate::memory::process_status_mib("VmHWM")
 }

@@ -475,18 +475,18 @@ pub(crate) fn stream_slot(q: usize, streams: usize, main: usize) -> usize {
 
 /// Runs every product of `jobs`; the tiles of all of them form one parallel pass.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
-    matmuls_with(jobs, isa(), crate::cpu::amx(), crate::cpu::bf16_dots())
+    matmuls_with(jobs, isa(), crate::cpu::amx(), crate::choice::bf16_dots())
 }
 
 /// [`matmuls`] on a given kernel family (tests compare the two).
 #[cfg(test)]
 pub(crate) fn matmuls_on(jobs: &mut [Matmul<'_>], isa: Isa) {
-    matmuls_with(jobs, isa, crate::cpu::amx(), crate::cpu::bf16_dots())
+    matmuls_with(jobs, isa, crate::cpu::amx(), crate::choice::bf16_dots())
 }
 
 /// [`matmuls`] on a given kernel family, with or without the AMX tiles (`amx`: they run the
 /// products they can; see [`crate::cpu::amx`]) and the bf16 dot products (`dots`, see
-/// [`crate::cpu::bf16_dots`]).
+/// [`crate::choice::bf16_dots`]).
 pub(crate) fn matmuls_with(jobs: &mut [Matmul<'_>], isa: Isa, amx: bool, dots: bool) {
     matmuls_at(jobs, (isa, amx, dots), gemm_from(isa));
 }

@@ -2,7 +2,7 @@
 //! weights come from (the resident layer, or the expert cache, waiting for reads), and one
 //! pass's products and activations over the rows grouped by expert.
 
-use super::moe::{activate, Activation};
+use super::swiglu::{activate, Activation};
 use crate::experts::ExpertError;
 use crate::experts::ExpertWeights;
 use crate::experts::RoutedExperts;

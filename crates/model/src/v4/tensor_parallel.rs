@@ -1,8 +1,8 @@
 //! Tensor parallelism's steps (see [`crate::parallel`]): what every rank computes with its
 //! parts, and rank 0's side of each exchange. The other ranks' side is in `worker.rs`.
 
-use super::attention::grouped_output;
-use super::moe::{activate, Activation, ROWS_PER_TASK};
+use super::output_groups::grouped_output;
+use super::swiglu::{activate, Activation, ROWS_PER_TASK};
 use super::workspace::Workspace;
 use crate::config::ModelConfig;
 use crate::parallel::{

@@ -103,7 +103,7 @@ pub(super) trait Kernels: simd::Simd {
     /// [`Self::fp4_rows`] on bf16 dot products, its activations packed as bf16 pairs
     /// ([`crate::linear::prepare::pack_fp4_pairs`]): the same sums in the same order, so
     /// the same results (see [`avx512::Fp4Dots`]). Only the AVX-512 family has it, and only
-    /// plans made where the CPU runs it ([`crate::cpu::bf16_dots`]) call it.
+    /// plans made where the CPU runs it ([`crate::choice::bf16_dots`]) call it.
     #[allow(clippy::too_many_arguments)]
     unsafe fn fp4_dots_rows<const M: usize>(
         w: *const u8,

@@ -14,6 +14,7 @@ pub use weights::{AttentionWeights, HeadProjections};
 use super::carry::Carry;
 use super::compressor::{absorb, pending_rows, scratch_len};
 use super::indexer::{candidate_blocks, IndexerQueries, Scope};
+use super::output_groups::grouped_output;
 use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
@@ -24,13 +25,11 @@ use crate::profile::{self, scope, Op};
 use crate::record;
 use deepinfer_kernels::attention::sink_attention;
 use deepinfer_kernels::linear::Matmul;
-use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::cell::RefCell;
-use std::ops::Range;
 
 thread_local! {
     /// Per-thread scratch of the parallel loops (scores, picked entries, keys decoded from
@@ -585,58 +584,4 @@ fn attend<'k>(
 /// contexts), and the loop then runs on the calling thread.
 fn min_len(work: usize) -> usize {
     (1usize << 16).div_ceil(work.max(1))
-}
-
-/// The block-diagonal `wo_a` over the output groups `groups` (group `g`'s heads of
-/// `o: [t, H·hd]` → `o_lora` values, every group in one pass): `[t, groups · o_lora]`.
-/// `wo_a` holds those groups' rows from row `row0` on (all of them, or a rank's part).
-pub(super) fn grouped_output(
-    c: &ModelConfig,
-    wo_a: &QMatrix,
-    row0: usize,
-    groups: Range<usize>,
-    o: &[f32],
-    t: usize,
-    ws: &mut Workspace,
-) -> Vec<f32> {
-    let gin = c.num_attention_heads * c.head_dim / c.o_groups.max(1);
-    let r = c.o_lora_rank;
-    let ng = groups.len();
-    // [ng, t, gin]: each group's inputs contiguous.
-    let mut xg = ws.take(ng * t * gin);
-    for (i, row) in o.chunks_exact(c.o_groups * gin).enumerate() {
-        for (k, g) in groups.clone().enumerate() {
-            xg[(k * t + i) * gin..(k * t + i + 1) * gin]
-                .copy_from_slice(&row[g * gin..(g + 1) * gin]);
-        }
-    }
-    let mut zg = ws.take(ng * t * r);
-    {
-        let mut jobs: SmallVec<[Matmul; 16]> = SmallVec::new();
-        for ((k, x), y) in xg
-            .chunks_exact(t * gin)
-            .enumerate()
-            .zip(zg.chunks_exact_mut(t * r))
-        {
-            jobs.push(Matmul {
-                w: wo_a,
-                rows: row0 + k * r..row0 + (k + 1) * r,
-                x,
-                m: t,
-                y,
-                bf16_x: false,
-            });
-        }
-        profile::matmuls(&mut jobs);
-    }
-    let mut z = ws.take(t * ng * r);
-    for k in 0..ng {
-        for i in 0..t {
-            z[i * ng * r + k * r..i * ng * r + (k + 1) * r]
-                .copy_from_slice(&zg[(k * t + i) * r..(k * t + i + 1) * r]);
-        }
-    }
-    ws.give(xg);
-    ws.give(zg);
-    z
 }

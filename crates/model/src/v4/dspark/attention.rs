@@ -3,9 +3,9 @@
 
 use super::Draft;
 use crate::config::ModelConfig;
-use crate::v4::attention::grouped_output;
 use crate::v4::attention::HeadProjections;
 use crate::v4::block::LayerWeights;
+use crate::v4::output_groups::grouped_output;
 use crate::v4::rows::Angles;
 use crate::v4::workspace::Workspace;
 use deepinfer_kernels::attention::sink_attention;
