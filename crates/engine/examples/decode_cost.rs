@@ -11,8 +11,9 @@
 use deepinfer_engine::cache::{CacheBudget, CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::batch::SeqSpan;
-use deepinfer_model::v4::block::{block_forward, BlockCtx};
+use deepinfer_model::v4::block::block_forward;
 use deepinfer_model::v4::carry::Carry;
+use deepinfer_model::v4::pass::BlockCtx;
 use deepinfer_model::v4::rows::{Angles, BatchRows};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;

@@ -5,6 +5,14 @@
 
 use crate::vector::{axpy, dot, exp_in_place, max, scale, sum};
 
+/// One query position's heads: `q: [H, d]`, each head's sink logit, the softmax scale.
+#[derive(Clone, Copy)]
+pub struct SinkHeads<'a> {
+    pub q: &'a [f32],
+    pub sinks: &'a [f32],
+    pub softmax_scale: f32,
+}
+
 /// `out[h] = Σ_j softmax_j(q_h·k_j · scale | sink_h) · k_j` for the heads `q: [H, d]`.
 ///
 /// `key(j)` gives key `j` of `n_keys` (window rows and compressed entries, wherever they
@@ -12,18 +20,20 @@ use crate::vector::{axpy, dot, exp_in_place, max, scale, sum};
 /// keep its address in `key_at`), and each key is read in both passes, so they should fit
 /// a core's L2. `scores` and `key_at` are scratch, grown to `H · n_keys` and `n_keys` once
 /// and then reused.
-#[allow(clippy::too_many_arguments)]
 pub fn sink_attention<'k>(
-    q: &[f32],
+    query: &SinkHeads,
     d: usize,
     n_keys: usize,
     key: impl Fn(usize) -> &'k [f32],
-    sinks: &[f32],
-    softmax_scale: f32,
     scores: &mut Vec<f32>,
     key_at: &mut Vec<usize>,
     out: &mut [f32],
 ) {
+    let SinkHeads {
+        q,
+        sinks,
+        softmax_scale,
+    } = *query;
     let heads = sinks.len();
     assert_eq!(q.len(), heads * d, "sink_attention: q is not [heads, d]");
     assert_eq!(
@@ -262,12 +272,14 @@ mod tests {
         let mut out = vec![0.0; heads * d];
         let (mut scratch, mut at) = (Vec::new(), Vec::new());
         sink_attention(
-            &q,
+            &SinkHeads {
+                q: &q,
+                sinks: &sinks,
+                softmax_scale: 0.3,
+            },
             d,
             n,
             |j| &keys[j],
-            &sinks,
-            0.3,
             &mut scratch,
             &mut at,
             &mut out,
@@ -299,12 +311,14 @@ mod tests {
         }
         // No keys at all: the sink takes all the weight and the output is zero.
         sink_attention(
-            &q,
+            &SinkHeads {
+                q: &q,
+                sinks: &sinks,
+                softmax_scale: 0.3,
+            },
             d,
             0,
             |j| &keys[j],
-            &sinks,
-            0.3,
             &mut scratch,
             &mut at,
             &mut out,

@@ -64,7 +64,7 @@ impl Checkpoint {
                 info,
                 expert,
                 part,
-            } => self.expert_matrix(official_name, stored, shard, info, expert, part, shape),
+            } => self.expert_matrix(official_name, stored, (shard, info), (expert, part), shape),
         }
     }
 
@@ -135,15 +135,14 @@ impl Checkpoint {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Expert `expert`'s `part` of HF's stacked tensor `stored` (in `shard`, described by
+    /// `info`), as the official matrix `official` of `shape`.
     fn expert_matrix(
         &self,
         official: &str,
         stored: &str,
-        shard: &Shard,
-        info: &TensorInfo,
-        expert: usize,
-        part: ExpertPart,
+        (shard, info): (&Shard, &TensorInfo),
+        (expert, part): (usize, ExpertPart),
         shape: &[usize],
     ) -> Result<QMatrix, CheckpointError> {
         let name = describe(official, &format!("{stored}[{expert}]"));

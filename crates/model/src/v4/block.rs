@@ -9,7 +9,7 @@ use super::hyper::HyperWeights;
 use super::hyper::{hc_mix, hc_post, Collapse, HyperMix};
 use super::moe::moe;
 use super::moe::MoeWeights;
-use super::rows::{Angles, BatchRows};
+use super::pass::{BlockCtx, LayerSpec};
 use super::workspace::Workspace;
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
@@ -17,22 +17,8 @@ use crate::config::ModelConfig;
 use crate::config::{AttnKind, MlpKind};
 use crate::experts::ExpertError;
 use crate::experts::RoutedExperts;
-use crate::parallel::Placement;
 use crate::profile::{scope, Op};
 use deepinfer_kernels::norm::rms_norm_rows;
-use deepinfer_kernels::rope::Rope;
-
-/// What a block needs to know about the batch and its place in the model.
-pub struct BlockCtx<'a> {
-    pub c: &'a ModelConfig,
-    /// The block's layer id in the cache: `0..num_hidden_layers`, or `num_hidden_layers` for
-    /// the MTP block.
-    pub layer: usize,
-    pub token_ids: &'a [u32],
-    pub rows: &'a BatchRows<'a>,
-    pub rope: &'a Rope,
-    pub angles: &'a Angles,
-}
 
 /// Runs one block on the streams `x: [N, hc, D]` of a flat batch, in place; fails only
 /// where a streamed expert cannot be read.
@@ -53,18 +39,7 @@ pub fn block_forward(
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.attn_norm, eps);
     }
-    let o = attention(
-        &w.attn,
-        c,
-        ctx.layer,
-        &mix.collapsed,
-        ctx.rows,
-        cache,
-        ctx.rope,
-        ctx.angles,
-        carry,
-        ws,
-    );
+    let o = attention(&w.attn, ctx, &mix.collapsed, cache, carry, ws);
     hc_post(x, &o, &mix, n, d, ws);
     ws.give(o);
     hand_on(mix, shifted, carry, ws);
@@ -109,18 +84,6 @@ pub struct LayerWeights {
     pub ffn: MoeWeights,
     /// V4.1's n-gram memory on the layers that have it.
     pub engram: Option<crate::v4::engram::EngramWeights>,
-}
-
-/// Where a layer's weights come from and what kind of layer it is.
-pub(crate) struct LayerSpec<'a> {
-    pub(crate) prefix: &'a str,
-    pub(crate) kind: AttnKind,
-    pub(crate) mlp: MlpKind,
-    pub(crate) ratio: usize,
-    /// The ranks this layer is split over (a main layer of a split model, on rank 0).
-    pub(crate) placement: Option<&'a Placement>,
-    /// The layer's index (what the other ranks keep their parts under).
-    pub(crate) index: usize,
 }
 
 impl LayerWeights {

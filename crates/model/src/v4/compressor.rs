@@ -49,119 +49,132 @@ pub fn scratch_len(w: &CompressorWeights) -> usize {
     4 * w.dim + w.keys.as_ref().map_or(0, |k| k.wk.out_dim())
 }
 
-/// Stores the rows of one sequence's chunk (positions `p0..p0+n`, rows in order) and emits
-/// every entry whose window closes inside the chunk, rounded as `c.numerics` keeps KV
-/// (attention entries) or indexer keys.
-#[allow(clippy::too_many_arguments)]
-pub fn absorb(
-    w: &CompressorWeights,
-    rows: &[f32],
-    p0: usize,
-    cache: &mut dyn CacheView,
-    seq: usize,
-    layer: usize,
-    stream: Stream,
-    rope: &Rope,
-    c: &ModelConfig,
-    scratch: &mut [f32],
-) {
-    let width = 2 * w.wkv.out_dim();
-    let slots = cache.pending_slots(layer);
-    let (entry, temps) = scratch.split_at_mut(w.dim);
-    let (temps, key) = temps.split_at_mut(3 * w.dim);
-    cache.keep_pending(seq, layer, stream, p0, rows);
-    for (i, row) in rows.chunks_exact(width).enumerate() {
-        let pos = p0 + i;
-        cache
-            .pending_mut(seq, layer, stream, pos % slots)
-            .copy_from_slice(row);
-        if (pos + 1).is_multiple_of(w.ratio) {
-            let win = pos / w.ratio;
-            pool(w, &*cache, seq, layer, stream, win, entry, temps);
-            rms_norm(entry, &w.norm, c.rms_norm_eps);
-            if let Some(k) = &w.keys {
-                k.wk.forward_into(entry, 1, key);
-                rms_norm(key, &k.k_norm, c.rms_norm_eps);
-                rope.apply(key, win * w.ratio, false);
-                c.numerics.indexer(key, key.len());
-                record::store_key(c, key, cache.entry_mut(seq, layer, Stream::Indexer, win));
-            }
-            rope.apply(entry, win * w.ratio, false);
-            let rec = cache.entry_mut(seq, layer, stream, win);
-            match stream {
-                Stream::Attn => {
-                    c.numerics.kv(entry, w.dim, c.qk_rope_head_dim);
-                    record::store_kv(c, entry, rec);
-                }
-                Stream::Indexer => {
-                    c.numerics.indexer(entry, w.dim);
-                    record::store_key(c, entry, rec);
-                }
-            }
-        }
-    }
+/// One compressor as a layer applies it: its weights, the layer whose pools hold its rows
+/// and entries, which stream they are (attention entries or indexer keys), and the model's
+/// rounding and RoPE.
+pub struct Compression<'a> {
+    pub w: &'a CompressorWeights,
+    pub c: &'a ModelConfig,
+    pub rope: &'a Rope,
+    pub layer: usize,
+    pub stream: Stream,
 }
 
-/// Per channel, a softmax over the window's slots of the gate logits, weighting the values;
-/// vectorised across channels (`temps`: three scratch rows of `c`).
-#[allow(clippy::too_many_arguments)]
-fn pool(
-    w: &CompressorWeights,
-    cache: &dyn CacheView,
-    seq: usize,
-    layer: usize,
-    stream: Stream,
-    win: usize,
-    out: &mut [f32],
-    temps: &mut [f32],
-) {
-    let (m, c) = (w.ratio, w.dim);
-    let slots = cache.pending_slots(layer);
-    let half = w.wkv.out_dim(); // coff·c: offset of Z in a row
-                                // (row, channel offset) of every slot feeding this entry: for CSA the previous window
-                                // through half A (none for the first window), then this window through half B.
-    let sources = || {
-        let prev = if w.overlap && win > 0 {
-            (win - 1) * m..win * m
-        } else {
-            0..0
+impl Compression<'_> {
+    /// Stores the rows of sequence `seq`'s chunk (positions `p0..p0+n`, rows in order) and
+    /// emits every entry whose window closes inside the chunk, rounded as `c.numerics` keeps
+    /// KV (attention entries) or indexer keys.
+    pub fn absorb(
+        &self,
+        cache: &mut dyn CacheView,
+        seq: usize,
+        p0: usize,
+        rows: &[f32],
+        scratch: &mut [f32],
+    ) {
+        let Compression {
+            w,
+            c,
+            rope,
+            layer,
+            stream,
+        } = *self;
+        let width = 2 * w.wkv.out_dim();
+        let slots = cache.pending_slots(layer);
+        let (entry, temps) = scratch.split_at_mut(w.dim);
+        let (temps, key) = temps.split_at_mut(3 * w.dim);
+        cache.keep_pending(seq, layer, stream, p0, rows);
+        for (i, row) in rows.chunks_exact(width).enumerate() {
+            let pos = p0 + i;
+            cache
+                .pending_mut(seq, layer, stream, pos % slots)
+                .copy_from_slice(row);
+            if (pos + 1).is_multiple_of(w.ratio) {
+                let win = pos / w.ratio;
+                self.pool(&*cache, seq, win, entry, temps);
+                rms_norm(entry, &w.norm, c.rms_norm_eps);
+                if let Some(k) = &w.keys {
+                    k.wk.forward_into(entry, 1, key);
+                    rms_norm(key, &k.k_norm, c.rms_norm_eps);
+                    rope.apply(key, win * w.ratio, false);
+                    c.numerics.indexer(key, key.len());
+                    record::store_key(c, key, cache.entry_mut(seq, layer, Stream::Indexer, win));
+                }
+                rope.apply(entry, win * w.ratio, false);
+                let rec = cache.entry_mut(seq, layer, stream, win);
+                match stream {
+                    Stream::Attn => {
+                        c.numerics.kv(entry, w.dim, c.qk_rope_head_dim);
+                        record::store_kv(c, entry, rec);
+                    }
+                    Stream::Indexer => {
+                        c.numerics.indexer(entry, w.dim);
+                        record::store_key(c, entry, rec);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Per channel, a softmax over the window's slots of the gate logits, weighting the
+    /// values; vectorised across channels (`temps`: three scratch rows of `c`).
+    fn pool(
+        &self,
+        cache: &dyn CacheView,
+        seq: usize,
+        win: usize,
+        out: &mut [f32],
+        temps: &mut [f32],
+    ) {
+        let (w, layer, stream) = (self.w, self.layer, self.stream);
+        let (m, c) = (w.ratio, w.dim);
+        let slots = cache.pending_slots(layer);
+        let half = w.wkv.out_dim(); // coff·c: offset of Z in a row
+                                    // (row, channel offset) of every slot feeding this entry: for CSA the previous window
+                                    // through half A (none for the first window), then this window through half B.
+        let sources = || {
+            let prev = if w.overlap && win > 0 {
+                (win - 1) * m..win * m
+            } else {
+                0..0
+            };
+            let own_off = if w.overlap { c } else { 0 };
+            prev.map(|p| (p, 0))
+                .chain((win * m..(win + 1) * m).map(move |p| (p, own_off)))
+                .map(|(p, off)| (cache.pending(seq, layer, stream, p % slots), off))
         };
-        let own_off = if w.overlap { c } else { 0 };
-        prev.map(|p| (p, 0))
-            .chain((win * m..(win + 1) * m).map(move |p| (p, own_off)))
-            .map(|(p, off)| (cache.pending(seq, layer, stream, p % slots), off))
-    };
-    let (mx, rest) = temps.split_at_mut(c);
-    let (den, e) = rest.split_at_mut(c);
-    mx.fill(f32::NEG_INFINITY);
-    for (r, off) in sources() {
-        for (a, &z) in mx.iter_mut().zip(&r[half + off..half + off + c]) {
-            *a = a.max(z);
+        let (mx, rest) = temps.split_at_mut(c);
+        let (den, e) = rest.split_at_mut(c);
+        mx.fill(f32::NEG_INFINITY);
+        for (r, off) in sources() {
+            for (a, &z) in mx.iter_mut().zip(&r[half + off..half + off + c]) {
+                *a = a.max(z);
+            }
         }
-    }
-    den.fill(0.0);
-    out.fill(0.0);
-    for (r, off) in sources() {
-        for ((v, &z), &a) in e
-            .iter_mut()
-            .zip(&r[half + off..half + off + c])
-            .zip(mx.iter())
-        {
-            *v = z - a;
+        den.fill(0.0);
+        out.fill(0.0);
+        for (r, off) in sources() {
+            for ((v, &z), &a) in e
+                .iter_mut()
+                .zip(&r[half + off..half + off + c])
+                .zip(mx.iter())
+            {
+                *v = z - a;
+            }
+            exp_in_place(&mut e[..c]);
+            for (((o, d), &p), &k) in out
+                .iter_mut()
+                .zip(den.iter_mut())
+                .zip(&e[..c])
+                .zip(&r[off..off + c])
+            {
+                *d += p;
+                *o += p * k;
+            }
         }
-        exp_in_place(&mut e[..c]);
-        for (((o, d), &p), &k) in out
-            .iter_mut()
-            .zip(den.iter_mut())
-            .zip(&e[..c])
-            .zip(&r[off..off + c])
-        {
-            *d += p;
-            *o += p * k;
+        for (o, d) in out.iter_mut().zip(den.iter()) {
+            *o /= d;
         }
-    }
-    for (o, d) in out.iter_mut().zip(den.iter()) {
-        *o /= d;
     }
 }
 

@@ -13,6 +13,7 @@ pub mod model;
 pub mod moe;
 pub mod mtp;
 mod output_groups;
+pub mod pass;
 pub mod rows;
 mod swiglu;
 mod tensor_parallel;

@@ -3,12 +3,14 @@
 //! that. Its window ring is the cache's layer `num_hidden_layers`; the embedding and head are
 //! the main model's unless the checkpoint ships different copies.
 
-use super::block::{block_forward, BlockCtx};
-use super::block::{LayerSpec, LayerWeights};
+use super::block::block_forward;
+use super::block::LayerWeights;
 use super::carry::Carry;
 use super::hyper::HcHead;
 use super::model::HeadWeights;
 use super::model::{embed_streams, FinalCollapse, Head, Model, ModelError};
+use super::pass::BlockCtx;
+use super::pass::LayerSpec;
 use super::rows::Angles;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};

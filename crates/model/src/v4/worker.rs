@@ -3,7 +3,7 @@
 //! with them whatever rank 0 announces, until rank 0's model is dropped.
 
 use super::model::describe_share;
-use super::moe::{local_part, reduce_with_status};
+use super::moe::{local_part, reduce_with_status, LocalExperts};
 use super::tensor_parallel::{head_part, out_part, q_part};
 use super::workspace::Workspace;
 use super::ModelError;
@@ -125,18 +125,21 @@ impl Worker {
                 if let Some(&bad) = ids.iter().find(|&&e| e >= c.n_routed_experts) {
                     return Err(WorkerError(format!("expert {bad}")));
                 }
-                let shared = l.shared.as_ref();
+                let held = LocalExperts {
+                    routed: &l.experts,
+                    shared: None,
+                    shared_part: l.shared.as_ref(),
+                };
                 let (x, wts) = (msg.x(), msg.wts());
                 // A part that fails is reported to rank 0 through the reduction (rank 0 stops
                 // its engine, so a server's health turns 503 before the job ends).
-                let (mut out, failed) =
-                    match local_part(&l.experts, None, shared, c, x, &ids, wts, ws) {
-                        Ok(out) => (out, false),
-                        Err(e) => {
-                            report(comm, &format!("error: {e}"));
-                            (ws.take(t * c.hidden_size), true)
-                        }
-                    };
+                let (mut out, failed) = match local_part(&held, c, x, &ids, wts, ws) {
+                    Ok(out) => (out, false),
+                    Err(e) => {
+                        report(comm, &format!("error: {e}"));
+                        (ws.take(t * c.hidden_size), true)
+                    }
+                };
                 reduce_with_status(comm, &mut out, failed);
                 ws.give(out);
                 ws.give(msg.buf);

@@ -12,9 +12,10 @@ mod weights;
 pub use weights::{AttentionWeights, HeadProjections};
 
 use super::carry::Carry;
-use super::compressor::{absorb, pending_rows, scratch_len};
+use super::compressor::{pending_rows, scratch_len, Compression};
 use super::indexer::{candidate_blocks, IndexerQueries, Scope};
 use super::output_groups::grouped_output;
+use super::pass::BlockCtx;
 use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::{gather_q, q_part, split_out};
 use super::workspace::Workspace;
@@ -23,7 +24,7 @@ use crate::config::ModelConfig;
 use crate::parallel;
 use crate::profile::{self, scope, Op};
 use crate::record;
-use deepinfer_kernels::attention::sink_attention;
+use deepinfer_kernels::attention::{sink_attention, SinkHeads};
 use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
@@ -62,29 +63,25 @@ pub fn reserve_scratch(c: &ModelConfig) {
     });
 }
 
-/// Attention of layer `layer` for every token of the batch; `a`: the normed sublayer input
-/// `[N, D]`. Reads earlier positions from `cache`, leaves this batch's state in it, and
-/// returns `[N, D]` (a workspace buffer).
-#[allow(clippy::too_many_arguments)]
+/// Attention of the block `ctx` places for every token of the batch; `a`: the normed
+/// sublayer input `[N, D]`. Reads earlier positions from `cache`, leaves this batch's state
+/// in it, and returns `[N, D]` (a workspace buffer).
 pub fn attention(
     w: &AttentionWeights,
-    c: &ModelConfig,
-    layer: usize,
+    ctx: &BlockCtx,
     a: &[f32],
-    rows: &BatchRows,
     cache: &mut dyn CacheView,
-    rope: &Rope,
-    angles: &Angles,
     carry: &mut Carry,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let st = Step {
         w,
-        c,
-        layer,
-        rows,
-        angles,
+        c: ctx.c,
+        layer: ctx.layer,
+        rows: ctx.rows,
+        angles: ctx.angles,
     };
+    let rope = ctx.rope;
     let mut p = project(&st, a, ws);
     norm_and_rotate(&st, &mut p);
     // Compressed state first: entries closed by this batch's tokens are visible to them.
@@ -291,18 +288,14 @@ fn compress(st: &Step, p: &Projected, cache: &mut dyn CacheView, rope: &Rope, ws
         for (s, span) in rows.spans.iter().enumerate() {
             let chunk = &pending[span.start * width..(span.start + span.len) * width];
             let p0 = positions[span.start];
-            absorb(
-                cw,
-                chunk,
-                p0,
-                cache,
-                s,
-                st.layer,
-                stream,
+            let comp = Compression {
+                w: cw,
+                c: st.c,
                 rope,
-                st.c,
-                &mut scratch,
-            );
+                layer: st.layer,
+                stream,
+            };
+            comp.absorb(cache, s, p0, chunk, &mut scratch);
         }
         ws.give(scratch);
         ws.give(pending);
@@ -469,7 +462,7 @@ fn attend_rows(
             };
             let heads = g * hg..(g + 1) * hg;
             let n_keys = n_window + n_comp;
-            let heads = Heads {
+            let heads = SinkHeads {
                 q: &q[(i * h + heads.start) * hd..(i * h + heads.end) * hd],
                 sinks: &w.sink[heads],
                 softmax_scale,
@@ -539,30 +532,22 @@ fn output(st: &Step, out: &mut [f32], ws: &mut Workspace) -> Vec<f32> {
     }
 }
 
-/// One query row's heads for [`attend`].
-struct Heads<'a> {
-    /// `[heads, head_dim]`.
-    q: &'a [f32],
-    sinks: &'a [f32],
-    softmax_scale: f32,
-}
-
 /// Sink attention of `heads` over `n_keys` keys, `key(j)` giving key `j` as a row this step
 /// computed (`false`, f32) or a cache record (`true`); records the cache packs are decoded
 /// into the scratch's third buffer first, once per key.
 fn attend<'k>(
     c: &ModelConfig,
-    heads: &Heads,
+    heads: &SinkHeads,
     n_keys: usize,
     key: impl Fn(usize) -> (bool, &'k [f32]),
     scratch: &mut (Vec<f32>, Vec<usize>, Vec<f32>),
     out: &mut [f32],
 ) {
     let (scores, key_at, decoded) = scratch;
-    let (hd, q, sinks, scale) = (c.head_dim, heads.q, heads.sinks, heads.softmax_scale);
+    let hd = c.head_dim;
     if !c.numerics.packs_cache() {
         let key = |j| key(j).1;
-        sink_attention(q, hd, n_keys, key, sinks, scale, scores, key_at, out);
+        sink_attention(heads, hd, n_keys, key, scores, key_at, out);
         return;
     }
     if decoded.len() < n_keys * hd {
@@ -576,7 +561,7 @@ fn attend<'k>(
     }
     let decoded = &decoded[..];
     let key = |j: usize| &decoded[j * hd..(j + 1) * hd];
-    sink_attention(q, hd, n_keys, key, sinks, scale, scores, key_at, out);
+    sink_attention(heads, hd, n_keys, key, scores, key_at, out);
 }
 
 /// Tasks of about `work` multiply-adds each that one parallel task should at least take:

@@ -5,9 +5,9 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttnKind, ModelConfig};
 use crate::linear::Linear;
 use crate::parallel::{AttnPart, LayerLink};
-use crate::v4::block::LayerSpec;
 use crate::v4::compressor::CompressorWeights;
 use crate::v4::indexer::IndexerWeights;
+use crate::v4::pass::LayerSpec;
 
 #[derive(Debug)]
 pub struct AttentionWeights {

@@ -8,7 +8,7 @@ use crate::v4::block::LayerWeights;
 use crate::v4::output_groups::grouped_output;
 use crate::v4::rows::Angles;
 use crate::v4::workspace::Workspace;
-use deepinfer_kernels::attention::sink_attention;
+use deepinfer_kernels::attention::{sink_attention, SinkHeads};
 use deepinfer_kernels::norm::{rms_norm_rows, rms_norm_unweighted};
 use deepinfer_kernels::rope::Rope;
 
@@ -77,17 +77,12 @@ pub(super) fn block_attention(
     for (i, o) in out.chunks_exact_mut(h * hd).enumerate() {
         let qi = &q[i * h * hd..(i + 1) * h * hd];
         let scale = (hd as f32).powf(-0.5);
-        sink_attention(
-            qi,
-            hd,
-            n_ctx + n,
-            key,
-            &st.attn.sink,
-            scale,
-            scores,
-            key_at,
-            o,
-        );
+        let heads = SinkHeads {
+            q: qi,
+            sinks: &st.attn.sink,
+            softmax_scale: scale,
+        };
+        sink_attention(&heads, hd, n_ctx + n, key, scores, key_at, o);
         let (cos, sin) = angles.row(i);
         o.chunks_exact_mut(hd)
             .for_each(|head| Rope::apply_with(head, cos, sin, true));

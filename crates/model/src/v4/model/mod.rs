@@ -6,11 +6,12 @@
 mod weights;
 pub use weights::{HeadWeights, ModelWeights};
 
-use super::block::{block_forward, BlockCtx};
+use super::block::block_forward;
 use super::carry::Carry;
 use super::dspark::DsparkWeights;
 use super::engram::{engram, EngramHashing};
 use super::hyper::hc_head;
+use super::pass::BlockCtx;
 use super::rows::{Angles, BatchRows};
 use super::tensor_parallel::split_head;
 use super::workspace::Workspace;

@@ -6,9 +6,10 @@ use crate::config::ModelConfig;
 use crate::experts::{expert_store, layer_experts, ExpertPlan, ExpertStore, Holding};
 use crate::linear::Linear;
 use crate::parallel::{Collectives, HeadPart, Placement};
-use crate::v4::block::{LayerSpec, LayerWeights};
+use crate::v4::block::LayerWeights;
 use crate::v4::hyper::HcHead;
 use crate::v4::mtp::MtpWeights;
+use crate::v4::pass::LayerSpec;
 use deepinfer_kernels::matrix::QMatrix;
 use std::sync::Arc;
 

@@ -158,13 +158,18 @@ pub fn moe(
     // The router reads `x` as it is; every expert's `w1`/`w3` reads it as a projection input.
     let mut xq = ws.take(c.numerics.copy_len(x.len()));
     let x = c.numerics.projection_view(x, d, &mut xq);
-    let (whole, part) = match &w.shared {
+    let (shared, shared_part) = match &w.shared {
         Some(SharedExpert::Whole(e)) => (Some(e), None),
         Some(SharedExpert::Part(p)) => (None, Some(p)),
         None => (None, None),
     };
+    let held = LocalExperts {
+        routed: &w.experts,
+        shared,
+        shared_part,
+    };
     let Some(link) = &w.split else {
-        let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
+        let out = local_part(&held, c, x, &ids, &wts, ws);
         ws.give(xq);
         ws.give(wts);
         ws.give_idx(ids);
@@ -173,7 +178,7 @@ pub fn moe(
     let mut msg = MoeMessage::pack(x, &ids, &wts, d, k, ws.take(0));
     announce(&*link.comm, parallel::Op::Moe, link.layer, t, &mut msg.buf);
     ws.give(msg.buf);
-    let out = local_part(&w.experts, whole, part, c, x, &ids, &wts, ws);
+    let out = local_part(&held, c, x, &ids, &wts, ws);
     ws.give(xq);
     ws.give(wts);
     ws.give_idx(ids);
@@ -220,19 +225,29 @@ pub(super) fn reduce_with_status(
         .collect()
 }
 
-/// What this rank computes of a MoE: the picks on the experts it holds, and the shared
-/// expert (whole, or its part of the width); `[T, D]`.
-#[allow(clippy::too_many_arguments)]
+/// The experts a rank computes a MoE with: the routed ones it holds and the shared expert,
+/// whole or its part of the width.
+pub(super) struct LocalExperts<'a> {
+    pub(super) routed: &'a RoutedExperts,
+    pub(super) shared: Option<&'a ExpertWeights>,
+    pub(super) shared_part: Option<&'a WidthPart>,
+}
+
+/// What this rank computes of a MoE: the picks `ids`/`wts` on the experts it holds, and the
+/// shared expert; `[T, D]`.
 pub(super) fn local_part(
-    experts: &RoutedExperts,
-    shared: Option<&ExpertWeights>,
-    shared_part: Option<&WidthPart>,
+    held: &LocalExperts,
     c: &ModelConfig,
     x: &[f32],
     ids: &[usize],
     wts: &[f32],
     ws: &mut Workspace,
 ) -> Result<Vec<f32>, ExpertError> {
+    let LocalExperts {
+        routed: experts,
+        shared,
+        shared_part,
+    } = *held;
     let mut out = routed_sum(experts, shared, c, x, ids, wts, ws)?;
     if let Some(p) = shared_part {
         let t = ids.len() / c.num_experts_per_tok.max(1);
@@ -330,7 +345,7 @@ fn routed_sum(
             &mut tmp,
         );
     }
-    let out = sum_rows(&order, &y, &ys, shared.is_some(), t, k, d, ws);
+    let out = sum_rows(&order, &y, shared.map(|_| &ys[..]), t, k, d, ws);
     for v in [xs, g, u, gs, us, y, ys, row_wts, tmp, ones] {
         ws.give(v);
     }
@@ -367,19 +382,18 @@ fn width_sum(
         y[rows.start * d..rows.end * d].copy_from_slice(&out);
         ws.give(out);
     }
-    let out = sum_rows(order, &y, &[], false, t, k, d, ws);
+    let out = sum_rows(order, &y, None, t, k, d, ws);
     ws.give(y);
     ws.give(row_wts);
     out
 }
 
-/// Each token's output: its routed rows in row (expert) order, then the shared expert's.
-#[allow(clippy::too_many_arguments)]
+/// Each token's output: its routed rows in row (expert) order, then the shared expert's
+/// (`ys`, when there is one).
 fn sum_rows(
     order: &[usize],
     y: &[f32],
-    ys: &[f32],
-    shared: bool,
+    ys: Option<&[f32]>,
     t: usize,
     k: usize,
     d: usize,
@@ -402,7 +416,7 @@ fn sum_rows(
             for &r in &rows_of_token[tok * k..(tok + 1) * k] {
                 axpy(o, 1.0, &y[r * d..(r + 1) * d]);
             }
-            if shared {
+            if let Some(ys) = ys {
                 for (v, s) in o.iter_mut().zip(&ys[tok * d..(tok + 1) * d]) {
                     *v += s;
                 }

@@ -6,7 +6,7 @@ use crate::config::{MlpKind, ModelConfig};
 use crate::experts::{resident_experts, ExpertWeights, RoutedExperts};
 use crate::linear::Linear;
 use crate::parallel::{LayerLink, WidthPart};
-use crate::v4::block::LayerSpec;
+use crate::v4::pass::LayerSpec;
 
 /// The shared expert, whole or this rank's part of its width.
 #[derive(Debug)]
