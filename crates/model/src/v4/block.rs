@@ -6,7 +6,7 @@ use super::attention::attention;
 use super::attention::AttentionWeights;
 use super::carry::Carry;
 use super::hyper::HyperWeights;
-use super::hyper::{hc_mix, hc_post, Collapse, HyperMix};
+use super::hyper::{hc_mix, hc_post, HyperMix, Mixing};
 use super::moe::moe;
 use super::moe::MoeWeights;
 use super::pass::{BlockCtx, LayerSpec};
@@ -32,9 +32,16 @@ pub fn block_forward(
 ) -> Result<(), ExpertError> {
     let c = ctx.c;
     let (d, n, eps) = (c.hidden_size, ctx.token_ids.len(), c.rms_norm_eps);
-    let shifted = c.v41.is_some();
+    let mixing = w.mixing;
 
-    let mut mix = hc_mix(x, n, &w.hc_attn, c, collapse(shifted, carry), ws);
+    let mut mix = hc_mix(
+        x,
+        n,
+        &w.hc_attn,
+        c,
+        mixing.collapse(carry.pre.as_deref()),
+        ws,
+    );
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.attn_norm, eps);
@@ -42,9 +49,16 @@ pub fn block_forward(
     let o = attention(&w.attn, ctx, &mix.collapsed, cache, carry, ws);
     hc_post(x, &o, &mix, n, d, ws);
     ws.give(o);
-    hand_on(mix, shifted, carry, ws);
+    hand_on(mix, mixing, carry, ws);
 
-    let mut mix = hc_mix(x, n, &w.hc_ffn, c, collapse(shifted, carry), ws);
+    let mut mix = hc_mix(
+        x,
+        n,
+        &w.hc_ffn,
+        c,
+        mixing.collapse(carry.pre.as_deref()),
+        ws,
+    );
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut mix.collapsed, &w.ffn_norm, eps);
@@ -52,23 +66,13 @@ pub fn block_forward(
     let m = moe(&w.ffn, c, &mix.collapsed, ctx.token_ids, ws)?;
     hc_post(x, &m, &mix, n, d, ws);
     ws.give(m);
-    hand_on(mix, shifted, carry, ws);
+    hand_on(mix, mixing, carry, ws);
     Ok(())
 }
 
-/// How a sublayer collapses its input: V4 with its own weights, V4.1 with the previous
-/// sublayer's (stream 0 at the model's entry).
-fn collapse(shifted: bool, carry: &Carry) -> Collapse<'_> {
-    match (shifted, &carry.pre) {
-        (false, _) => Collapse::Own,
-        (true, None) => Collapse::First,
-        (true, Some(pre)) => Collapse::Carried(pre),
-    }
-}
-
 /// Recycles a sublayer's mixing weights, keeping its `pre` for the next one when shifted.
-fn hand_on(mut mix: HyperMix, shifted: bool, carry: &mut Carry, ws: &mut Workspace) {
-    if shifted {
+fn hand_on(mut mix: HyperMix, mixing: Mixing, carry: &mut Carry, ws: &mut Workspace) {
+    if mixing == Mixing::Shifted {
         carry.shift(std::mem::take(&mut mix.pre), ws);
     }
     mix.recycle(ws);
@@ -84,6 +88,7 @@ pub struct LayerWeights {
     pub ffn: MoeWeights,
     /// V4.1's n-gram memory on the layers that have it.
     pub engram: Option<crate::v4::engram::EngramWeights>,
+    pub mixing: Mixing,
 }
 
 impl LayerWeights {
@@ -109,6 +114,7 @@ impl LayerWeights {
                 }
                 _ => None,
             },
+            mixing: Mixing::of(c),
         })
     }
 }

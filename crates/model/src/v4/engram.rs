@@ -35,6 +35,8 @@ pub struct EngramWeights {
     pub qk: Vec<f32>,
     /// Which of the model's Engram layers this is (its hashes' index).
     pub index: usize,
+    /// The image token, whose positions the gate keeps shut (docs/MODEL.md §8.6).
+    pub image_token: Option<u32>,
 }
 
 impl EngramWeights {
@@ -64,6 +66,7 @@ impl EngramWeights {
             },
             qk: q.iter().zip(&k).map(|(q, k)| q * k).collect(),
             index,
+            image_token: c.v41.as_ref().and_then(|v| v.image_token_id),
         })
     }
 }
@@ -143,7 +146,7 @@ pub fn engram(
     profile::weight_read(n * (width / dim) * (dim + dim.div_ceil(32)));
     let mut kv = ws.take(n * (hc + 1) * d);
     profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv)]);
-    let image = c.v41.as_ref().and_then(|v| v.image_token_id);
+    let image = w.image_token;
     x.par_chunks_mut(hc * d)
         .zip(kv.par_chunks(hc * d + d))
         .zip(token_ids.par_iter())

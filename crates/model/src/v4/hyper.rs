@@ -66,6 +66,33 @@ impl HyperMix {
     }
 }
 
+/// How a layer's sublayers collapse their input streams, chosen once at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixing {
+    /// V4: each sublayer with its own `pre` (docs/MODEL.md §3.3).
+    Own,
+    /// V4.1's shifted mHC (§8.1): each sublayer with the previous sublayer's `pre`.
+    Shifted,
+}
+
+impl Mixing {
+    pub fn of(c: &ModelConfig) -> Self {
+        match c.v41 {
+            Some(_) => Mixing::Shifted,
+            None => Mixing::Own,
+        }
+    }
+
+    /// The collapse of a sublayer whose predecessor left `pre` (`None`: the model's entry).
+    pub fn collapse(self, pre: Option<&[f32]>) -> Collapse<'_> {
+        match (self, pre) {
+            (Mixing::Own, _) => Collapse::Own,
+            (Mixing::Shifted, None) => Collapse::First,
+            (Mixing::Shifted, Some(pre)) => Collapse::Carried(pre),
+        }
+    }
+}
+
 /// Which weights collapse a sublayer's input streams.
 #[derive(Clone, Copy)]
 pub enum Collapse<'a> {

@@ -112,25 +112,17 @@ impl Step<'_> {
 
     /// Tokens per compressed entry (0 for a sliding layer).
     fn ratio(&self) -> usize {
-        match self.c.v41.as_ref() {
-            Some(v) => v.compress_ratios.get(self.layer).copied().unwrap_or(0),
-            None => self.w.compressor.as_ref().map_or(0, |cw| cw.ratio),
-        }
+        self.w.plan.ratio
     }
 
     /// The layer whose cache rows hold this layer's compressed entries and indexer keys.
     fn kv_layer(&self) -> usize {
-        self.c
-            .v41
-            .as_ref()
-            .and_then(|v| v.kv_source(self.layer))
-            .unwrap_or(self.layer)
+        self.w.plan.kv_layer
     }
 
-    /// Whether the compressed entries attended to are index picks (CSA, and every V4.1
-    /// compressed layer) rather than all of them (HCA).
+    /// Whether the compressed entries attended to are index picks rather than all of them.
     fn picks(&self) -> bool {
-        self.w.indexer.is_some() || (self.c.v41.is_some() && self.ratio() > 0)
+        self.w.plan.picks
     }
 }
 
@@ -246,7 +238,7 @@ fn norm_and_rotate(st: &Step, p: &mut Projected) {
     let _p = scope(Op::NormRope);
     let (c, eps) = (st.c, st.c.rms_norm_eps);
     let (h, hd) = (c.num_attention_heads, c.head_dim);
-    let q_norm = c.v41.is_none();
+    let q_norm = st.w.plan.q_head_norm;
     for (i, row) in p.q.chunks_exact_mut(h * hd).enumerate() {
         let (cos, sin) = st.angles.row(i);
         for head in row.chunks_exact_mut(hd) {
@@ -335,10 +327,10 @@ fn select(
         q: &p.iq,
         weights: &p.iwt,
     };
-    let v41 = c.v41.as_ref();
-    let cand = v41.and_then(|v| v.candidates);
-    let publish = cand.filter(|cd| cd.source_layer == st.layer);
-    let within = cand.filter(|_| v41.is_some_and(|v| v.uses_candidates(st.layer)));
+    let uses = st.w.plan.candidates;
+    let cand = uses.config;
+    let publish = cand.filter(|_| uses.publishes);
+    let within = cand.filter(|_| uses.within);
     let nb = cand.map_or(1, |cd| cd.topk_blocks.max(1));
     let mut picks = ws.take_idx(n * topk);
     let mut n_picks = ws.take_idx(n);

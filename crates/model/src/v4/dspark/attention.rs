@@ -53,7 +53,7 @@ pub(super) fn block_attention(
     rms_norm_rows(&mut qr, &st.attn.q_norm, eps);
     let mut q = ws.take(n * h * hd);
     wq_b.forward_into(&qr, n, &mut q);
-    let q_norm = c.v41.is_none();
+    let q_norm = st.attn.plan.q_head_norm;
     for (i, row) in q.chunks_exact_mut(h * hd).enumerate() {
         let (cos, sin) = angles.row(i);
         for head in row.chunks_exact_mut(hd) {

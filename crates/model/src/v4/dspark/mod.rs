@@ -12,7 +12,7 @@
 mod attention;
 mod context;
 
-use super::hyper::{hc_head, hc_mix, hc_post, Collapse};
+use super::hyper::{hc_head, hc_mix, hc_post};
 use super::model::{embed_streams, Model};
 use super::moe::moe;
 use super::rows::Angles;
@@ -176,14 +176,10 @@ impl DsparkWeights {
     ) -> Result<Vec<f32>, ExpertError> {
         let (c, b) = (&self.stage_config, self.config.block_size);
         let d = c.hidden_size;
-        let shifted = c.v41.is_some();
         let mut pre: Option<Vec<f32>> = None;
         for (s, st) in self.stages.iter().enumerate() {
             let ctx_kv = context.keys(target, s, ws);
-            let collapse = match shifted {
-                true => pre.as_deref().map_or(Collapse::First, Collapse::Carried),
-                false => Collapse::Own,
-            };
+            let collapse = st.mixing.collapse(pre.as_deref());
             let mut mix = hc_mix(x, b, &st.hc_attn, c, collapse, ws);
             rms_norm_rows(&mut mix.collapsed, &st.attn_norm, c.rms_norm_eps);
             let o = block_attention(st, c, &mix.collapsed, &ctx_kv, angles, out, ws);
@@ -191,10 +187,7 @@ impl DsparkWeights {
             for v in [o, ctx_kv] {
                 ws.give(v);
             }
-            let collapse = match shifted {
-                true => Collapse::Carried(&mix.pre),
-                false => Collapse::Own,
-            };
+            let collapse = st.mixing.collapse(Some(&mix.pre));
             let mut ffn = hc_mix(x, b, &st.hc_ffn, c, collapse, ws);
             rms_norm_rows(&mut ffn.collapsed, &st.ffn_norm, c.rms_norm_eps);
             let f = moe(&st.ffn, c, &ffn.collapsed, &out.ids, ws)?;
