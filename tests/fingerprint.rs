@@ -280,9 +280,21 @@ fn drafter_cases() {
     }
 }
 
+/// The cache layout of every fixture's config (with a draft layer and rollback room).
+fn layout_cases() {
+    for &(config, layout) in LAYOUTS.iter().chain(&[("tiny-a-dspark", "official")]) {
+        let m = load(config, layout);
+        let l = deepinfer_engine::cache::CacheLayout::new(&m.config, 3, 16, 1).unwrap();
+        let mut fp = Fingerprint::new();
+        fp.bytes(format!("{l:?}").as_bytes());
+        print(&format!("{config}/{layout} cache layout"), &fp);
+    }
+}
+
 #[test]
 #[ignore = "prints a fingerprint to compare between commits"]
 fn fingerprint() {
+    layout_cases();
     logits_cases();
     drafter_cases();
 }

@@ -15,7 +15,7 @@
 use std::ops::Range;
 
 use deepinfer_model::cache::Stream;
-use deepinfer_model::config::{AttnKind, ModelConfig};
+use deepinfer_model::config::{AttnKind, EntryPool, LayerState, ModelConfig};
 use deepinfer_model::record;
 
 use super::CacheError;
@@ -216,20 +216,11 @@ pub struct CacheLayout {
     pub snapshot: SnapshotLayout,
 }
 
-/// Names of the paged pools, in allocation order.
-pub const CSA_ENTRIES: &str = "csa_entries";
-pub const HCA_ENTRIES: &str = "hca_entries";
-pub const INDEXER_KEYS: &str = "indexer_keys";
-/// V4.1's pools, by compression ratio: entries and indexer keys of the kv sources.
-pub const V41_POOLS: [(&str, usize, bool); 4] = [
-    ("c2_entries", 2, false),
-    ("c1_entries", 1, false),
-    ("c2_keys", 2, true),
-    ("c1_keys", 1, true),
-];
+/// Names of V4's paged pools, in allocation order (V4.1's are named by ratio).
+pub use deepinfer_model::config::{CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS};
 
 impl CacheLayout {
-    /// Layout for the decoder layers of `cfg` (`cfg.layer_types`), then `draft_layers`
+    /// Layout for the decoder layers of `cfg` as its [`CachePlan`] says, then `draft_layers`
     /// sliding-window layers for a draft model (the MTP block), which keep only a window
     /// ring. Blocks cover `block_tokens` tokens, a multiple of every compression ratio.
     pub fn new(
@@ -238,169 +229,32 @@ impl CacheLayout {
         block_tokens: usize,
         draft_layers: usize,
     ) -> Result<Self, CacheError> {
-        let bad_block = |reason| CacheError::InvalidConfig {
-            field: "block_size",
-            value: block_tokens.to_string(),
-            reason,
-        };
         if block_tokens == 0 {
-            return Err(bad_block("a block covers at least one token"));
+            return Err(bad_block(block_tokens, "a block covers at least one token"));
         }
-        let (hd, ihd) = (cfg.head_dim, cfg.index_head_dim);
-        // KV vectors and indexer keys as the numerics stores them (f32 or packed records);
-        // the compressors' pending rows are always f32.
-        let (kv, key) = (record::kv_words(cfg), record::key_words(cfg));
-        let window_slots = cfg.sliding_window + rollback_slack;
-        let mut off = 0;
-        let mut ring = |slots: usize, width: usize| {
-            let r = Ring {
-                offset: off,
-                slots,
-                width,
-            };
-            off += r.floats();
-            r
+        let plan = cfg.cache_plan();
+        let draft = std::iter::repeat_n(LayerState::SLIDING, draft_layers);
+        let states: Vec<LayerState> = plan.layers.iter().copied().chain(draft).collect();
+        let mut slot = SlotBuilder {
+            cfg,
+            window_slots: cfg.sliding_window + rollback_slack,
+            rollback_slack,
+            floats: 0,
+            members: vec![Vec::new(); plan.pools.len()],
         };
-        // The pools' (name, width, ratio), in allocation order; empty ones are dropped below.
-        let specs: Vec<(&'static str, usize, usize)> = match &cfg.v41 {
-            None => vec![
-                (CSA_ENTRIES, kv, cfg.compress_rate_csa),
-                (HCA_ENTRIES, kv, cfg.compress_rate_hca),
-                (INDEXER_KEYS, key, cfg.compress_rate_csa),
-            ],
-            Some(_) => V41_POOLS
-                .iter()
-                .map(|&(name, ratio, keys)| (name, if keys { key } else { kv }, ratio))
-                .collect(),
-        };
-        let group_of = |ratio: usize, keys: bool| -> usize {
-            match &cfg.v41 {
-                None => {
-                    usize::from(!keys && ratio == cfg.compress_rate_hca) + 2 * usize::from(keys)
-                }
-                Some(_) => V41_POOLS
-                    .iter()
-                    .position(|&(_, r, k)| r == ratio && k == keys)
-                    .expect("V4.1 ratios are checked to be 1 or 2"),
-            }
-        };
-        let mut members = vec![Vec::new(); specs.len()];
-        let mut layers = Vec::with_capacity(cfg.layer_types.len());
-        let draft = std::iter::repeat_n(AttnKind::Sliding, draft_layers);
-        for (layer, kind) in cfg.layer_types.iter().copied().chain(draft).enumerate() {
-            let window = ring(window_slots, kv);
-            let (ratio, coff) = match kind {
-                AttnKind::Sliding => (0, 0),
-                AttnKind::Csa => (cfg.compress_rate_csa, 2),
-                AttnKind::Hca => (cfg.compress_rate_hca, 1),
-                AttnKind::Shared => (cfg.compress_ratio(layer), 1),
-            };
-            if kind != AttnKind::Sliding && ratio == 0 {
-                return Err(CacheError::InvalidConfig {
-                    field: "compress_rate",
-                    value: format!("0 (layer {layer})"),
-                    reason: "compressed layers need a ratio >= 1",
-                });
-            }
-            let slots = coff * ratio + rollback_slack;
-            let mut place = |group: usize| {
-                members[group].push(layer);
-                Some(EntryPlace {
-                    pool: group,
-                    member: members[group].len() - 1,
-                })
-            };
-            let l = match kind {
-                AttnKind::Sliding => LayerLayout {
-                    kind,
-                    ratio,
-                    window,
-                    attn_pending: None,
-                    index_pending: None,
-                    attn_entries: None,
-                    index_entries: None,
-                },
-                AttnKind::Csa => LayerLayout {
-                    kind,
-                    ratio,
-                    window,
-                    attn_pending: Some(ring(slots, 2 * coff * hd)),
-                    index_pending: Some(ring(slots, 2 * coff * ihd)),
-                    attn_entries: place(group_of(ratio, false)),
-                    index_entries: place(group_of(ratio, true)),
-                },
-                AttnKind::Hca => LayerLayout {
-                    kind,
-                    ratio,
-                    window,
-                    attn_pending: Some(ring(slots, 2 * coff * hd)),
-                    index_pending: None,
-                    attn_entries: place(group_of(ratio, false)),
-                    index_entries: None,
-                },
-                // Only a kv source keeps compressed state: the layers after it read its
-                // entries and keys, stored once (docs/MODEL.md §8.4-5).
-                AttnKind::Shared => {
-                    let source = cfg.v41.as_ref().and_then(|v| v.kv_source(layer)) == Some(layer);
-                    LayerLayout {
-                        kind,
-                        ratio,
-                        window,
-                        attn_pending: source.then(|| ring(slots, 2 * hd)),
-                        index_pending: None,
-                        attn_entries: if source {
-                            place(group_of(ratio, false))
-                        } else {
-                            None
-                        },
-                        index_entries: if source {
-                            place(group_of(ratio, true))
-                        } else {
-                            None
-                        },
-                    }
-                }
-            };
-            layers.push(l);
+        let mut layers = Vec::with_capacity(states.len());
+        for (layer, st) in states.iter().enumerate() {
+            layers.push(slot.layer(layer, st)?);
         }
-        let slot_floats = off;
-
-        // Drop empty groups and renumber the places accordingly.
-        let mut index = vec![usize::MAX; specs.len()];
-        let mut pools = Vec::new();
-        for (g, ((name, width, ratio), layers)) in specs.into_iter().zip(members).enumerate() {
-            if !layers.is_empty() {
-                if !block_tokens.is_multiple_of(ratio) {
-                    return Err(bad_block(
-                        "a block covers whole compression windows: a multiple of every compress ratio",
-                    ));
-                }
-                index[g] = pools.len();
-                pools.push(PoolLayout {
-                    name,
-                    layers,
-                    width,
-                    ratio,
-                    block_entries: block_tokens / ratio,
-                });
-            }
-        }
-        for l in &mut layers {
-            for p in [&mut l.attn_entries, &mut l.index_entries]
-                .into_iter()
-                .flatten()
-            {
-                p.pool = index[p.pool];
-            }
-        }
+        let pools = paged_pools(cfg, &plan.pools, slot.members, block_tokens, &mut layers)?;
         let snapshot = snapshot_layout(&layers[..cfg.layer_types.len()], cfg.sliding_window);
         Ok(Self {
-            window_slots,
+            window_slots: slot.window_slots,
             rollback_slack,
             block_tokens,
             layers,
             pools,
-            slot_floats,
+            slot_floats: slot.floats,
             snapshot,
         })
     }
@@ -408,6 +262,116 @@ impl CacheLayout {
     pub fn slot_bytes(&self) -> usize {
         self.slot_floats * size_of::<f32>()
     }
+}
+
+fn bad_block(block_tokens: usize, reason: &'static str) -> CacheError {
+    CacheError::InvalidConfig {
+        field: "block_size",
+        value: block_tokens.to_string(),
+        reason,
+    }
+}
+
+/// Lays out one sequence's state slot ring by ring, layer by layer, and notes which layers
+/// each entry pool serves.
+struct SlotBuilder<'a> {
+    cfg: &'a ModelConfig,
+    window_slots: usize,
+    rollback_slack: usize,
+    /// Floats laid out so far.
+    floats: usize,
+    /// Every pool's member layers, in order.
+    members: Vec<Vec<usize>>,
+}
+
+impl SlotBuilder<'_> {
+    fn ring(&mut self, slots: usize, width: usize) -> Ring {
+        let r = Ring {
+            offset: self.floats,
+            slots,
+            width,
+        };
+        self.floats += r.floats();
+        r
+    }
+
+    fn place(&mut self, pool: usize, layer: usize) -> EntryPlace {
+        self.members[pool].push(layer);
+        EntryPlace {
+            pool,
+            member: self.members[pool].len() - 1,
+        }
+    }
+
+    /// Layer `layer`'s rings (its window, then the pending rows of what it compresses) and
+    /// its places in the entry pools. KV vectors are as the numerics stores them (f32 or
+    /// packed records); pending rows are always f32.
+    fn layer(&mut self, layer: usize, st: &LayerState) -> Result<LayerLayout, CacheError> {
+        if st.kind != AttnKind::Sliding && st.ratio == 0 {
+            return Err(CacheError::InvalidConfig {
+                field: "compress_rate",
+                value: format!("0 (layer {layer})"),
+                reason: "compressed layers need a ratio >= 1",
+            });
+        }
+        let (hd, ihd) = (self.cfg.head_dim, self.cfg.index_head_dim);
+        let window = self.ring(self.window_slots, record::kv_words(self.cfg));
+        let slots = st.coff * st.ratio + self.rollback_slack;
+        let attn_pending = st.entries.map(|_| self.ring(slots, 2 * st.coff * hd));
+        let own_keys = st.keys.filter(|&(_, own)| own);
+        let index_pending = own_keys.map(|_| self.ring(slots, 2 * st.coff * ihd));
+        Ok(LayerLayout {
+            kind: st.kind,
+            ratio: st.ratio,
+            window,
+            attn_pending,
+            index_pending,
+            attn_entries: st.entries.map(|p| self.place(p, layer)),
+            index_entries: st.keys.map(|(p, _)| self.place(p, layer)),
+        })
+    }
+}
+
+/// The pools some layer uses, numbered densely (the layers' places renumbered to match),
+/// each with blocks of `block_tokens` tokens.
+fn paged_pools(
+    cfg: &ModelConfig,
+    plan: &[EntryPool],
+    members: Vec<Vec<usize>>,
+    block_tokens: usize,
+    layers: &mut [LayerLayout],
+) -> Result<Vec<PoolLayout>, CacheError> {
+    let (kv, key) = (record::kv_words(cfg), record::key_words(cfg));
+    let mut index = vec![usize::MAX; plan.len()];
+    let mut pools = Vec::new();
+    for (g, (p, layers)) in plan.iter().zip(members).enumerate() {
+        if layers.is_empty() {
+            continue;
+        }
+        if !block_tokens.is_multiple_of(p.ratio) {
+            return Err(bad_block(
+                block_tokens,
+                "a block covers whole compression windows: a multiple of every compress ratio",
+            ));
+        }
+        index[g] = pools.len();
+        pools.push(PoolLayout {
+            name: p.name,
+            layers,
+            width: if p.keys { key } else { kv },
+            ratio: p.ratio,
+            block_entries: block_tokens / p.ratio,
+        });
+    }
+    for l in layers {
+        for p in [&mut l.attn_entries, &mut l.index_entries]
+            .into_iter()
+            .flatten()
+        {
+            p.pool = index[p.pool];
+        }
+    }
+    Ok(pools)
 }
 
 /// The rings a sequence resumed at a block boundary reads before rewriting them: the window

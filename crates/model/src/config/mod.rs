@@ -8,6 +8,7 @@
 //! would load there — except where the reference would crash or silently misread, which is an
 //! error here instead.
 
+mod cache_plan;
 mod declared;
 mod dspark;
 mod fields;
@@ -18,6 +19,7 @@ mod tests;
 mod v41;
 mod validate;
 
+pub use cache_plan::{CachePlan, EntryPool, LayerState, CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS};
 pub use dspark::DsparkConfig;
 pub use v41::{Candidates, EngramConfig, V41};
 
