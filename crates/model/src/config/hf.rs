@@ -74,252 +74,21 @@ fn hf_yarn(e: &Fields, max_pos: usize) -> Result<Yarn, ConfigError> {
 }
 
 /// A V4 config, or with `v41` the text part of a V4.1 one (whose own fields
-/// [`super::v41::parse`] reads).
+/// [`super::v41::parse`] reads). Fields are read, and refused, in the order of the steps.
 pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
-    let expected: &[&str] = if v41 {
-        &["deepseek_v41", "deepseek_v41_text"]
-    } else {
-        &["deepseek_v4"]
-    };
-    if let Some(mt) = f.str("model_type")? {
-        if !expected.contains(&mt) {
-            return Err(invalid(
-                f.name("model_type"),
-                format!("{mt:?}"),
-                format!("expected {}", expected.join(" or ")),
-            ));
-        }
-    }
-    let n = f.usize_or("num_hidden_layers", 43)?;
-    if n > MAX_LAYERS {
-        // Checked before the per-layer lists are sized by it.
-        return Err(invalid(
-            "num_hidden_layers",
-            n,
-            format!("must be at most {MAX_LAYERS}"),
-        ));
-    }
+    check_model_type(f, v41)?;
+    let n = layer_count(f)?;
     let head_dim = f.usize_or("head_dim", 512)?;
     let max_pos = f.usize_or("max_position_embeddings", 1_048_576)?;
-
-    // Compression rates: an explicit dict replaces HF's default wholesale, then the legacy
-    // scalars override single entries.
-    let rates_dict = f.obj("compress_rates")?;
-    let (mut csa_rate, mut hca_rate) = (None, None);
-    if let Some(d) = &rates_dict {
-        for (key, v) in d.obj {
-            let field = d.name(key);
-            match key.as_str() {
-                CSA_NAME => csa_rate = Some(to_usize(v, &field)?),
-                HCA_NAME => hca_rate = Some(to_usize(v, &field)?),
-                _ => {
-                    return Err(invalid(
-                        "compress_rates",
-                        format!("{key:?}"),
-                        format!("unknown layer type; expected {CSA_NAME} or {HCA_NAME}"),
-                    ))
-                }
-            }
-        }
-    }
-    if let Some(r) = f.usize("compress_rate_csa")? {
-        csa_rate = Some(r);
-    }
-    if let Some(r) = f.usize("compress_rate_hca")? {
-        hca_rate = Some(r);
-    }
-
-    // Layer kinds: explicit `layer_types` > legacy per-layer `compress_ratios` (which may carry
-    // trailing MTP entries) > HF's default (the V4-Pro schedule). Lists are cut to the layer
-    // count as HF does; a short list fails validation.
-    let v41_ratios = if v41 {
-        let r = f
-            .usize_list("compress_ratios")?
-            .ok_or_else(|| ConfigError::Missing {
-                field: f.name("compress_ratios"),
-            })?;
-        if r.len() < n {
-            return Err(invalid(
-                f.name("compress_ratios"),
-                format!("{} entries", r.len()),
-                format!("needs one entry per layer (num_hidden_layers = {n})"),
-            ));
-        }
-        Some(r[..n].to_vec())
-    } else {
-        None
-    };
-    let layer_types = if let Some(r) = &v41_ratios {
-        r.iter()
-            .map(|&m| {
-                if m == 0 {
-                    AttnKind::Sliding
-                } else {
-                    AttnKind::Shared
-                }
-            })
-            .collect()
-    } else if let Some(list) = f.str_list("layer_types")? {
-        let mut kinds = Vec::with_capacity(n);
-        for (field, s) in list.into_iter().take(n) {
-            kinds.push(match s {
-                "sliding_attention" => AttnKind::Sliding,
-                CSA_NAME => AttnKind::Csa,
-                HCA_NAME => AttnKind::Hca,
-                other => {
-                    return Err(invalid(
-                        field,
-                        format!("{other:?}"),
-                        format!("expected sliding_attention, {CSA_NAME} or {HCA_NAME}"),
-                    ))
-                }
-            });
-        }
-        kinds
-    } else if let Some(ratios) = f.usize_list("compress_ratios")? {
-        legacy_ratios_to_kinds(&ratios, n, &mut csa_rate, &mut hca_rate)?
-    } else {
-        (0..n)
-            .map(|i| match i {
-                0 | 1 => AttnKind::Hca,
-                _ if i % 2 == 1 => AttnKind::Hca,
-                _ => AttnKind::Csa,
-            })
-            .collect()
-    };
-    // A dict that leaves out the rate of a kind the model uses would crash HF; refuse it.
-    for (kind, rate, name) in [
-        (AttnKind::Csa, csa_rate, CSA_NAME),
-        (AttnKind::Hca, hca_rate, HCA_NAME),
-    ] {
-        if rates_dict.is_some() && rate.is_none() && layer_types.contains(&kind) {
-            return Err(ConfigError::Missing {
-                field: format!("compress_rates.{name}"),
-            });
-        }
-    }
-
-    let mlp_layer_types = if let Some(list) = f.str_list("mlp_layer_types")? {
-        let mut kinds = Vec::with_capacity(n);
-        for (field, s) in list.into_iter().take(n) {
-            kinds.push(match s {
-                "hash_moe" => MlpKind::Hash,
-                "moe" => MlpKind::Scored,
-                other => {
-                    return Err(invalid(
-                        field,
-                        format!("{other:?}"),
-                        "expected hash_moe or moe",
-                    ))
-                }
-            });
-        }
-        kinds
-    } else {
-        // V4.1 routes every layer by score (docs/MODEL.md §8.7).
-        let n_hash = f.usize_or("num_hash_layers", if v41 { 0 } else { 3 })?;
-        if v41 && n_hash > 0 {
-            return Err(invalid(
-                f.name("num_hash_layers"),
-                n_hash,
-                "V4.1 has no hash-routed layers",
-            ));
-        }
-        (0..n)
-            .map(|i| {
-                if i < n_hash {
-                    MlpKind::Hash
-                } else {
-                    MlpKind::Scored
-                }
-            })
-            .collect()
-    };
-
-    // RoPE tables. `rope_scaling` (legacy) wins over `rope_parameters`, as in HF. Only a dict
-    // with both `main` and `compress` entries is "nested"; anything else is a flat YaRN spec
-    // for the compress table, whose theta is always `compress_rope_theta`.
-    let rope_theta = f.f64_or("rope_theta", 10000.0)?;
-    let compress_theta = f.f64_or("compress_rope_theta", 160000.0)?;
-    let rp = match f.obj("rope_scaling")? {
-        Some(rs) if !rs.obj.is_empty() => Some(rs),
-        _ => f.obj("rope_parameters")?,
-    };
-    let nested = match &rp {
-        Some(rp) => match (rp.obj("main")?, rp.obj("compress")?) {
-            (Some(m), Some(c)) => Some((m, c)),
-            _ => None,
-        },
-        None => None,
-    };
-    let (rope_main, rope_compress) = match (&nested, &rp) {
-        (Some((m, c)), _) => (
-            hf_rope_entry(m, rope_theta, max_pos)?,
-            hf_rope_entry(c, rope_theta, max_pos)?,
-        ),
-        (None, flat) => {
-            let main = RopeParams {
-                theta: rope_theta,
-                yarn: None,
-            };
-            let yarn = match flat {
-                Some(flat) => hf_rope_entry(flat, compress_theta, max_pos)?.yarn,
-                None => None,
-            };
-            let compress = RopeParams {
-                theta: compress_theta,
-                yarn,
-            };
-            (main, compress)
-        }
-    };
-
-    // Rotary width: HF derives it from `partial_rotary_factor` (default 64/512), folding in a
-    // legacy `qk_rope_head_dim`. When both are present they must agree; nested rope entries
-    // size the actual tables, so they must agree as well.
-    let prf = f.f64("partial_rotary_factor")?;
-    let legacy_rd = f.usize("qk_rope_head_dim")?;
-    let nested_main_prf = match &nested {
-        Some((m, _)) => m.f64("partial_rotary_factor")?,
-        None => None,
-    };
-    let qk_rope_head_dim = match (prf, legacy_rd) {
-        (Some(p), Some(r)) => {
-            let d = rope_dim_from_factor(head_dim, p, "partial_rotary_factor")?;
-            if d != r {
-                return Err(invalid(
-                    "qk_rope_head_dim",
-                    r,
-                    format!("disagrees with partial_rotary_factor {p} × head_dim {head_dim} = {d}"),
-                ));
-            }
-            r
-        }
-        (Some(p), None) => rope_dim_from_factor(head_dim, p, "partial_rotary_factor")?,
-        (None, Some(r)) => r,
-        (None, None) => match nested_main_prf {
-            Some(p) => {
-                rope_dim_from_factor(head_dim, p, "rope_parameters.main.partial_rotary_factor")?
-            }
-            None => rope_dim_from_factor(head_dim, 64.0 / 512.0, "partial_rotary_factor")?,
-        },
-    };
-    if let Some((m, c)) = &nested {
-        for e in [m, c] {
-            if let Some(p) = e.f64("partial_rotary_factor")? {
-                let field = e.name("partial_rotary_factor");
-                let d = rope_dim_from_factor(head_dim, p, &field)?;
-                if d != qk_rope_head_dim {
-                    return Err(invalid(
-                        field,
-                        p,
-                        format!("gives a rotary width of {d}, but qk_rope_head_dim is {qk_rope_head_dim}"),
-                    ));
-                }
-            }
-        }
-    }
-
+    let mut rates = CompressRates::read(f)?;
+    let v41_ratios = if v41 { Some(v41_ratios(f, n)?) } else { None };
+    let layer_types = attn_kinds(f, n, v41_ratios.as_deref(), &mut rates)?;
+    rates.check_used(&layer_types)?;
+    let mlp_layer_types = mlp_kinds(f, n, v41)?;
+    let rope = RopeTables::read(f, max_pos)?;
+    let qk_rope_head_dim = rope.rotary_width(f, head_dim)?;
+    let (rope_main, rope_compress) = (rope.main, rope.compress);
+    let (csa_rate, hca_rate) = (rates.csa, rates.hca);
     let scoring_func = scoring(
         "scoring_func",
         f.str("scoring_func")?.unwrap_or("sqrtsoftplus"),
@@ -372,6 +141,308 @@ pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
         v41,
         dspark,
     })
+}
+
+fn check_model_type(f: &Fields, v41: bool) -> Result<(), ConfigError> {
+    let expected: &[&str] = if v41 {
+        &["deepseek_v41", "deepseek_v41_text"]
+    } else {
+        &["deepseek_v4"]
+    };
+    if let Some(mt) = f.str("model_type")? {
+        if !expected.contains(&mt) {
+            return Err(invalid(
+                f.name("model_type"),
+                format!("{mt:?}"),
+                format!("expected {}", expected.join(" or ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `num_hidden_layers`, checked before the per-layer lists are sized by it.
+fn layer_count(f: &Fields) -> Result<usize, ConfigError> {
+    let n = f.usize_or("num_hidden_layers", 43)?;
+    if n > MAX_LAYERS {
+        return Err(invalid(
+            "num_hidden_layers",
+            n,
+            format!("must be at most {MAX_LAYERS}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// Compression rates: an explicit dict replaces HF's default wholesale, then the legacy
+/// scalars override single entries.
+struct CompressRates<'a> {
+    dict: Option<Fields<'a>>,
+    csa: Option<usize>,
+    hca: Option<usize>,
+}
+
+impl<'a> CompressRates<'a> {
+    fn read(f: &Fields<'a>) -> Result<Self, ConfigError> {
+        let rates_dict = f.obj("compress_rates")?;
+        let (mut csa_rate, mut hca_rate) = (None, None);
+        if let Some(d) = &rates_dict {
+            for (key, v) in d.obj {
+                let field = d.name(key);
+                match key.as_str() {
+                    CSA_NAME => csa_rate = Some(to_usize(v, &field)?),
+                    HCA_NAME => hca_rate = Some(to_usize(v, &field)?),
+                    _ => {
+                        return Err(invalid(
+                            "compress_rates",
+                            format!("{key:?}"),
+                            format!("unknown layer type; expected {CSA_NAME} or {HCA_NAME}"),
+                        ))
+                    }
+                }
+            }
+        }
+        if let Some(r) = f.usize("compress_rate_csa")? {
+            csa_rate = Some(r);
+        }
+        if let Some(r) = f.usize("compress_rate_hca")? {
+            hca_rate = Some(r);
+        }
+
+        Ok(Self {
+            dict: rates_dict,
+            csa: csa_rate,
+            hca: hca_rate,
+        })
+    }
+
+    /// A dict that leaves out the rate of a kind the model uses would crash HF; refuse it.
+    fn check_used(&self, layer_types: &[AttnKind]) -> Result<(), ConfigError> {
+        for (kind, rate, name) in [
+            (AttnKind::Csa, self.csa, CSA_NAME),
+            (AttnKind::Hca, self.hca, HCA_NAME),
+        ] {
+            if self.dict.is_some() && rate.is_none() && layer_types.contains(&kind) {
+                return Err(ConfigError::Missing {
+                    field: format!("compress_rates.{name}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// V4.1's per-layer `compress_ratios` (required, one per layer; trailing entries cut).
+fn v41_ratios(f: &Fields, n: usize) -> Result<Vec<usize>, ConfigError> {
+    let r = f
+        .usize_list("compress_ratios")?
+        .ok_or_else(|| ConfigError::Missing {
+            field: f.name("compress_ratios"),
+        })?;
+    if r.len() < n {
+        return Err(invalid(
+            f.name("compress_ratios"),
+            format!("{} entries", r.len()),
+            format!("needs one entry per layer (num_hidden_layers = {n})"),
+        ));
+    }
+    Ok(r[..n].to_vec())
+}
+
+/// Layer kinds: V4.1's from its ratios; else explicit `layer_types` > legacy per-layer
+/// `compress_ratios` (which may carry trailing MTP entries) > HF's default (the V4-Pro
+/// schedule). Lists are cut to the layer count as HF does; a short list fails validation.
+fn attn_kinds(
+    f: &Fields,
+    n: usize,
+    v41_ratios: Option<&[usize]>,
+    rates: &mut CompressRates,
+) -> Result<Vec<AttnKind>, ConfigError> {
+    Ok(if let Some(r) = v41_ratios {
+        r.iter()
+            .map(|&m| {
+                if m == 0 {
+                    AttnKind::Sliding
+                } else {
+                    AttnKind::Shared
+                }
+            })
+            .collect()
+    } else if let Some(list) = f.str_list("layer_types")? {
+        let mut kinds = Vec::with_capacity(n);
+        for (field, s) in list.into_iter().take(n) {
+            kinds.push(match s {
+                "sliding_attention" => AttnKind::Sliding,
+                CSA_NAME => AttnKind::Csa,
+                HCA_NAME => AttnKind::Hca,
+                other => {
+                    return Err(invalid(
+                        field,
+                        format!("{other:?}"),
+                        format!("expected sliding_attention, {CSA_NAME} or {HCA_NAME}"),
+                    ))
+                }
+            });
+        }
+        kinds
+    } else if let Some(ratios) = f.usize_list("compress_ratios")? {
+        legacy_ratios_to_kinds(&ratios, n, &mut rates.csa, &mut rates.hca)?
+    } else {
+        (0..n)
+            .map(|i| match i {
+                0 | 1 => AttnKind::Hca,
+                _ if i % 2 == 1 => AttnKind::Hca,
+                _ => AttnKind::Csa,
+            })
+            .collect()
+    })
+}
+
+/// The MoE kinds: explicit `mlp_layer_types`, else the first `num_hash_layers` hash-routed.
+fn mlp_kinds(f: &Fields, n: usize, v41: bool) -> Result<Vec<MlpKind>, ConfigError> {
+    Ok(if let Some(list) = f.str_list("mlp_layer_types")? {
+        let mut kinds = Vec::with_capacity(n);
+        for (field, s) in list.into_iter().take(n) {
+            kinds.push(match s {
+                "hash_moe" => MlpKind::Hash,
+                "moe" => MlpKind::Scored,
+                other => {
+                    return Err(invalid(
+                        field,
+                        format!("{other:?}"),
+                        "expected hash_moe or moe",
+                    ))
+                }
+            });
+        }
+        kinds
+    } else {
+        // V4.1 routes every layer by score (docs/MODEL.md §8.7).
+        let n_hash = f.usize_or("num_hash_layers", if v41 { 0 } else { 3 })?;
+        if v41 && n_hash > 0 {
+            return Err(invalid(
+                f.name("num_hash_layers"),
+                n_hash,
+                "V4.1 has no hash-routed layers",
+            ));
+        }
+        (0..n)
+            .map(|i| {
+                if i < n_hash {
+                    MlpKind::Hash
+                } else {
+                    MlpKind::Scored
+                }
+            })
+            .collect()
+    })
+}
+
+/// RoPE tables. `rope_scaling` (legacy) wins over `rope_parameters`, as in HF. Only a dict
+/// with both `main` and `compress` entries is "nested"; anything else is a flat YaRN spec
+/// for the compress table, whose theta is always `compress_rope_theta`.
+struct RopeTables<'a> {
+    main: RopeParams,
+    compress: RopeParams,
+    nested: Option<(Fields<'a>, Fields<'a>)>,
+}
+
+impl<'a> RopeTables<'a> {
+    fn read(f: &Fields<'a>, max_pos: usize) -> Result<Self, ConfigError> {
+        let rope_theta = f.f64_or("rope_theta", 10000.0)?;
+        let compress_theta = f.f64_or("compress_rope_theta", 160000.0)?;
+        let rp = match f.obj("rope_scaling")? {
+            Some(rs) if !rs.obj.is_empty() => Some(rs),
+            _ => f.obj("rope_parameters")?,
+        };
+        let nested = match &rp {
+            Some(rp) => match (rp.obj("main")?, rp.obj("compress")?) {
+                (Some(m), Some(c)) => Some((m, c)),
+                _ => None,
+            },
+            None => None,
+        };
+        let (rope_main, rope_compress) = match (&nested, &rp) {
+            (Some((m, c)), _) => (
+                hf_rope_entry(m, rope_theta, max_pos)?,
+                hf_rope_entry(c, rope_theta, max_pos)?,
+            ),
+            (None, flat) => {
+                let main = RopeParams {
+                    theta: rope_theta,
+                    yarn: None,
+                };
+                let yarn = match flat {
+                    Some(flat) => hf_rope_entry(flat, compress_theta, max_pos)?.yarn,
+                    None => None,
+                };
+                let compress = RopeParams {
+                    theta: compress_theta,
+                    yarn,
+                };
+                (main, compress)
+            }
+        };
+
+        Ok(Self {
+            main: rope_main,
+            compress: rope_compress,
+            nested,
+        })
+    }
+
+    /// Rotary width: HF derives it from `partial_rotary_factor` (default 64/512), folding in
+    /// a legacy `qk_rope_head_dim`. When both are present they must agree; nested rope
+    /// entries size the actual tables, so they must agree as well.
+    fn rotary_width(&self, f: &Fields, head_dim: usize) -> Result<usize, ConfigError> {
+        let nested = &self.nested;
+        let prf = f.f64("partial_rotary_factor")?;
+        let legacy_rd = f.usize("qk_rope_head_dim")?;
+        let nested_main_prf = match &nested {
+            Some((m, _)) => m.f64("partial_rotary_factor")?,
+            None => None,
+        };
+        let qk_rope_head_dim = match (prf, legacy_rd) {
+            (Some(p), Some(r)) => {
+                let d = rope_dim_from_factor(head_dim, p, "partial_rotary_factor")?;
+                if d != r {
+                    return Err(invalid(
+                        "qk_rope_head_dim",
+                        r,
+                        format!(
+                            "disagrees with partial_rotary_factor {p} × head_dim {head_dim} = {d}"
+                        ),
+                    ));
+                }
+                r
+            }
+            (Some(p), None) => rope_dim_from_factor(head_dim, p, "partial_rotary_factor")?,
+            (None, Some(r)) => r,
+            (None, None) => match nested_main_prf {
+                Some(p) => {
+                    rope_dim_from_factor(head_dim, p, "rope_parameters.main.partial_rotary_factor")?
+                }
+                None => rope_dim_from_factor(head_dim, 64.0 / 512.0, "partial_rotary_factor")?,
+            },
+        };
+        if let Some((m, c)) = &nested {
+            for e in [m, c] {
+                if let Some(p) = e.f64("partial_rotary_factor")? {
+                    let field = e.name("partial_rotary_factor");
+                    let d = rope_dim_from_factor(head_dim, p, &field)?;
+                    if d != qk_rope_head_dim {
+                        return Err(invalid(
+                        field,
+                        p,
+                        format!("gives a rotary width of {d}, but qk_rope_head_dim is {qk_rope_head_dim}"),
+                    ));
+                    }
+                }
+            }
+        }
+
+        Ok(qk_rope_head_dim)
+    }
 }
 
 /// Legacy per-layer ratios in an HF config. HF itself maps only 0/4/128 and crashes on
