@@ -5,14 +5,14 @@ Run by hand, after tools/make_v41_golden.py (outputs are committed):
 
     /tmp/venv/bin/python tools/make_dspark_golden.py
 
-It builds on tools/make_v41_golden.py (the V41 class, its Store and storage formats) and
-writes, for the tiny-v41-a config:
+It builds on golden/v41.py (the V41 model, its Store and storage formats; the loop shared
+with the V4 drafter is golden/dspark.py) and writes, for the tiny-v41-a config:
 
   tests/fixtures/golden/tiny-v41-a/official/dspark.safetensors
       the DSpark weights (stages mtp.0..2 and the head stack) under their official names, drawn
-      with the Store rules of make_v41_golden. model.safetensors is NOT rewritten: the target's
-      weights are rebuilt in memory with make_v41_golden.build() (same seed) and checked byte
-      for byte against the file on disk before anything runs.
+      with the Store rules of golden/v41.py. model.safetensors is NOT rewritten: the target's
+      weights are rebuilt in memory with golden.v41.build() (same seed) and checked byte for
+      byte against the file on disk before anything runs.
   tests/fixtures/golden/tiny-v41-a/dspark_golden.safetensors, dspark_golden.json
       the DSpark config fields, two fully recorded draft blocks, and a greedy speculative decode
       loop against plain greedy decoding.
@@ -86,7 +86,7 @@ mtp.{i}.<rest> maps to the stage-i decoder layer, except main_proj.* and main_no
 under mtp.0), norm.*, markov_head.* and confidence_head.* (shipped under the last stage,
 mtp.2), which live at model level; markov_head.embed / markov_head.head are markov_w1 /
 markov_w2. Stage tensors are those of a window-only V4.1 layer (no compressor, indexer,
-Engram); `gate.bias_vl` is stored as make_v41_golden stores it on every target layer.
+Engram); `gate.bias_vl` is stored as golden/v41.py stores it on every target layer.
 
 Choices (vLLM does not fix them for a tiny model, or the reference had to pick):
   - dspark_target_layer_ids [2, 3, 4] (above); dspark_block_size 5 (as shipped);
@@ -106,7 +106,7 @@ Choices (vLLM does not fix them for a tiny model, or the reference had to pick):
     the target is causal this equals vLLM's incremental insertion of each verify step's
     accepted rows.
   - float32 throughout with dequantized weights: no activation quantization, no bf16 rounding
-    of activations, no KV-cache quantization — the same numerics as make_v41_golden (vLLM keeps the mean
+    of activations, no KV-cache quantization — the same numerics as golden/v41.py (vLLM keeps the mean
     aux states, main_x and the cache in bf16/fp8).
   - Confidence proj stored as F32 (vLLM creates the parameter in float32; the shipped dtype
     was not seen); Markov factors BF16 (vLLM's ROCm kernel notes 129280 x 256 bf16).
@@ -126,29 +126,22 @@ Where vLLM and spec §7.2 differ, vLLM was followed:
 """
 
 import json
-import math
 import os
-import struct
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_v41_golden as v41  # noqa: E402
-from make_official_golden import sparse_attn  # noqa: E402
-from make_v41_golden import V41, Store, rms_norm, rope_tail  # noqa: E402
-from storage_formats import raw, write_safetensors  # noqa: E402
+from golden.dspark import draw_stage, record, sequential_drafts  # noqa: E402
+from golden.paths import GOLDEN  # noqa: E402
+from golden.primitives import rms_norm, rope_tail, sparse_attn  # noqa: E402
+from golden.read import read_safetensors_raw  # noqa: E402
+from golden.storage import write_safetensors  # noqa: E402
+from golden.v41 import CONFIGS, V41, Gaps, build, store  # noqa: E402
 
 CONFIG = "tiny-v41-a"
 DSPARK_SEED = 4100
 PROMPT_SEED = 4200
-PROMPT_LEN = 21
-GEN_TOKENS = 16
-FORCED_ACCEPTED = 3
-TIE_GAP = v41.TIE_GAP
-MARGIN = 5e-4
-MIN_ACCEPTED = 3
-RETRIES = 16
 
 DSPARK_FIELDS = dict(
     dspark_target_layer_ids=[2, 3, 4],
@@ -188,16 +181,9 @@ def announce_drafter(path, dc):
         json.dump(cfg, f, indent=2, sort_keys=True)
 
 
-def draw_stage(s, p, c, bias_vl=True):
-    """One window-only decoder layer with the stages' expert count (make_v41_golden.draw_layer;
-    a V4 stage, tools/make_dspark_v4_golden.py, has no `gate.bias_vl` and its Store rounds onto
-    V4's 128-wide FP8 blocks)."""
-    return v41.draw_layer(s, p, c, c["dspark_n_routed_experts"], bias_vl=bias_vl)
-
-
 def build_dspark(c):
     """DSpark weights in official names: (values for the forward, stored bytes)."""
-    s = Store(DSPARK_SEED)
+    s = store(DSPARK_SEED)
     D, V, r = c["hidden_size"], c["vocab_size"], c["dspark_markov_rank"]
     n, last = c["num_nextn_predict_layers"], c["num_nextn_predict_layers"] - 1
     k = len(c["dspark_target_layer_ids"])
@@ -213,24 +199,14 @@ def build_dspark(c):
     return w, s.files
 
 
-def read_safetensors_raw(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        body = f.read()
-    header.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items()}
-
-
 def check_target_file(files, path):
     """The in-memory rebuild must be the committed model.safetensors, tensor for tensor."""
     disk = read_safetensors_raw(path)
     if set(disk) != set(files):
-        raise SystemExit(f"{path}: tensor names differ from make_v41_golden.build()")
+        raise SystemExit(f"{path}: tensor names differ from golden.v41.build()")
     for k, v in files.items():
         if tuple(disk[k][:2]) != (v[0], list(v[1])) or disk[k][2] != v[2]:
-            raise SystemExit(f"{path}: {k} differs from make_v41_golden.build(); rerun it first")
+            raise SystemExit(f"{path}: {k} differs from golden.v41.build(); rerun make_v41_golden.py first")
 
 
 # ---------------------------------------------------------------- the draft model
@@ -277,7 +253,7 @@ class DSpark:
         """aux [P0, 3D] (one row per context token, positions 0..P0-1), bonus = the token at P0."""
         c, sm = self.c, self.stages
         P0, B, win = aux.shape[0], c["dspark_block_size"], c["sliding_window"]
-        gaps = v41.Gaps()
+        gaps = Gaps()
         ctx_pos = torch.arange(max(0, P0 - win), P0)
         mx = self.main_x(aux[ctx_pos])
         ctx_kv = [self.kv(lw, mx, ctx_pos) for lw in self.w["layers"]]
@@ -303,120 +279,11 @@ class DSpark:
                     base_logits=base, router_gap=gaps.router, **sequential_drafts(self.w, h, base, bonus))
 
 
-def sequential_drafts(w, h, base, bonus):
-    """Steps 8 and 9: the Markov chain over the block's base logits and the confidences."""
-    prev, drafts, embeds, adjusted, draft_gap = bonus, [], [], [], math.inf
-    for j in range(base.shape[0]):
-        e = w["markov_w1"][prev]
-        lj = base[j] + w["markov_w2"] @ e
-        top = lj.topk(2)
-        draft_gap = min(draft_gap, float(top.values[0] - top.values[1]))
-        prev = int(top.indices[0])
-        drafts.append(prev)
-        embeds.append(e)
-        adjusted.append(lj)
-    E = torch.stack(embeds)
-    conf = torch.sigmoid((torch.cat([h, E], -1) @ w["confidence"].T).squeeze(-1))
-    return dict(markov_embed=E, logits=torch.stack(adjusted), drafts=drafts, confidence=conf,
-                draft_gap=draft_gap)
-
-
-# ---------------------------------------------------------------- runs
-
-class Margins:
-    def __init__(self):
-        self.target = self.greedy = self.draft = math.inf
-
-    def add_target(self, gaps, logits=None):
-        self.target = min(self.target, gaps.router, gaps.indexer, gaps.candidate)
-        if logits is not None:
-            v = logits.topk(2, -1).values
-            self.greedy = min(self.greedy, float((v[..., 0] - v[..., 1]).min()))
-
-    def add_draft(self, d):
-        self.draft = min(self.draft, d["router_gap"], d["draft_gap"])
-
-    def smallest(self):
-        return min(self.target, self.greedy, self.draft)
-
-
-@torch.no_grad()
-def target_run(model, ids):
-    logits, layers, gaps = model.forward(ids, want_layers=True)
-    return logits, layers, gaps
-
-
-@torch.no_grad()
-def plain_greedy(model, prompt, n, margins):
-    seq, out = list(prompt), []
-    for _ in range(n):
-        logits, _, gaps = model.forward(seq)
-        margins.add_target(gaps, logits[-1:])
-        out.append(int(logits[-1].argmax()))
-        seq.append(out[-1])
-    return out
-
-
-@torch.no_grad()
-def speculative(model, ds, prompt, n, margins):
-    """Greedy decoding with DSpark drafts and target verification, as vLLM's loop runs it."""
-    logits, layers, gaps = target_run(model, prompt)
-    margins.add_target(gaps, logits[-1:])
-    committed, bonus, out, steps, first = list(prompt), int(logits[-1].argmax()), [], [], None
-    aux = ds.aux_states(layers)
-    while True:
-        out.append(bonus)
-        if len(out) >= n:
-            break
-        d = ds.draft(aux, bonus)
-        margins.add_draft(d)
-        first = first or d
-        # Drafts past what the request may still emit are not verified (the engine caps them
-        # likewise): the step's own target token is the last one needed.
-        drafts = d["drafts"][: n - len(out) - 1]
-        P0 = len(committed)
-        logits, layers, gaps = target_run(model, committed + [bonus] + drafts)
-        verify = logits[P0:].argmax(-1).tolist()  # the target's choice after each block row
-        k = 0
-        while k < len(drafts) and drafts[k] == verify[k]:
-            k += 1
-        margins.add_target(gaps, logits[P0:P0 + k + 1])  # the rows whose choice is used
-        steps.append(dict(position=P0, anchor=bonus, drafts=drafts, target=verify, accepted=k,
-                          confidence=d["confidence"].tolist()))
-        committed += [bonus] + drafts[:k]
-        out += drafts[:k]
-        bonus = verify[k]
-        aux = ds.aux_states(layers)[: len(committed)]
-    return out[:n], steps, first
-
-
-def tensors_of(prefix, d):
-    return {
-        f"{prefix}.aux": raw(d["aux"], "F32"),
-        f"{prefix}.main_x": raw(d["main_x"], "F32"),
-        f"{prefix}.context_kv": raw(d["ctx_kv"], "F32"),
-        f"{prefix}.stage_out": raw(d["stage_out"], "F32"),
-        f"{prefix}.head_hidden": raw(d["head_hidden"], "F32"),
-        f"{prefix}.base_logits": raw(d["base_logits"], "F32"),
-        f"{prefix}.markov_embed": raw(d["markov_embed"], "F32"),
-        f"{prefix}.logits": raw(d["logits"], "F32"),
-        f"{prefix}.drafts": raw(torch.tensor(d["drafts"]), "I64"),
-        f"{prefix}.confidence": raw(d["confidence"], "F32"),
-    }
-
-
-def block_meta(d, committed_len, note):
-    return dict(note=note, committed_len=committed_len, anchor=d["ids"][0], input_ids=d["ids"],
-                positions=d["positions"].tolist(), context_positions=d["ctx_positions"].tolist(),
-                drafts=d["drafts"], confidence=d["confidence"].tolist(),
-                router_gap=d["router_gap"], draft_gap=d["draft_gap"])
-
-
 def main():
-    spec = v41.CONFIGS[CONFIG]
+    spec = CONFIGS[CONFIG]
     c = dict(spec["cfg"])
-    w, files = v41.build(CONFIG, dict(spec, cfg=c))
-    out_dir = os.path.join(v41.OUT, CONFIG)
+    w, files = build(CONFIG, dict(spec, cfg=c))
+    out_dir = os.path.join(GOLDEN, CONFIG)
     check_target_file(files, os.path.join(out_dir, "official", "model.safetensors"))
     dc = dspark_config(c)
     target = V41(c, w)
@@ -435,79 +302,6 @@ def main():
         "X.head_hidden": "[block, D] collapse with the last stage's ffn pre, before norm",
     }
     record(target, ds, c["vocab_size"], out_dir, head, notes, PROMPT_SEED)
-
-
-def record(target, ds, vocab, out_dir, head, notes, seed):
-    """Picks the prompt, checks the speculative loop against plain greedy decoding, records
-    blocks A and B, and writes dspark_golden.safetensors/json into `out_dir`: `head` leads
-    the JSON, `notes` describes the tensors whose meaning depends on the target (X.aux,
-    X.head_hidden). Shared with tools/make_dspark_v4_golden.py."""
-    # Prompts are drawn in turn; the first whose every recorded decision (target router,
-    # indexer and candidate picks, target argmax, stage routers, draft argmax) clears MARGIN and
-    # whose speculative loop accepts at least MIN_ACCEPTED drafts is kept.
-    g = torch.Generator().manual_seed(seed)
-    for attempt in range(RETRIES):
-        prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist()
-        margins = Margins()
-        spec_out, steps, block_a = speculative(target, ds, prompt, GEN_TOKENS, margins)
-        accepted = sum(s["accepted"] for s in steps)
-        print(f"attempt {attempt}: smallest margin {margins.smallest():.3g}, accepted "
-              f"{[s['accepted'] for s in steps]}", flush=True)
-        if margins.smallest() > MARGIN and accepted >= MIN_ACCEPTED:
-            break
-    else:
-        raise SystemExit("no prompt cleared the margins")
-    greedy = plain_greedy(target, prompt, GEN_TOKENS, margins)
-    assert spec_out == greedy, (spec_out, greedy)
-    # Block B: as if the target had accepted FORCED_ACCEPTED drafts of block A (the greedy
-    # tokens): context = prompt + greedy[:1 + FORCED_ACCEPTED], anchor = the next greedy token.
-    committed = prompt + greedy[: 1 + FORCED_ACCEPTED]
-    logits, layers, gaps = target_run(target, committed)
-    margins.add_target(gaps, logits[-1:])
-    assert int(logits[-1].argmax()) == greedy[1 + FORCED_ACCEPTED]
-    block_b = ds.draft(ds.aux_states(layers), greedy[1 + FORCED_ACCEPTED])
-    margins.add_draft(block_b)
-    tie_safe = margins.smallest() > TIE_GAP
-    print(f"prompt attempt {attempt}: target {margins.target:.3g} greedy {margins.greedy:.3g} "
-          f"draft {margins.draft:.3g} tie_safe {tie_safe}")
-
-    golden = {}
-    golden.update(tensors_of("a", block_a))
-    golden.update(tensors_of("b", block_b))
-    tensors = {  # per block, X = a or b
-        "X.aux": None,
-        "X.main_x": "[ctx, D] main_norm(main_proj(aux)), context rows",
-        "X.context_kv": "[stages, ctx, head_dim] RoPE'd at context_positions",
-        "X.stage_out": "[stages, block, hc, D] residual streams after each stage",
-        "X.head_hidden": None,
-        "X.base_logits": "[block, vocab] head(norm(head_hidden))",
-        "X.markov_embed": "[block, r] markov_w1 of the token before each slot",
-        "X.logits": "[block, vocab] base_logits + markov bias, the logits each draft is argmax of",
-        "X.drafts": "[block] greedy drafts",
-        "X.confidence": "[block] sigmoid(proj [head_hidden; markov_embed])",
-    }
-    tensors.update(notes)
-    meta = dict(head)
-    meta.update({
-        "prompt": prompt,
-        "greedy": greedy,
-        "speculative": {"output": spec_out, "steps": steps,
-                        "accepted_total": sum(s["accepted"] for s in steps)},
-        "blocks": {
-            "a": block_meta(block_a, PROMPT_LEN, "first draft after the prompt (= speculative step 0)"),
-            "b": block_meta(block_b, PROMPT_LEN + 1 + FORCED_ACCEPTED,
-                            f"context = prompt + greedy[:{1 + FORCED_ACCEPTED}] (bonus + "
-                            f"{FORCED_ACCEPTED} accepted), anchor greedy[{1 + FORCED_ACCEPTED}]"),
-        },
-        "tensors": tensors,
-        "prompt_attempt": attempt,
-        "margins": {"target": margins.target, "greedy": margins.greedy, "draft": margins.draft,
-                    "tie_gap": TIE_GAP, "tie_safe": tie_safe},
-    })
-    write_safetensors(os.path.join(out_dir, "dspark_golden.safetensors"), golden)
-    with open(os.path.join(out_dir, "dspark_golden.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-    print("accepted per step", [s["accepted"] for s in steps], "tie_safe", tie_safe)
 
 
 if __name__ == "__main__":

@@ -15,18 +15,20 @@ directory, tests/fixtures/golden/tiny-a-dspark/, shaped like a V4-Flash-0731 rel
       the DSpark weights (stages mtp.0..2, mtp.0.main_proj/main_norm, the head stack under
       mtp.2) in their official names and storage formats (FP8 e4m3 with 128x128 E8M0 block
       scales, ragged at the edges; FP4 e2m1 experts; BF16 norms, gate and Markov factors;
-      F32 mHC, sinks, gate bias, confidence), drawn with the Store of make_v41_golden;
+      F32 mHC, sinks, gate bias, confidence), drawn with golden/storage.py's Store;
   official/config.json
       tiny-a's config with the dspark_* fields added and compress_ratios given the stages'
       three trailing 0 entries. num_nextn_predict_layers stays 1, as V4-Flash-0731's config
       says while shipping three stages (spec §1.1, §11.5): vLLM's V4 drafter reads the stage
       count from `n_mtp_layers` and otherwise takes 3, never num_nextn_predict_layers;
   dspark_golden.safetensors, dspark_golden.json
-      in the format of tools/make_dspark_golden.py (its FORMAT and loop are reused): two fully
-      recorded draft blocks and a greedy speculative decode loop against plain greedy decoding.
+      in the format of tools/make_dspark_golden.py (the loop and format of golden/dspark.py,
+      shared with it): two fully recorded draft blocks and a greedy speculative decode loop
+      against plain greedy decoding.
 
-The target runs on tools/make_official_golden.py's port of DeepSeek's V4 inference code with
-its quantisation points off (`--plain`), which is checked here against HF transformers'
+The target runs on golden/official_v4.py's port of DeepSeek's V4 inference code (the one
+tools/make_official_golden.py records) with its quantisation points off
+(`Numerics(quantise=False)`, as `--plain`), which is checked here against HF transformers'
 float32 goldens of tiny-a before anything else runs (the same check as
 `make_official_golden.py --plain`).
 
@@ -43,15 +45,15 @@ steps 2-4 and 8-10 there hold unchanged), and the vLLM 0.33.0 source each part f
   5. Stages (models/deepseek_v4/nvidia/dspark.py DSparkDeepseekV4Model): three V4 decoder
      blocks (DeepseekV4DecoderLayer at layer ids num_hidden_layers + i), window only, scored
      MoE with the target's expert counts (the V4 drafter passes no dspark_* overrides), V4's
-     own-`pre` mHC per sublayer (make_official_golden.Block.hc_pre/hc_post; vLLM fuses a
+     own-`pre` mHC per sublayer (golden.official_v4.Block.hc_pre/hc_post; vLLM fuses a
      layer's post with the next layer's pre, the same arithmetic).
   6. Attention of a stage: as V4.1's block attention (every block row sees the context window
      and all block rows, sink softmax, inverse RoPE, grouped wo_a, wo_b), with V4's queries:
-     the per-head RMS of q (no weight) before RoPE (make_official_golden.Attention). Context
+     the per-head RMS of q (no weight) before RoPE (golden.official_v4.Attention). Context
      keys: the stage's wkv and kv_norm on main_x, RoPE'd at the context positions
      (dspark.py precompute_and_store_context_kv: context_wkv_proj stacks the stages' wkv).
   7. Head (dspark.py forward): after the last stage the streams go through the drafter's own
-     hc_head (mtp.2.hc_head_{fn,base,scale}; make_official_golden.head's collapse) into the
+     hc_head (mtp.2.hc_head_{fn,base,scale}; golden.official_v4.head's collapse) into the
      pre-norm head hidden h; base logits = head(norm(h)) with mtp.2.norm and the target's
      head.
   Names (dspark.py _remap_dspark_name): V4's loader maps `markov_head.*` straight onto
@@ -72,10 +74,13 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_dspark_golden as dsg  # noqa: E402
-import make_official_golden as og  # noqa: E402
-from make_v41_golden import Store  # noqa: E402
-from storage_formats import write_safetensors  # noqa: E402
+from golden.dspark import draw_stage, record, sequential_drafts  # noqa: E402
+from golden.official_v4 import Block, Model, check_plain, head  # noqa: E402
+from golden.paths import GOLDEN  # noqa: E402
+from golden.primitives import hc_head_collapse, rms_norm, rope, sparse_attn  # noqa: E402
+from golden.quant_sim import Numerics  # noqa: E402
+from golden.read import tensor  # noqa: E402
+from golden.storage import Store, write_safetensors  # noqa: E402
 
 TARGET = "tiny-a"
 CONFIG = "tiny-a-dspark"
@@ -91,13 +96,10 @@ DSPARK_FIELDS = dict(
     dspark_markov_rank=16,
 )
 STAGES = 3
-
-
-class Store128(Store):
-    """V4's FP8 weights carry 128x128 scale blocks."""
-
-    def fp8(self, name, t, rb=128, cb=128):
-        return super().fp8(name, t, rb, cb)
+FP8_BLOCK = 128  # V4's FP8 weights carry 128x128 scale blocks
+# The target and the drafter run unquantised (float32 between stored values), as the V4.1
+# drafter does; one instance for every model here (nothing reads its fragile count).
+PLAIN = Numerics(quantise=False)
 
 
 # ---------------------------------------------------------------- checkpoint
@@ -125,15 +127,15 @@ def write_checkpoint(target_dir, out_dir):
 
 
 def build_dspark(cfg):
-    """The drafter's tensors, drawn like V4.1's (make_dspark_golden.draw_stage) in V4's formats."""
-    s = Store128(DSPARK_SEED)
+    """The drafter's tensors, drawn like V4.1's (golden.dspark.draw_stage) in V4's formats."""
+    s = Store(DSPARK_SEED, FP8_BLOCK)
     D, V, r, hc = cfg["hidden_size"], cfg["vocab_size"], cfg["dspark_markov_rank"], cfg["hc_mult"]
     k, last = len(cfg["dspark_target_layer_ids"]), f"mtp.{STAGES - 1}"
     stage_cfg = dict(cfg, dspark_n_routed_experts=cfg["n_routed_experts"])
     s.fp8("mtp.0.main_proj.weight", s.draw((D, k * D), 0.05))
     s.bf16("mtp.0.main_norm.weight", s.draw((D,), 0.1, 1.0))
     for i in range(STAGES):
-        dsg.draw_stage(s, f"mtp.{i}", stage_cfg, bias_vl=False)
+        draw_stage(s, f"mtp.{i}", stage_cfg, bias_vl=False)
     s.bf16(f"{last}.norm.weight", s.draw((D,), 0.1, 1.0))
     s.f32(f"{last}.hc_head_fn", s.draw((hc, hc * D), 0.05))
     s.f32(f"{last}.hc_head_base", s.draw((hc,), 0.3))
@@ -147,14 +149,14 @@ def build_dspark(cfg):
 # ---------------------------------------------------------------- target and drafter
 
 class Target:
-    """tiny-a on make_official_golden's plain port; every call a whole teacher-forced pass
+    """tiny-a on golden/official_v4.py's plain port; every call a whole teacher-forced pass
     from position 0 on a fresh model (the port keeps decode state in its layers)."""
 
     def __init__(self, d):
         self.d = d
 
     def model(self):
-        return og.Model(self.d, MAX_LEN)
+        return Model(self.d, MAX_LEN, PLAIN)
 
     @torch.no_grad()
     def forward(self, ids, want_layers=True):
@@ -165,7 +167,7 @@ class Target:
         for b in m.blocks:
             h = b(h, 0, x)
             layers.append(h)
-        logits = og.head(h, m.hc_head, m.norm, m.head, m.c)
+        logits = head(h, m.hc_head, m.norm, m.head, m.c)
         gaps = SimpleNamespace(router=m.gaps["router"], indexer=m.gaps["indexer"], candidate=math.inf)
         return logits, layers, gaps
 
@@ -176,8 +178,8 @@ class DSparkV4:
         self.c, self.eps, last = c, c["eps"], f"mtp.{STAGES - 1}"
         self.gaps = {"router": math.inf, "indexer": math.inf}
         n = c["layers"]
-        self.blocks = [og.Block(c, raw, n + i, MAX_LEN, self.gaps, prefix=f"mtp.{i}") for i in range(STAGES)]
-        t = lambda name: og.tensor(raw, name)
+        self.blocks = [Block(c, raw, n + i, MAX_LEN, self.gaps, PLAIN, prefix=f"mtp.{i}") for i in range(STAGES)]
+        t = lambda name: tensor(raw, name)
         self.w = {
             "main_proj": t("mtp.0.main_proj.weight"), "main_norm": t("mtp.0.main_norm.weight"),
             "norm": t(f"{last}.norm.weight"),
@@ -193,21 +195,21 @@ class DSparkV4:
 
     def kv(self, attn, x, pos):
         rd = self.c["rd"]
-        kv = og.rms_norm(x @ attn.wkv.T, attn.kv_norm, self.eps)
-        return torch.cat([kv[:, :-rd], og.rope(kv[:, -rd:], attn.fc[pos])], -1)
+        kv = rms_norm(x @ attn.wkv.T, attn.kv_norm, self.eps)
+        return torch.cat([kv[:, :-rd], rope(kv[:, -rd:], attn.fc[pos])], -1)
 
     def attention(self, attn, x, pos, ctx_kv):
         c, T = self.c, x.shape[0]
         h, hd, rd = c["heads"], c["head_dim"], c["rd"]
         fc = attn.fc[pos]
-        qr = og.rms_norm(x @ attn.wq_a.T, attn.q_norm, self.eps)
+        qr = rms_norm(x @ attn.wq_a.T, attn.q_norm, self.eps)
         q = (qr @ attn.wq_b.T).unflatten(-1, (h, hd))
         q = q * torch.rsqrt(q.square().mean(-1, keepdim=True) + self.eps)
-        q = torch.cat([q[..., :-rd], og.rope(q[..., -rd:], fc)], -1)
+        q = torch.cat([q[..., :-rd], rope(q[..., -rd:], fc)], -1)
         keys = torch.cat([ctx_kv, self.kv(attn, x, pos)], 0)
         idx = torch.arange(keys.shape[0]).unsqueeze(0).repeat(T, 1)
-        o = og.sparse_attn(q, keys, attn.sink, idx, hd ** -0.5)
-        o = torch.cat([o[..., :-rd], og.rope(o[..., -rd:], fc, inverse=True)], -1)
+        o = sparse_attn(q, keys, attn.sink, idx, hd ** -0.5)
+        o = torch.cat([o[..., :-rd], rope(o[..., -rd:], fc, inverse=True)], -1)
         g = c["groups"]
         o = torch.einsum("sgd,grd->sgr", o.reshape(T, g, -1), attn.wo_a.view(g, c["o_lora"], -1))
         return o.flatten(1) @ attn.wo_b.T
@@ -215,19 +217,15 @@ class DSparkV4:
     def stage(self, blk, X, pos, ctx_kv, ids):
         r = X
         a, post, comb = blk.hc_pre(X, *blk.hc["attn"])
-        a = self.attention(blk.attn, og.rms_norm(a, blk.attn_norm, self.eps), pos, ctx_kv)
+        a = self.attention(blk.attn, rms_norm(a, blk.attn_norm, self.eps), pos, ctx_kv)
         X = blk.hc_post(a, r, post, comb)
         r = X
         f, post, comb = blk.hc_pre(X, *blk.hc["ffn"])
-        f = blk.ffn(og.rms_norm(f, blk.ffn_norm, self.eps), ids)
+        f = blk.ffn(rms_norm(f, blk.ffn_norm, self.eps), ids)
         return blk.hc_post(f, r, post, comb)
 
     def head_hidden(self, X):
-        fn, scale, base = self.w["hc_head"]
-        flat = X.flatten(1)
-        mixes = (flat @ fn.T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.eps)
-        pre = torch.sigmoid(mixes * scale + base) + self.c["hc_eps"]
-        return (pre.unsqueeze(-1) * X).sum(1)
+        return hc_head_collapse(X, self.w["hc_head"], self.eps, self.c["hc_eps"])
 
     @torch.no_grad()
     def draft(self, aux, bonus):
@@ -236,7 +234,7 @@ class DSparkV4:
         P0, B, win = aux.shape[0], cfg["dspark_block_size"], c["window"]
         self.gaps["router"] = math.inf
         ctx_pos = torch.arange(max(0, P0 - win), P0)
-        mx = og.rms_norm(aux[ctx_pos] @ self.w["main_proj"].T, self.w["main_norm"], self.eps)
+        mx = rms_norm(aux[ctx_pos] @ self.w["main_proj"].T, self.w["main_norm"], self.eps)
         ctx_kv = [self.kv(b.attn, mx, ctx_pos) for b in self.blocks]
         pos = torch.arange(P0, P0 + B)
         ids = [bonus] + [cfg["dspark_noise_token_id"]] * (B - 1)
@@ -246,26 +244,25 @@ class DSparkV4:
             X = self.stage(blk, X, pos, kv, torch.tensor(ids))
             stage_out.append(X.clone())
         h = self.head_hidden(X)
-        base = og.rms_norm(h, self.w["norm"], self.eps) @ self.m.head.T
+        base = rms_norm(h, self.w["norm"], self.eps) @ self.m.head.T
         return dict(P0=P0, ids=ids, positions=pos, ctx_positions=ctx_pos, aux=aux[ctx_pos], main_x=mx,
                     ctx_kv=torch.stack(ctx_kv), stage_out=torch.stack(stage_out), head_hidden=h,
                     base_logits=base, router_gap=self.gaps["router"],
-                    **dsg.sequential_drafts(self.w, h, base, bonus))
+                    **sequential_drafts(self.w, h, base, bonus))
 
 
 # ---------------------------------------------------------------- goldens
 
 def main():
     torch.set_num_threads(os.cpu_count() or 1)
-    og.QUANTISE = False
-    target_dir = os.path.join(og.ROOT, TARGET, "official")
-    og.check_plain(TARGET, target_dir, json.load(open(os.path.join(og.ROOT, TARGET, "golden.json"))))
-    out_root = os.path.join(og.ROOT, CONFIG)
+    target_dir = os.path.join(GOLDEN, TARGET, "official")
+    check_plain(TARGET, target_dir, json.load(open(os.path.join(GOLDEN, TARGET, "golden.json"))))
+    out_root = os.path.join(GOLDEN, CONFIG)
     cfg, files = write_checkpoint(target_dir, os.path.join(out_root, "official"))
     target = Target(os.path.join(out_root, "official"))
     ds = DSparkV4(target.model(), cfg)
 
-    head = {
+    meta_head = {
         "config": CONFIG,
         "target": TARGET,
         "dspark_config": {k: cfg[k] for k in list(DSPARK_FIELDS) + ["compress_ratios", "num_nextn_predict_layers"]},
@@ -277,7 +274,7 @@ def main():
         "X.aux": "[ctx, 3D] mean-over-hc streams AFTER the target layers, context rows",
         "X.head_hidden": "[block, D] the drafter's hc_head collapse, before norm",
     }
-    dsg.record(target, ds, cfg["vocab_size"], out_root, head, notes, PROMPT_SEED)
+    record(target, ds, cfg["vocab_size"], out_root, meta_head, notes, PROMPT_SEED)
 
 
 if __name__ == "__main__":

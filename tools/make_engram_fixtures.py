@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engram fixtures for crates/model/src/engram/ (the V4.1 n-gram hashing).
 
-Runs tools/v41_engram.py (the reference written from vLLM 0.33's
+Runs tools/golden/engram.py (the reference written from vLLM 0.33's
 ``deepseek_v41/common/engram.py``) on assets/tokenizer/tokenizer.json and writes
 tests/fixtures/engram/:
 
@@ -28,11 +28,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import v41_engram as engram  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOKENIZER = os.path.join(ROOT, "assets", "tokenizer", "tokenizer.json")
-OUT = os.path.join(ROOT, "tests", "fixtures", "engram")
+from golden import engram  # noqa: E402
+from golden.paths import ENGRAM as OUT, TOKENIZER  # noqa: E402
 
 IMAGE_TOKEN_ID = 129264
 PAD_TOKEN_ID = 2
@@ -164,7 +161,7 @@ def main() -> None:
         multipliers = engram.hash_multipliers(
             layout["layer_ids"], layout["max_ngram"], compressed_vocab
         )
-        # No product of the rolling hash can wrap int64 (see v41_engram's docstring).
+        # No product of the rolling hash can wrap int64 (see golden/engram.py's docstring).
         assert (compressed_vocab - 1) * int(multipliers.max()) < 1 << 63
         part, layouts[name] = stream_tensors(
             name, layout, token_map, compressed_vocab, multipliers, pad_id, rng

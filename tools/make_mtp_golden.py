@@ -8,10 +8,10 @@ would drop what this script adds); outputs are committed:
     /work/venv/bin/python tools/make_mtp_golden.py [tiny-a tiny-b tiny-c]
 
 For every config (tests/fixtures/golden/tiny-X/) it
-  * draws the `mtp.0.*` weights (seeded; make_golden.py's distributions) and rounds each onto
-    its official storage format (FP8 e4m3 + E8M0 128x128 scales, FP4 e2m1 experts + E8M0 1x32
-    scales, BF16 norms/gate, F32 mHC/sinks/bias), so the stored values are exactly what the
-    reference computes with;
+  * draws the `mtp.0.*` weights (seeded; the distributions of golden/hf_v4.py's build_model)
+    and rounds each onto its official storage format (FP8 e4m3 + E8M0 128x128 scales, FP4 e2m1
+    experts + E8M0 1x32 scales, BF16 norms/gate, F32 mHC/sinks/bias; golden/layout.py), so the
+    stored values are exactly what the reference computes with;
   * writes them, with their official names and formats, to official/mtp.safetensors and to
     hf/mtp.safetensors (HF 5.23 has no name for V4 MTP tensors: its DeepseekV4 model ignores
     `mtp.*` on load); adds them to official/model.safetensors.index.json where that exists;
@@ -70,17 +70,21 @@ import sys
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_golden as mg  # noqa: E402  (also registers ACT2FN["softmax"] for tiny-c)
+from safetensors import safe_open
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers.masking_utils import create_sliding_window_causal_mask
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdl
 
-from safetensors import safe_open  # noqa: E402
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
-from transformers.masking_utils import create_sliding_window_causal_mask  # noqa: E402
-from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdl  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# golden.hf_v4 also registers the "softmax" router activation tiny-c uses.
+from golden.hf_v4 import CONFIGS, TIE_GAP, GapRecorder, build_model  # noqa: E402
+from golden.layout import official_name_and_format, round_onto_format  # noqa: E402
+from golden.paths import GOLDEN as OUT  # noqa: E402
+from golden.read import decode_official, dequant_fp8  # noqa: E402
+from golden.storage import raw, write_safetensors  # noqa: E402
 
 CHAIN = 4  # K: draft tokens per chain (d_1 from the prompt pass, then K-1 chained steps)
 PROMPT_LEN = {"tiny-a": 37, "tiny-b": 40, "tiny-c": 37}
-TIE_GAP = mg.TIE_GAP
 RETRIES = 6
 MTP_SEED_OFFSET = 100     # build_model seed for the MTP block weights: 100 + config seed
 EXTRA_SEED_OFFSET = 200   # e_proj/h_proj/enorm/hnorm: generator seed 200 + config seed
@@ -108,10 +112,7 @@ def load_target(out_dir):
                 continue
             t = f.get_tensor(k)
             if t.dtype == torch.float8_e4m3fn:
-                s = f.get_tensor(k[: -len(".weight")] + ".weight_scale_inv").to(torch.float32)
-                out_dim, in_dim = t.shape
-                full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:out_dim, :in_dim]
-                t = t.to(torch.float32) * full
+                t = dequant_fp8(t, f.get_tensor(k[: -len(".weight")] + ".weight_scale_inv"))
             elif t.is_floating_point():
                 t = t.to(torch.float32)
             else:
@@ -152,42 +153,6 @@ def mtp_hf_config(target_config):
     cfg._experts_implementation = target_config._experts_implementation
     assert cfg.layer_types[n] == "sliding_attention" and cfg.mlp_layer_types[n] == "moe"
     return cfg, n
-
-
-def round_onto_format(kind, oname, t, official):
-    """Round one HF-named tensor onto its official storage format; add the official tensors
-    to `official`, return the rounded float32 values (what HF computes with). Same rounding as
-    make_golden.quantise_and_save."""
-    if kind == "f32":
-        official[oname] = mg.raw(t, "F32")
-        return t
-    if kind == "bf16":
-        r = mg.bf16_round(t)
-        official[oname] = mg.raw(r, "BF16")
-        return r
-    if kind == "fp8":
-        codes, exps, _scale, deq = mg.fp8_block_quant(t)
-        official[oname] = mg.raw(codes, "F8_E4M3")
-        official[oname[: -len(".weight")] + ".scale"] = mg.raw(exps, "F8_E8M0")
-        return deq
-    if kind in ("experts_gate_up", "experts_down"):
-        deqs = []
-        for e in range(t.shape[0]):
-            w = t[e]
-            if kind == "experts_gate_up":
-                inter = w.shape[0] // 2
-                parts = [("w1", w[:inter]), ("w3", w[inter:])]
-            else:
-                parts = [("w2", w)]
-            deq_parts = []
-            for wname, wp in parts:
-                packed, exps, deq = mg.fp4_quant(wp.contiguous())
-                official[f"{oname}.{e}.{wname}.weight"] = mg.raw(packed, "I8")
-                official[f"{oname}.{e}.{wname}.scale"] = mg.raw(exps, "F8_E8M0")
-                deq_parts.append(deq)
-            deqs.append(torch.cat(deq_parts, dim=0))
-        return torch.stack(deqs)
-    raise ValueError(kind)
 
 
 class MtpReference(nn.Module):
@@ -255,7 +220,7 @@ def build_mtp(target, cfg_entry, n_layers_main):
     """Draw, round and load the MTP weights. Returns (MtpReference, official tensors)."""
     mcfg, n = mtp_hf_config(target.config)
     assert n == n_layers_main
-    # The block (layer n), the MTP hc_head and the MTP norm are drawn by make_golden.build_model
+    # The block (layer n), the MTP hc_head and the MTP norm are drawn by golden.hf_v4.build_model
     # itself on the extended config, so they follow its distributions exactly (matrices
     # N(0,0.05), sinks N(0,1), hc fn N(0,0.05) / base N(0,0.3) / scale U(0.5,1.5), norms
     # N(1,0.1), experts and shared experts N(0,0.06), router weight N(0,0.15), router bias
@@ -264,7 +229,7 @@ def build_mtp(target, cfg_entry, n_layers_main):
     hf_ext.update(num_hidden_layers=n + 1,
                   layer_types=list(hf_ext["layer_types"]) + ["sliding_attention"],
                   mlp_layer_types=list(hf_ext["mlp_layer_types"]) + ["moe"])
-    donor = mg.build_model(dict(seed=MTP_SEED_OFFSET + cfg_entry["seed"], hf=hf_ext))
+    donor = build_model(dict(seed=MTP_SEED_OFFSET + cfg_entry["seed"], hf=hf_ext))
     donor_sd = donor.state_dict()
 
     ref = MtpReference(target, mcfg, n).eval().to(torch.float32)
@@ -274,7 +239,7 @@ def build_mtp(target, cfg_entry, n_layers_main):
     for hf_name, t in donor_sd.items():
         if not hf_name.startswith(prefix):
             continue
-        oname, kind = mg.official_name_and_format(hf_name)
+        oname, kind = official_name_and_format(hf_name)
         assert oname.startswith(f"layers.{n}.") and kind != "ids", (oname, kind)
         oname = "mtp.0." + oname[len(f"layers.{n}."):]
         block_sd[hf_name[len(prefix):]] = round_onto_format(kind, oname, t.detach().float(), official)
@@ -333,7 +298,7 @@ def margin(v):
 @torch.no_grad()
 def run_case(target, ref, ids):
     t_len = len(ids)
-    main_gaps = mg.GapRecorder(target)
+    main_gaps = GapRecorder(target)
     mtp_gap = MtpGap(ref.block.mlp.gate)
     captured = []
     hook = target.model.hc_head.register_forward_pre_hook(lambda m, a: captured.append(a[0].clone()))
@@ -425,10 +390,10 @@ def write_weights(cname, out_dir, official):
             for src, dst in (("embed.weight", "mtp.0.emb.tok_emb.weight"), ("head.weight", "mtp.0.head.weight")):
                 t = f.get_tensor(src)
                 assert t.dtype == torch.bfloat16
-                off_tensors[dst] = mg.raw(t.float(), "BF16")
+                off_tensors[dst] = raw(t.float(), "BF16")
         off_tensors = dict(sorted(off_tensors.items()))
-    mg.write_safetensors(os.path.join(out_dir, "official", "mtp.safetensors"), off_tensors)
-    mg.write_safetensors(os.path.join(out_dir, "hf", "mtp.safetensors"), hf_tensors)
+    write_safetensors(os.path.join(out_dir, "official", "mtp.safetensors"), off_tensors)
+    write_safetensors(os.path.join(out_dir, "hf", "mtp.safetensors"), hf_tensors)
     index = os.path.join(out_dir, "official", "model.safetensors.index.json")
     if os.path.exists(index):
         def add(ix):
@@ -444,31 +409,11 @@ def write_weights(cname, out_dir, official):
 
 # ---------------------------------------------------------------- read-back check
 
-FP4_LUT = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def decode_official(f, name):
-    """Dequantise one official-format weight from an open safetensors file, from the raw
-    bytes (E8M0 byte b -> 2^(b-127); FP4 low nibble = even input index)."""
-    t = f.get_tensor(name)
-    if not name.endswith(".weight") or t.dtype not in (torch.float8_e4m3fn, torch.int8):
-        return t.to(torch.float32)
-    s = f.get_tensor(name[: -len(".weight")] + ".scale").view(torch.uint8).to(torch.float32)
-    s = torch.pow(2.0, s - 127.0)
-    if t.dtype == torch.float8_e4m3fn:
-        out_dim, in_dim = t.shape
-        return t.to(torch.float32) * s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:out_dim, :in_dim]
-    b = t.view(torch.uint8).to(torch.int64)
-    codes = torch.stack([b & 15, b >> 4], dim=-1).flatten(-2)  # [out, in]
-    vals = FP4_LUT[codes & 7] * torch.where(codes & 8 != 0, -1.0, 1.0)
-    return vals * s.repeat_interleave(32, 1)
-
-
 @torch.no_grad()
 def verify(cname):
     """Rebuild the MTP block from what was written (both layouts) and recompute the goldens
     from the recorded inputs; the numbers must be reproduced exactly."""
-    out_dir = os.path.join(mg.OUT, cname)
+    out_dir = os.path.join(OUT, cname)
     target = load_target(out_dir)
     mcfg, n = mtp_hf_config(target.config)
     with safe_open(os.path.join(out_dir, "mtp_golden.safetensors"), "pt") as g:
@@ -483,7 +428,7 @@ def verify(cname):
         with safe_open(os.path.join(out_dir, layout, "mtp.safetensors"), "pt") as f:
             keys = set(f.keys())
             for pname in ref.block.state_dict():
-                oname, kind = mg.official_name_and_format(f"model.layers.{n}.{pname}")
+                oname, kind = official_name_and_format(f"model.layers.{n}.{pname}")
                 oname = "mtp.0." + oname[len(f"layers.{n}."):]
                 if kind in ("experts_gate_up", "experts_down"):
                     ws = ["w1", "w3"] if kind == "experts_gate_up" else ["w2"]
@@ -530,88 +475,108 @@ def verify(cname):
     print(f"{cname}: read-back check passed (hf/ and official/ mtp.safetensors reproduce the goldens)")
 
 
+# The source choices, recorded in mtp_golden.json ([OFF], [VLLM], [HF]: the module docstring).
+CHOICES = {
+    "input_combine": "X = e_proj(enorm(embed(x_{t+1})))[broadcast over hc] + h_proj(hnorm(h_t)), "
+                     "hnorm per stream over D [OFF MTPBlock.forward]",
+    "h_input": "target model's final residual streams before hc_head [VLLM, SGL; OFF unspecified]",
+    "position_0": "no special case [OFF, SGL] in mtp_logits/mtp_hidden/chain; vLLM zeroes the "
+                  "token embedding at position 0: mtp_logits_pos0_zeroed",
+    "attention": "sliding window only (no compressor/indexer), window = sliding_window, "
+                 "rope 'main' table: rope_theta, no YaRN [OFF compress_ratios[n_layers]=0]",
+    "moe": "scored top-k router with gate.bias (not hash) [OFF layer_id >= n_hash_layers]",
+    "logits": "shared head(norm_mtp(hc_head_mtp(X))) [OFF ParallelHead.forward]",
+    "chain": "step i feeds the MTP output streams of position T-2+i and d_i at position T-1+i "
+             "[VLLM llm_base_proposer]",
+    "numerics": "HF transformers 5.23 float32 modules (DecoderLayer, RMSNorm, HyperHead, "
+                "nn.Linear on dequantised FP8)",
+    "hf_layout_names": "official mtp.0.* names and formats in hf/mtp.safetensors "
+                       "(HF 5.23 ignores mtp.* and defines no MTP names for V4)",
+}
+
+
+def pick_prompt(target, ref, cname, cfg):
+    """Prompts are drawn in turn; the first whose every decision (target argmax, drafts, main
+    and MTP routers, main indexer) has a margin above TIE_GAP is kept, else the last one.
+    Returns (attempt, ids, run_case's result, tie_safe)."""
+    t_len = PROMPT_LEN[cname]
+    vocab = target.config.vocab_size
+    g = torch.Generator().manual_seed(PROMPT_SEED_OFFSET + cfg["seed"])
+    for attempt in range(RETRIES):
+        ids = torch.randint(0, vocab, (t_len,), generator=g).tolist()
+        r = run_case(target, ref, ids)
+        gaps = [r["next_margin"], *r["chain_margins"], r["main_router_gap"], r["main_indexer_gap"],
+                r["mtp_router_gap"]]
+        tie_safe = min(gaps) > TIE_GAP
+        if tie_safe:
+            break
+    return attempt, ids, r, tie_safe
+
+
+def write_golden(out_dir, ids, r):
+    """mtp_golden.safetensors (FORMAT in the module docstring)."""
+    golden = {
+        "prompt_ids": raw(torch.tensor(ids), "I64"),
+        "next_token": raw(torch.tensor([r["next_token"]]), "I64"),
+        "hidden": raw(r["hidden"], "F32"),
+        "mtp_logits": raw(r["mtp_logits"], "F32"),
+        "mtp_hidden": raw(r["mtp_hidden"], "F32"),
+        "chain_tokens": raw(torch.tensor(r["chain_tokens"]), "I64"),
+        "chain_logits": raw(r["chain_logits"], "F32"),
+        "mtp_logits_pos0_zeroed": raw(r["zeroed"], "F32"),
+    }
+    write_safetensors(os.path.join(out_dir, "mtp_golden.safetensors"), golden)
+
+
+def golden_meta(cname, cfg, target, attempt, ids, r, tie_safe, target_diff, names):
+    """mtp_golden.json."""
+    t_len, n_layers = len(ids), target.config.num_hidden_layers
+    fin = lambda x: None if math.isinf(x) else x  # noqa: E731
+    return {
+        "config": cname,
+        "prompt_len": t_len,
+        "prompt_attempt": attempt,
+        "sliding_window": target.config.sliding_window,
+        "chain_len": CHAIN,
+        "mtp_layer_index": n_layers,
+        "tie_gap": TIE_GAP,
+        "tie_safe": tie_safe,
+        "next_token": r["next_token"],
+        "next_token_margin": r["next_margin"],
+        "chain_tokens": r["chain_tokens"],
+        "chain_margins": r["chain_margins"],
+        "mtp_argmax": r["mtp_argmax"],
+        "mtp_argmax_margins": r["mtp_margins"],
+        "main_router_gap": fin(r["main_router_gap"]),
+        "main_indexer_gap": fin(r["main_indexer_gap"]),
+        "mtp_router_gap": fin(r["mtp_router_gap"]),
+        "pos0_zeroed_rows": int(min(t_len, target.config.sliding_window)),
+        "target_check_vs_golden_p1_maxdiff": target_diff,
+        "seeds": {"mtp_block_build_model": MTP_SEED_OFFSET + cfg["seed"],
+                  "mtp_extra_generator": EXTRA_SEED_OFFSET + cfg["seed"],
+                  "prompt_generator": PROMPT_SEED_OFFSET + cfg["seed"]},
+        "mtp_tensors": names,
+        "choices": CHOICES,
+    }
+
+
 def main():
     torch.set_num_threads(1)
     only = sys.argv[1:]
     summary = {}
-    for cname, cfg in mg.CONFIGS.items():
+    for cname, cfg in CONFIGS.items():
         if only and cname not in only:
             continue
-        out_dir = os.path.join(mg.OUT, cname)
+        out_dir = os.path.join(OUT, cname)
         target = load_target(out_dir)
         n_layers = target.config.num_hidden_layers
         target_diff = check_target_against_golden(target, out_dir)
         ref, official = build_mtp(target, cfg, n_layers)
-
-        t_len = PROMPT_LEN[cname]
-        vocab = target.config.vocab_size
-        g = torch.Generator().manual_seed(PROMPT_SEED_OFFSET + cfg["seed"])
-        for attempt in range(RETRIES):
-            ids = torch.randint(0, vocab, (t_len,), generator=g).tolist()
-            r = run_case(target, ref, ids)
-            gaps = [r["next_margin"], *r["chain_margins"], r["main_router_gap"], r["main_indexer_gap"],
-                    r["mtp_router_gap"]]
-            tie_safe = min(gaps) > TIE_GAP
-            if tie_safe:
-                break
-
+        attempt, ids, r, tie_safe = pick_prompt(target, ref, cname, cfg)
         set_nextn(cname, out_dir, n_layers)
         names = write_weights(cname, out_dir, official)
-
-        golden = {
-            "prompt_ids": mg.raw(torch.tensor(ids), "I64"),
-            "next_token": mg.raw(torch.tensor([r["next_token"]]), "I64"),
-            "hidden": mg.raw(r["hidden"], "F32"),
-            "mtp_logits": mg.raw(r["mtp_logits"], "F32"),
-            "mtp_hidden": mg.raw(r["mtp_hidden"], "F32"),
-            "chain_tokens": mg.raw(torch.tensor(r["chain_tokens"]), "I64"),
-            "chain_logits": mg.raw(r["chain_logits"], "F32"),
-            "mtp_logits_pos0_zeroed": mg.raw(r["zeroed"], "F32"),
-        }
-        mg.write_safetensors(os.path.join(out_dir, "mtp_golden.safetensors"), golden)
-        fin = lambda x: None if math.isinf(x) else x  # noqa: E731
-        meta = {
-            "config": cname,
-            "prompt_len": t_len,
-            "prompt_attempt": attempt,
-            "sliding_window": target.config.sliding_window,
-            "chain_len": CHAIN,
-            "mtp_layer_index": n_layers,
-            "tie_gap": TIE_GAP,
-            "tie_safe": tie_safe,
-            "next_token": r["next_token"],
-            "next_token_margin": r["next_margin"],
-            "chain_tokens": r["chain_tokens"],
-            "chain_margins": r["chain_margins"],
-            "mtp_argmax": r["mtp_argmax"],
-            "mtp_argmax_margins": r["mtp_margins"],
-            "main_router_gap": fin(r["main_router_gap"]),
-            "main_indexer_gap": fin(r["main_indexer_gap"]),
-            "mtp_router_gap": fin(r["mtp_router_gap"]),
-            "pos0_zeroed_rows": int(min(t_len, target.config.sliding_window)),
-            "target_check_vs_golden_p1_maxdiff": target_diff,
-            "seeds": {"mtp_block_build_model": MTP_SEED_OFFSET + cfg["seed"],
-                      "mtp_extra_generator": EXTRA_SEED_OFFSET + cfg["seed"],
-                      "prompt_generator": PROMPT_SEED_OFFSET + cfg["seed"]},
-            "mtp_tensors": names,
-            "choices": {
-                "input_combine": "X = e_proj(enorm(embed(x_{t+1})))[broadcast over hc] + h_proj(hnorm(h_t)), "
-                                 "hnorm per stream over D [OFF MTPBlock.forward]",
-                "h_input": "target model's final residual streams before hc_head [VLLM, SGL; OFF unspecified]",
-                "position_0": "no special case [OFF, SGL] in mtp_logits/mtp_hidden/chain; vLLM zeroes the "
-                              "token embedding at position 0: mtp_logits_pos0_zeroed",
-                "attention": "sliding window only (no compressor/indexer), window = sliding_window, "
-                             "rope 'main' table: rope_theta, no YaRN [OFF compress_ratios[n_layers]=0]",
-                "moe": "scored top-k router with gate.bias (not hash) [OFF layer_id >= n_hash_layers]",
-                "logits": "shared head(norm_mtp(hc_head_mtp(X))) [OFF ParallelHead.forward]",
-                "chain": "step i feeds the MTP output streams of position T-2+i and d_i at position T-1+i "
-                         "[VLLM llm_base_proposer]",
-                "numerics": "HF transformers 5.23 float32 modules (DecoderLayer, RMSNorm, HyperHead, "
-                            "nn.Linear on dequantised FP8)",
-                "hf_layout_names": "official mtp.0.* names and formats in hf/mtp.safetensors "
-                                   "(HF 5.23 ignores mtp.* and defines no MTP names for V4)",
-            },
-        }
+        write_golden(out_dir, ids, r)
+        meta = golden_meta(cname, cfg, target, attempt, ids, r, tie_safe, target_diff, names)
         with open(os.path.join(out_dir, "mtp_golden.json"), "w") as f:
             json.dump(meta, f, indent=1)
         summary[cname] = {k: meta[k] for k in ("prompt_attempt", "tie_safe", "next_token_margin", "chain_tokens",
@@ -621,7 +586,7 @@ def main():
     for cname in summary:
         verify(cname)
     for cname in summary:
-        out_dir = os.path.join(mg.OUT, cname)
+        out_dir = os.path.join(OUT, cname)
         for rel in ("mtp_golden.safetensors", "official/mtp.safetensors", "hf/mtp.safetensors"):
             with open(os.path.join(out_dir, rel), "rb") as f:
                 print(f"  {cname}/{rel} sha256 {hashlib.sha256(f.read()).hexdigest()[:16]}")

@@ -16,7 +16,7 @@ transformers calls exercised (nothing else of transformers is used to write the 
     conversion mapping run backwards (`revert_weight_conversion`), config.json,
     generation_config.json, one `model.safetensors` (no index: far below the 50GB shard size).
   * `DeepseekV4ForCausalLM.from_pretrained(out, dtype=torch.float32)` on the CPU, then
-    make_golden.py's `run_prompt` on it: the goldens.
+    golden/hf_v4.py's `run_prompt` on it (make_golden.py's reference run): the goldens.
 
 Which checkpoint, and why tiny-c: it is the only tiny config whose official/ layout transformers
 can load as committed and dequantise exactly. tiny-a's official config has an HCA ratio of 8,
@@ -76,13 +76,13 @@ from safetensors.torch import load_file
 from transformers import DeepseekV4ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# make_golden registers the "softmax" router activation tiny-c uses, and has the reference loop.
-import make_golden  # noqa: E402
-from make_golden import GREEDY_STEPS, INTER_POSITIONS, TIE_GAP, TOPK_LOGITS, record_prompt, run_prompt  # noqa: E402
-from storage_formats import write_safetensors  # noqa: E402
+# golden.hf_v4 registers the "softmax" router activation tiny-c uses, and has the reference loop.
+from golden.hf_v4 import GREEDY_STEPS, INTER_POSITIONS, TIE_GAP, TOPK_LOGITS, record_prompt, run_prompt  # noqa: E402
+from golden.paths import GOLDEN  # noqa: E402
+from golden.storage import write_safetensors  # noqa: E402
 
 CONFIG = "tiny-c"
-DIR = os.path.join(make_golden.OUT, CONFIG)
+DIR = os.path.join(GOLDEN, CONFIG)
 QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                        "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
 # (output directory, source layout, dtype for from_pretrained, whether to take the GPU path)
@@ -131,7 +131,7 @@ def round_trip(name, layout, dtype, on_gpu_path, tmp):
 
 
 def record(saved, name):
-    """make_golden.py's recording on the saved checkpoint, on the original golden's prompts."""
+    """make_golden.py's recording (golden/hf_v4.py) on the saved checkpoint, on the original golden's prompts."""
     model = DeepseekV4ForCausalLM.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager")
     # On the CPU path tensors stored as BF16 stay BF16 in memory; float32 holds them exactly.
     model = model.float().eval()

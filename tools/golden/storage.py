@@ -1,7 +1,12 @@
-"""Storage formats of DeepSeek's checkpoints, shared by the golden generators: values drawn
-in float32 are rounded onto what the checkpoint stores (BF16; FP8 e4m3 with power-of-two
-E8M0 block scales; FP4 e2m1 with an E8M0 scale per 32 inputs, two codes a byte, low nibble
-first), and written as safetensors byte for byte (dtypes such as F8_E8M0 included).
+"""Storage formats of DeepSeek's checkpoints, shared by the golden makers: values drawn in
+float32 are rounded onto what the checkpoint stores (BF16; FP8 e4m3 with power-of-two E8M0
+block scales; FP4 e2m1 with an E8M0 scale per 32 inputs, two codes a byte, low nibble first),
+and written as safetensors byte for byte (dtypes such as F8_E8M0 included).
+
+`Store` draws a checkpoint's weights in order and keeps both what the forward computes with
+(the rounded float32 values) and the stored bytes. `write_arrays` is the second, older
+writer of the official goldens (sorted names, numpy arrays); its bytes are committed, so it
+stays as it is.
 """
 
 import json
@@ -84,3 +89,55 @@ def write_safetensors(path, tensors):
         f.write(hb)
         for b in blobs:
             f.write(b)
+
+
+def write_arrays(path, tensors):
+    """Safetensors of `{name: (numpy array, dtype)}` as make_official_golden.py has always
+    written them: names sorted, JSON header with spaces and no `__metadata__`."""
+    header, blobs, off = {}, [], 0
+    for name, (arr, dt) in sorted(tensors.items()):
+        b = arr.tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+class Store:
+    """Draws weights, rounds them onto their storage format, keeps the rounded values for the
+    forward and the stored bytes for the checkpoint (`files`, in drawing order, which fixes
+    the committed bytes). `fp8_block` is the FP8 scale block edge: 32 for V4.1's checkpoints,
+    128 for V4's."""
+
+    def __init__(self, seed, fp8_block):
+        self.g = torch.Generator().manual_seed(seed)
+        self.files = {}
+        self.fp8_block = fp8_block
+
+    def draw(self, shape, std, mean=0.0):
+        return torch.randn(*shape, generator=self.g) * std + mean
+
+    def f32(self, name, t):
+        self.files[name] = raw(t, "F32")
+        return t
+
+    def bf16(self, name, t):
+        t = bf16_round(t)
+        self.files[name] = raw(t, "BF16")
+        return t
+
+    def fp8(self, name, t, rb=None, cb=None):
+        """FP8 with `rb` x `cb` scale blocks (the store's square block by default)."""
+        codes, exps, _, deq = fp8_block_quant(t, rb or self.fp8_block, cb or self.fp8_block)
+        self.files[name] = raw(codes, "F8_E4M3")
+        self.files[name.removesuffix(".weight") + ".scale"] = raw(exps, "F8_E8M0")
+        return deq
+
+    def fp4(self, name, t):
+        packed, exps, deq = fp4_quant(t)
+        self.files[name] = raw(packed, "I8")
+        self.files[name.removesuffix(".weight") + ".scale"] = raw(exps, "F8_E8M0")
+        return deq

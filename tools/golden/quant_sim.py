@@ -1,0 +1,117 @@
+"""The quantisation points of DeepSeek-V4's inference code, simulated in float32 (used by the
+port in golden/official_v4.py).
+
+What each part follows (DeepSeek-V4's `inference/kernel.py` and `inference/model.py`, as spec
+§2 and §5 of docs/model-spec.md state them):
+  - `Numerics.act_quant_sim`, `Numerics.fp4_sim`: kernel.py's `act_quant`/`fp4_act_quant`
+    (amax floors 1e-4 and 6·2^-126, power-of-two scale rounded up, clamp, round to nearest
+    even onto e4m3 / e2m1, written back as `q·s`).
+  - `hadamard`: `fast_hadamard_transform(x, scale=n^-0.5)` (Sylvester order).
+  - `Numerics.linear`: model.py's `linear`: FP8/FP4-weight projections quantise their input
+    with `act_quant(x, 128, ue8m0)` before `fp8_gemm`/`fp4_gemm`; BF16/F32 weights use a
+    plain product.
+  - `Numerics.bf16`: the KV cache's RoPE dims, stored as bf16 by model.py's `kv_cache`.
+
+Quantisation blocks may be short at the end of a row (the tiny checkpoints' widths are not
+multiples of 128/64); such a block is quantised with its own amax. model.py asserts whole
+blocks; V4's real shapes always have them.
+"""
+
+import torch
+
+ACT_BLOCK, KV_BLOCK, FP4_BLOCK = 128, 64, 32
+# Roundings onto FP8/FP4 whose input lies within FRAGILE_REL (relative) of a rounding
+# boundary: a different summation order upstream (ours is not torch's) can send such a value
+# the other way, one FP8/FP4 step, and a long prompt has many. Counted per prompt; a prompt
+# with more than FRAGILE_MAX is compared loosely, like one with a near-tied selection
+# (measured: prompts with up to ~50 such roundings, up to 200 tokens here, agree with
+# deepinfer to 3e-4; the 600- and 700-token ones, with 100+, drift by up to 3.4e-2 once a
+# flipped rounding tips a router or indexer choice).
+FRAGILE_REL = 1e-6
+FRAGILE_MAX = 64
+
+FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def pow2_ceil(s):
+    m, e = torch.frexp(s)  # s = m·2^e, m in [0.5, 1)
+    return torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
+
+
+def blocks(x, block, fn):
+    """Applies `fn` to each `block`-wide slice of the last dim (the last may be short)."""
+    parts = [fn(x[..., i:i + block]) for i in range(0, x.size(-1), block)]
+    return torch.cat(parts, dim=-1)
+
+
+def e2m1_rne(a):
+    """Nearest e2m1 magnitude of a ≥ 0 (≤ 6), ties to the even code."""
+    d = (a.unsqueeze(-1) - FP4_GRID).abs()
+    tied = d == d.amin(-1, keepdim=True)
+    idx = torch.arange(8)
+    even = torch.where(tied & (idx % 2 == 0), idx, 99).amin(-1)
+    any_ = torch.where(tied, idx, 99).amin(-1)
+    return FP4_GRID[torch.where(even < 99, even, any_)]
+
+
+def hadamard(x):
+    n = x.size(-1)
+    h = torch.ones(1, 1)
+    while h.size(0) < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (x @ h) * (n ** -0.5)
+
+
+class Numerics:
+    """Where the port rounds, and a count of the fragile roundings since the last reset.
+
+    `quantise=False` (make_official_golden.py --plain, and the V4 DSpark target) skips every
+    quantisation point: the port must then reproduce HF's float32 goldens. One instance is
+    shared by all modules of a model, so a run's `fragile` counts every rounding it made."""
+
+    def __init__(self, quantise):
+        self.quantise = quantise
+        self.fragile = 0
+
+    def count_fragile(self, y, q, step):
+        """`y` rounded to `q` on a grid of spacing `step` at y: distance to the nearest boundary."""
+        d = ((y - q).abs() - step / 2).abs()
+        self.fragile += int((d < FRAGILE_REL * y.abs()).sum())
+
+    def act_quant_sim(self, x, block):
+        if not self.quantise:
+            return x
+
+        def one(b):
+            amax = b.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+            s = pow2_ceil(amax / 448.0)
+            y = (b / s).clamp(-448.0, 448.0)
+            q = y.to(torch.float8_e4m3fn).float()
+            e = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** -6)))
+            self.count_fragile(y, q, torch.exp2(e - 3))
+            return q * s
+        return blocks(x, block, one)
+
+    def fp4_sim(self, x, block):
+        if not self.quantise:
+            return x
+
+        def one(b):
+            amax = b.abs().amax(-1, keepdim=True).clamp_min(6.0 * 2.0 ** -126)
+            s = pow2_ceil(amax / 6.0)
+            y = (b / s).clamp(-6.0, 6.0)
+            q = torch.sign(y) * e2m1_rne(y.abs())
+            a = y.abs()
+            self.count_fragile(y, q, torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0)))
+            return q * s
+        return blocks(x, block, one)
+
+    def bf16(self, x):
+        """The KV cache's RoPE dims: model.py's kv_cache is bf16 (its other dims are FP8 values)."""
+        return x.to(torch.bfloat16).float() if self.quantise else x
+
+    def linear(self, x, w, quant):
+        """x @ w.T, with the input quantised first when `quant` (an FP8/FP4 weight)."""
+        if quant:
+            x = self.act_quant_sim(x, ACT_BLOCK)
+        return x @ w.T
