@@ -22,7 +22,9 @@ from transformers import AutoConfig, DeepseekV4ForCausalLM
 from transformers.initialization import no_init_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import FP4_GRID, official_name_and_format  # noqa: E402
+import golden.hf_v4  # noqa: E402,F401  (registers the "softmax" router activation tiny-c uses)
+from golden.layout import official_name_and_format  # noqa: E402
+from golden.read import dequant_fp4, dequant_fp8  # noqa: E402
 
 
 def reader(model_dir):
@@ -38,25 +40,6 @@ def reader(model_dir):
         for k in h.keys():
             where[k] = h
     return lambda name: where[name].get_tensor(name), where
-
-
-def e8m0(t):
-    return torch.pow(2.0, t.view(torch.uint8).to(torch.float32) - 127.0)
-
-
-def dequant_fp4(packed, scale):
-    """I8 [out, in/2] (low nibble first) + E8M0 [out, in/32] -> f32 [out, in]."""
-    p = packed.view(torch.uint8).to(torch.int64)
-    codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(p.shape[0], -1)
-    mag = FP4_GRID[codes & 7] * torch.where(codes & 8 > 0, -1.0, 1.0)
-    return mag * e8m0(scale).repeat_interleave(32, dim=1)
-
-
-def dequant_fp8(codes, scale):
-    w = codes.view(torch.float8_e4m3fn).to(torch.float32)
-    s = e8m0(scale) if scale.dtype == torch.float8_e8m0fnu else scale.to(torch.float32)
-    s = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
-    return w * s
 
 
 def load_hf_state(model, get, where, dtype):
