@@ -7,6 +7,19 @@ use super::{invalid, ConfigError, ModelConfig};
 
 impl ModelConfig {
     pub(super) fn validate(&self, k: &Keys) -> Result<(), ConfigError> {
+        self.check_positive(k)?;
+        self.check_upper_bounds(k)?;
+        self.check_token_ids(k)?;
+        self.check_head_shapes(k)?;
+        self.check_layer_lists(k)?;
+        self.check_counts(k)?;
+        self.check_scalars(k)?;
+        self.check_rope(k)?;
+        Ok(())
+    }
+
+    /// Every count and size that must be > 0.
+    fn check_positive(&self, k: &Keys) -> Result<(), ConfigError> {
         let n = self.num_hidden_layers;
         for (field, v) in [
             (k.vocab, self.vocab_size),
@@ -23,7 +36,11 @@ impl ModelConfig {
         ] {
             ensure(v > 0, field, v, "must be > 0")?;
         }
-        self.check_upper_bounds(k)?;
+        Ok(())
+    }
+
+    /// BOS and EOS ids inside the vocabulary.
+    fn check_token_ids(&self, k: &Keys) -> Result<(), ConfigError> {
         for (field, id) in self
             .bos_token_id
             .iter()
@@ -37,6 +54,11 @@ impl ModelConfig {
                 format!("outside the vocabulary ({} = {})", k.vocab, self.vocab_size),
             )?;
         }
+        Ok(())
+    }
+
+    /// Head widths that RoPE and the output groups divide.
+    fn check_head_shapes(&self, k: &Keys) -> Result<(), ConfigError> {
         let rd = self.qk_rope_head_dim;
         ensure(
             rd > 0 && rd.is_multiple_of(2),
@@ -72,6 +94,12 @@ impl ModelConfig {
             self.o_groups,
             format!("must divide {} = {}", k.heads, self.num_attention_heads),
         )?;
+        Ok(())
+    }
+
+    /// One layer kind and one MoE kind per layer.
+    fn check_layer_lists(&self, k: &Keys) -> Result<(), ConfigError> {
+        let n = self.num_hidden_layers;
         for (field, len) in [
             (k.layer_types, self.layer_types.len()),
             (k.mlp_types, self.mlp_layer_types.len()),
@@ -83,6 +111,11 @@ impl ModelConfig {
                 format!("needs one entry per layer ({} = {n})", k.layers),
             )?;
         }
+        Ok(())
+    }
+
+    /// Ratios, routing and mixing counts within what the forward pass computes.
+    fn check_counts(&self, k: &Keys) -> Result<(), ConfigError> {
         ensure(
             self.compress_rate_csa >= 2,
             k.csa_rate,
@@ -120,6 +153,11 @@ impl ModelConfig {
             self.sliding_window,
             "must be >= 1",
         )?;
+        Ok(())
+    }
+
+    /// Epsilons and scales: finite, and positive where they divide or scale.
+    fn check_scalars(&self, k: &Keys) -> Result<(), ConfigError> {
         let eps = self.rms_norm_eps;
         ensure(
             eps > 0.0 && eps.is_finite(),
@@ -147,6 +185,11 @@ impl ModelConfig {
             self.swiglu_limit,
             "must be > 0",
         )?;
+        Ok(())
+    }
+
+    /// RoPE thetas and YaRN parameters: finite and positive.
+    fn check_rope(&self, k: &Keys) -> Result<(), ConfigError> {
         for (rope, theta_key, yarn_keys) in [
             (&self.rope_main, k.rope_theta, k.main_yarn),
             (&self.rope_compress, k.compress_theta, k.compress_yarn),
