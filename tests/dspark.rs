@@ -13,7 +13,7 @@ use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::cache::CacheView;
-use deepinfer_model::v4::dspark::DraftContext;
+use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::model::Model;
 use deepinfer_model::v4::workspace::Workspace;
 use serde_json::Value;
@@ -154,14 +154,14 @@ fn draft_blocks_match_the_reference() {
         for (name, committed, ctx0, anchor) in blocks(&g) {
             let (mut cache, seq) = target_pass(&mut model, &committed);
             let view = cache.view(&[seq]).unwrap();
-            let ds = model.dspark.as_ref().unwrap();
             let p0 = committed.len();
             let context = DraftContext {
                 cache: &view,
                 seq: 0,
                 positions: ctx0..p0,
             };
-            let got = ds.draft(&model, &context, anchor, &mut ws).unwrap();
+            let mut got = Draft::default();
+            model.draft_into(&context, anchor, &mut got, &mut ws).unwrap();
             let want = g.f32s(&format!("{name}.base_logits"));
             let diff = max_abs_diff(&got.base_logits, &want);
             eprintln!("{cfg} block {name}: base logits differ by {diff:.2e}");

@@ -21,7 +21,7 @@ use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
-use deepinfer_model::v4::dspark::DraftContext;
+use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
 
@@ -204,9 +204,9 @@ fn dspark_fingerprint(config: &str, numerics: Numerics) -> Option<Fingerprint> {
             seq: 0,
             positions: len.saturating_sub(8)..len,
         };
-        let ds = model.dspark.as_ref().unwrap();
-        let got = ds
-            .draft(&model, &context, committed[len - 1], &mut ws)
+        let mut got = Draft::default();
+        model
+            .draft_into(&context, committed[len - 1], &mut got, &mut ws)
             .unwrap();
         fp.f32s(&got.base_logits);
         fp.u32s(&got.tokens);

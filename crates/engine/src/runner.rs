@@ -7,8 +7,11 @@
 
 use crate::cache::{CacheError, CacheManager, SeqId};
 use deepinfer_model::batch::{ForwardBatch, Logits};
+use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::model::ForwardExtras;
+use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::{Model, ModelError};
+use std::ops::Range;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
@@ -37,6 +40,8 @@ pub struct ModelRunner {
     /// The final residual streams of the last step's rows (`[N, hc, D]`) when it kept them.
     hidden: Vec<f32>,
     ids: Vec<SeqId>,
+    /// The DSpark drafter's buffers, kept between drafts.
+    draft_ws: Workspace,
 }
 
 impl ModelRunner {
@@ -51,6 +56,7 @@ impl ModelRunner {
             logits,
             hidden: Vec::new(),
             ids: Vec::new(),
+            draft_ws: Workspace::default(),
         }
     }
 
@@ -123,6 +129,45 @@ impl ModelRunner {
             self.add_lookback(w.history.iter().copied());
         }
         self.run(cache, false)
+    }
+
+    /// One pass of the MTP block over `batch` (the sequences `seqs`, in span order) from the
+    /// final streams `hidden` of the rows before them: the draft logits, and the block's own
+    /// streams (`hidden_out`) for a chained pass.
+    pub fn run_mtp(
+        &mut self,
+        cache: &mut CacheManager,
+        seqs: &[SeqId],
+        batch: &ForwardBatch,
+        hidden: &[f32],
+        logits: &mut Logits,
+        hidden_out: &mut Vec<f32>,
+    ) -> Result<(), RunnerError> {
+        let mut view = cache.view(seqs)?;
+        self.model
+            .forward_mtp(batch, hidden, &mut view, logits, hidden_out)?;
+        Ok(())
+    }
+
+    /// DSpark's block for `seq` after its committed `positions` (the drafter reads their
+    /// context keys in the cache), `anchor` being the token at their end.
+    pub fn draft(
+        &mut self,
+        cache: &mut CacheManager,
+        seq: SeqId,
+        positions: Range<usize>,
+        anchor: u32,
+        out: &mut Draft,
+    ) -> Result<(), RunnerError> {
+        let view = cache.view(std::slice::from_ref(&seq))?;
+        let context = DraftContext {
+            cache: &view,
+            seq: 0,
+            positions,
+        };
+        self.model
+            .draft_into(&context, anchor, out, &mut self.draft_ws)?;
+        Ok(())
     }
 
     /// The logits of the last [`Self::run`].

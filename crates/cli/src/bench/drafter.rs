@@ -9,8 +9,7 @@ use anyhow::Result;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig, CacheManager};
 use deepinfer_engine::runner::SeqWork;
 use deepinfer_model::profile::{self, Snapshot};
-use deepinfer_model::v4::dspark::{Draft, DraftContext};
-use deepinfer_model::v4::workspace::Workspace;
+use deepinfer_model::v4::dspark::Draft;
 use std::time::Instant;
 
 /// The row, or `None` when the checkpoint has no drafter.
@@ -53,20 +52,14 @@ pub(super) fn dspark_row(
         };
         bench.runner.step(&mut cache, &[work])?;
     }
-    let model = bench.runner.model();
-    let ds = model.dspark.as_ref().expect("checked above");
     let ctx0 = p0.saturating_sub(c.sliding_window);
-    let (mut draft, mut ws) = (Draft::default(), Workspace::default());
+    let block_size = c.dspark.as_ref().map_or(0, |d| d.block_size);
+    let mut draft = Draft::default();
+    let runner = &mut bench.runner;
     let mut block = || -> Result<(f64, Snapshot)> {
-        let view = cache.view(&[seq])?;
         let before = Snapshot::now();
         let clock = Instant::now();
-        let context = DraftContext {
-            cache: &view,
-            seq: 0,
-            positions: ctx0..p0,
-        };
-        ds.draft_into(model, &context, ids[p0], &mut draft, &mut ws)?;
+        runner.draft(&mut cache, seq, ctx0..p0, ids[p0], &mut draft)?;
         Ok((
             clock.elapsed().as_secs_f64(),
             Snapshot::now().since(&before),
@@ -78,12 +71,12 @@ pub(super) fn dspark_row(
         let roofs = quick_roofs(threads);
         timed.push((block()?.0, roofs));
     }
-    let row = summarize(1, ds.config.block_size, p0, &counters, &timed);
+    let row = summarize(1, block_size, p0, &counters, &timed);
     println!();
     println!(
         "DSpark draft block: {} rows through {stages} stages, the head and the Markov chain \
          (batch 1, same columns; tok/seq = the block)",
-        ds.config.block_size
+        block_size
     );
     print_decode_row(&row);
     if args.profile {

@@ -8,8 +8,7 @@ use crate::cache::CacheManager;
 use crate::request::RequestId;
 use crate::runner::{ModelRunner, RunnerError};
 use crate::sequence::Sequence;
-use deepinfer_model::v4::dspark::{Draft, DraftContext};
-use deepinfer_model::v4::workspace::Workspace;
+use deepinfer_model::v4::dspark::Draft;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
@@ -25,7 +24,6 @@ pub struct DsparkProgress {
 
 #[derive(Default)]
 pub struct DsparkProposer {
-    ws: Workspace,
     draft: Draft,
     /// The last step's drafting sequences, each with the range of `confidence` that
     /// scores its drafts.
@@ -43,12 +41,7 @@ impl DsparkProposer {
         runner: &mut ModelRunner,
         cache: &mut CacheManager,
     ) -> Result<(), RunnerError> {
-        let model = runner.model();
-        let ds = model
-            .dspark
-            .as_ref()
-            .expect("the engine checks the checkpoint has a DSpark drafter");
-        let window = model.config.sliding_window;
+        let window = runner.model().config.sliding_window;
         let clock = Instant::now();
         self.drafted.clear();
         self.confidence.clear();
@@ -71,14 +64,8 @@ impl DsparkProposer {
                 continue;
             }
             let anchor = s.token(p0);
-            let view = cache.view(std::slice::from_ref(&cache_id))?;
-            let context = DraftContext {
-                cache: &view,
-                seq: 0,
-                positions: p0.saturating_sub(window).max(floor)..p0,
-            };
-            ds.draft_into(model, &context, anchor, &mut self.draft, &mut self.ws)
-                .map_err(|e| RunnerError::Model(e.into()))?;
+            let positions = p0.saturating_sub(window).max(floor)..p0;
+            runner.draft(cache, cache_id, positions, anchor, &mut self.draft)?;
             let n = planned.min(self.draft.tokens.len());
             s.spec.draft_ids.extend_from_slice(&self.draft.tokens[..n]);
             let at = self.confidence.len();

@@ -199,11 +199,11 @@ impl MtpProposer {
         runner: &mut ModelRunner,
         cache: &mut CacheManager,
     ) -> Result<(), RunnerError> {
-        let mut view = cache.view(&self.ids)?;
-        runner.model_mut().forward_mtp(
+        runner.run_mtp(
+            cache,
+            &self.ids,
             &self.batch,
             &self.hidden_in,
-            &mut view,
             &mut self.logits,
             &mut self.hidden_out,
         )?;

@@ -6,9 +6,10 @@
 use super::block::block_forward;
 use super::block::LayerWeights;
 use super::carry::Carry;
+use super::embed::embed_streams;
+use super::head::{FinalCollapse, Head, HeadWeights};
 use super::hyper::HcHead;
-use super::model::HeadWeights;
-use super::model::{embed_streams, FinalCollapse, Head, Model, ModelError};
+use super::model::{Model, ModelError};
 use super::pass::BlockCtx;
 use super::pass::LayerSpec;
 use super::rows::Angles;

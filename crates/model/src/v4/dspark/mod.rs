@@ -12,8 +12,8 @@
 mod attention;
 mod context;
 
+use super::embed::embed_streams;
 use super::hyper::{hc_head, hc_mix, hc_post};
-use super::model::{embed_streams, Model};
 use super::moe::moe;
 use super::rows::Angles;
 use super::workspace::Workspace;
@@ -23,12 +23,13 @@ use crate::config::ModelConfig;
 use crate::experts::ExpertError;
 use crate::linear::Linear;
 use crate::v4::block::LayerWeights;
+use crate::v4::head::HeadWeights;
 use crate::v4::hyper::HcHead;
-use crate::v4::model::HeadWeights;
 use attention::block_attention;
 pub use context::DraftContext;
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
+use deepinfer_kernels::rope::Rope;
 use deepinfer_kernels::topk::argmax;
 use deepinfer_kernels::vector::{axpy, dot};
 
@@ -68,6 +69,15 @@ pub struct Draft {
     ids: Vec<u32>,
     scores: Vec<f32>,
     key_at: Vec<usize>,
+}
+
+/// What a draft reads of its target: the config, the token embedding, the vocabulary head
+/// and the main RoPE table.
+pub struct DraftTarget<'a> {
+    pub config: &'a ModelConfig,
+    pub embed: &'a QMatrix,
+    pub head: &'a HeadWeights,
+    pub rope: &'a Rope,
 }
 
 impl DsparkWeights {
@@ -120,23 +130,10 @@ impl DsparkWeights {
     }
 
     /// The block after the committed positions `0..p0` (`p0` = the end of `context`'s
-    /// positions); `anchor` is the token at `p0`.
-    pub fn draft(
-        &self,
-        m: &Model,
-        context: &DraftContext,
-        anchor: u32,
-        ws: &mut Workspace,
-    ) -> Result<Draft, ExpertError> {
-        let mut out = Draft::default();
-        self.draft_into(m, context, anchor, &mut out, ws)?;
-        Ok(out)
-    }
-
-    /// [`Self::draft`] into a reused `out`.
+    /// positions) into a reused `out`; `anchor` is the token at `p0`.
     pub fn draft_into(
         &self,
-        m: &Model,
+        m: &DraftTarget,
         context: &DraftContext,
         anchor: u32,
         out: &mut Draft,
@@ -147,14 +144,14 @@ impl DsparkWeights {
         let p0 = context.positions.end;
         out.positions.clear();
         out.positions.extend(p0..p0 + b);
-        let angles = Angles::new(&m.rope_main, &out.positions, ws);
+        let angles = Angles::new(m.rope, &out.positions, ws);
         out.ids.clear();
         out.ids.push(anchor);
         out.ids
             .extend(std::iter::repeat_n(self.config.noise_token_id, b - 1));
         let mut x = ws.take(b * hc * d);
-        embed_streams(&m.weights.embed, &out.ids, hc, d, &mut x);
-        let pre = self.stages(&m.config, &mut x, context, &angles, out, ws)?;
+        embed_streams(m.embed, &out.ids, hc, d, &mut x);
+        let pre = self.stages(m.config, &mut x, context, &angles, out, ws)?;
         let h = self.head_hidden(&x, &pre, ws);
         self.head(m, &h, anchor, out, ws);
         for v in [x, pre, h] {
@@ -220,7 +217,7 @@ impl DsparkWeights {
     }
 
     /// The head on the collapsed block `h`, the Markov chain and the confidences.
-    fn head(&self, m: &Model, h: &[f32], anchor: u32, out: &mut Draft, ws: &mut Workspace) {
+    fn head(&self, m: &DraftTarget, h: &[f32], anchor: u32, out: &mut Draft, ws: &mut Workspace) {
         let c = &self.stage_config;
         let (d, v, b) = (c.hidden_size, c.vocab_size, self.config.block_size);
         let mut normed = ws.take(b * d);
@@ -228,7 +225,7 @@ impl DsparkWeights {
         rms_norm_rows(&mut normed, &self.norm, c.rms_norm_eps);
         out.base_logits.clear();
         out.base_logits.resize(b * v, 0.0);
-        match &m.weights.head {
+        match m.head {
             HeadWeights::Whole(head) => head.forward_into(&normed, b, &mut out.base_logits),
             HeadWeights::Split { .. } => unreachable!("the drafter loads in one process only"),
         }

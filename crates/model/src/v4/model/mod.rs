@@ -4,16 +4,16 @@
 //! sublayer's weights instead of a hyper head.
 
 mod weights;
-pub use weights::{HeadWeights, ModelWeights};
+pub use weights::ModelWeights;
 
 use super::block::block_forward;
 use super::carry::Carry;
-use super::dspark::DsparkWeights;
+use super::dspark::{Draft, DraftContext, DraftTarget, DsparkWeights};
+use super::embed::embed_streams;
 use super::engram::{engram, EngramHashing};
-use super::hyper::hc_head;
+use super::head::{FinalCollapse, Head};
 use super::pass::BlockCtx;
 use super::rows::{Angles, BatchRows};
-use super::tensor_parallel::split_head;
 use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
@@ -24,10 +24,7 @@ use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
-use crate::v4::hyper::HcHead;
 use crate::v4::moe::Routing;
-use deepinfer_kernels::matrix::QMatrix;
-use deepinfer_kernels::norm::rms_norm_rows;
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
 
@@ -303,6 +300,28 @@ impl Model {
         }
         self.config.numerics = numerics;
         Ok(())
+    }
+
+    /// DSpark's block after `context`'s positions (`anchor`: the token at their end) into
+    /// `out`; `ws` holds its buffers between calls.
+    ///
+    /// # Panics
+    /// When the model has no drafter (the engine checks before it drafts).
+    pub fn draft_into(
+        &self,
+        context: &DraftContext,
+        anchor: u32,
+        out: &mut Draft,
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        let ds = self.dspark.as_ref().expect("a DSpark drafter");
+        let target = DraftTarget {
+            config: &self.config,
+            embed: &self.weights.embed,
+            head: &self.weights.head,
+            rope: &self.rope_main,
+        };
+        Ok(ds.draft_into(&target, context, anchor, out, ws)?)
     }
 
     /// The rope table of `layer`: plain for sliding layers, the compress (YaRN) one otherwise.
@@ -619,90 +638,6 @@ fn prefetch_hash_routed(w: &ModelWeights, k: usize, tokens: &[u32]) {
             .map(move |&e| (l, e as usize))
     });
     store.prefetch(wanted);
-}
-
-/// Every token's embedding, widened, copied into each of its `hc` streams.
-pub(super) fn embed_streams(
-    embed: &QMatrix,
-    token_ids: &[u32],
-    hc: usize,
-    d: usize,
-    x: &mut [f32],
-) {
-    crate::profile::weight_read(token_ids.len() * embed.stored_bytes() / embed.rows.max(1));
-    for (i, &id) in token_ids.iter().enumerate() {
-        let row = &mut x[i * hc * d..(i + 1) * hc * d];
-        embed.dequantize_row(id as usize, &mut row[..d]);
-        for s in 1..hc {
-            row.copy_within(..d, s * d);
-        }
-    }
-}
-
-/// The hyper head, final norm and vocabulary projection: the main model's or the MTP
-/// block's own (which shares the main head unless the checkpoint ships a different copy).
-/// How the final streams become one vector per token.
-pub(super) enum FinalCollapse<'a> {
-    /// V4's hyper head.
-    Hyper(&'a HcHead),
-    /// V4.1: the last sublayer's `pre`, `[N, hc]` over the whole batch.
-    Pre(&'a [f32]),
-}
-
-pub(super) struct Head<'a> {
-    pub collapse: FinalCollapse<'a>,
-    pub norm: &'a [f32],
-    pub head: &'a HeadWeights,
-}
-
-impl Head<'_> {
-    /// Logits of the flat rows `rows` of the streams `x: [N, hc, D]`; only those rows go
-    /// through the head.
-    pub(super) fn logits(
-        &self,
-        c: &ModelConfig,
-        x: &[f32],
-        rows: &[usize],
-        logits: &mut Logits,
-        ws: &mut Workspace,
-    ) {
-        let (d, hc, m) = (c.hidden_size, c.hc_mult, rows.len());
-        let mut picked = ws.take(m * hc * d);
-        for (o, &r) in picked.chunks_exact_mut(hc * d).zip(rows) {
-            o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
-        }
-        let mut h = match self.collapse {
-            FinalCollapse::Hyper(hh) => hc_head(&picked, m, &hh.fn_, &hh.base, hh.scale, c, ws),
-            FinalCollapse::Pre(pre) => {
-                let mut h = ws.take(m * d);
-                for ((out, &r), streams) in h
-                    .chunks_exact_mut(d)
-                    .zip(rows)
-                    .zip(picked.chunks_exact(hc * d))
-                {
-                    for (s, stream) in streams.chunks_exact(d).enumerate() {
-                        deepinfer_kernels::vector::axpy(out, pre[r * hc + s], stream);
-                    }
-                }
-                h
-            }
-        };
-        {
-            let _p = scope(Op::NormRope);
-            rms_norm_rows(&mut h, self.norm, c.rms_norm_eps);
-        }
-        logits.vocab = c.vocab_size;
-        logits.data.clear();
-        logits.data.resize(m * c.vocab_size, 0.0);
-        match self.head {
-            HeadWeights::Whole(head) => head.forward_into(&h, m, &mut logits.data),
-            HeadWeights::Split { part, comm } => {
-                split_head(&**comm, part, c, &mut h, m, &mut logits.data, ws)
-            }
-        }
-        ws.give(picked);
-        ws.give(h);
-    }
 }
 
 /// Maps each row to `(sequence, its span's first position, its span's first row)`: spans

@@ -5,23 +5,14 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::experts::{expert_store, layer_experts, ExpertPlan, ExpertStore, Holding};
 use crate::linear::Linear;
-use crate::parallel::{Collectives, HeadPart, Placement};
+use crate::parallel::{HeadPart, Placement};
 use crate::v4::block::LayerWeights;
+use crate::v4::head::HeadWeights;
 use crate::v4::hyper::HcHead;
 use crate::v4::mtp::MtpWeights;
 use crate::v4::pass::LayerSpec;
 use deepinfer_kernels::matrix::QMatrix;
 use std::sync::Arc;
-
-/// The vocabulary head, whole or this rank's rows of it.
-#[derive(Debug)]
-pub enum HeadWeights {
-    Whole(Linear),
-    Split {
-        part: HeadPart,
-        comm: Arc<dyn Collectives>,
-    },
-}
 
 #[derive(Debug)]
 pub struct ModelWeights {

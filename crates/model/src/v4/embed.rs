@@ -1,0 +1,21 @@
+//! The token embedding into the residual streams.
+
+use deepinfer_kernels::matrix::QMatrix;
+
+/// Every token's embedding, widened, copied into each of its `hc` streams.
+pub(crate) fn embed_streams(
+    embed: &QMatrix,
+    token_ids: &[u32],
+    hc: usize,
+    d: usize,
+    x: &mut [f32],
+) {
+    crate::profile::weight_read(token_ids.len() * embed.stored_bytes() / embed.rows.max(1));
+    for (i, &id) in token_ids.iter().enumerate() {
+        let row = &mut x[i * hc * d..(i + 1) * hc * d];
+        embed.dequantize_row(id as usize, &mut row[..d]);
+        for s in 1..hc {
+            row.copy_within(..d, s * d);
+        }
+    }
+}

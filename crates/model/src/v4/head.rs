@@ -1,0 +1,89 @@
+//! The model's last step: the final streams collapsed to one vector per token, normed, and
+//! projected onto the vocabulary (whole, or split by rows over ranks).
+
+use super::hyper::{hc_head, HcHead};
+use super::tensor_parallel::split_head;
+use super::workspace::Workspace;
+use crate::batch::Logits;
+use crate::config::ModelConfig;
+use crate::linear::Linear;
+use crate::parallel::{Collectives, HeadPart};
+use crate::profile::{scope, Op};
+use deepinfer_kernels::norm::rms_norm_rows;
+use std::sync::Arc;
+
+/// The vocabulary head, whole or this rank's rows of it.
+#[derive(Debug)]
+pub enum HeadWeights {
+    Whole(Linear),
+    Split {
+        part: HeadPart,
+        comm: Arc<dyn Collectives>,
+    },
+}
+
+/// The hyper head, final norm and vocabulary projection: the main model's or the MTP
+/// block's own (which shares the main head unless the checkpoint ships a different copy).
+/// How the final streams become one vector per token.
+pub(crate) enum FinalCollapse<'a> {
+    /// V4's hyper head.
+    Hyper(&'a HcHead),
+    /// V4.1: the last sublayer's `pre`, `[N, hc]` over the whole batch.
+    Pre(&'a [f32]),
+}
+
+pub(crate) struct Head<'a> {
+    pub collapse: FinalCollapse<'a>,
+    pub norm: &'a [f32],
+    pub head: &'a HeadWeights,
+}
+
+impl Head<'_> {
+    /// Logits of the flat rows `rows` of the streams `x: [N, hc, D]`; only those rows go
+    /// through the head.
+    pub(crate) fn logits(
+        &self,
+        c: &ModelConfig,
+        x: &[f32],
+        rows: &[usize],
+        logits: &mut Logits,
+        ws: &mut Workspace,
+    ) {
+        let (d, hc, m) = (c.hidden_size, c.hc_mult, rows.len());
+        let mut picked = ws.take(m * hc * d);
+        for (o, &r) in picked.chunks_exact_mut(hc * d).zip(rows) {
+            o.copy_from_slice(&x[r * hc * d..(r + 1) * hc * d]);
+        }
+        let mut h = match self.collapse {
+            FinalCollapse::Hyper(hh) => hc_head(&picked, m, &hh.fn_, &hh.base, hh.scale, c, ws),
+            FinalCollapse::Pre(pre) => {
+                let mut h = ws.take(m * d);
+                for ((out, &r), streams) in h
+                    .chunks_exact_mut(d)
+                    .zip(rows)
+                    .zip(picked.chunks_exact(hc * d))
+                {
+                    for (s, stream) in streams.chunks_exact(d).enumerate() {
+                        deepinfer_kernels::vector::axpy(out, pre[r * hc + s], stream);
+                    }
+                }
+                h
+            }
+        };
+        {
+            let _p = scope(Op::NormRope);
+            rms_norm_rows(&mut h, self.norm, c.rms_norm_eps);
+        }
+        logits.vocab = c.vocab_size;
+        logits.data.clear();
+        logits.data.resize(m * c.vocab_size, 0.0);
+        match self.head {
+            HeadWeights::Whole(head) => head.forward_into(&h, m, &mut logits.data),
+            HeadWeights::Split { part, comm } => {
+                split_head(&**comm, part, c, &mut h, m, &mut logits.data, ws)
+            }
+        }
+        ws.give(picked);
+        ws.give(h);
+    }
+}
