@@ -3,8 +3,8 @@
 //! head once per row) against the roofs, like a decode step. Its own cache carries the
 //! drafter's context rings, so the decode rows above stay plain decoding.
 
-use super::model::{print_decode_row, print_profile, quick_roofs, summarize, tokens};
-use super::model::{Bench, DecodeRow, ModelArgs};
+use super::harness::{print_decode_row, print_profile, quick_roofs, summarize, tokens};
+use super::harness::{Bench, DecodeRow, ModelArgs};
 use anyhow::Result;
 use deepinfer_engine::cache::{default_block_tokens, CacheBudget, CacheConfig, CacheManager};
 use deepinfer_engine::runner::SeqWork;

@@ -3,6 +3,7 @@
 
 mod cache;
 mod drafter;
+mod harness;
 mod kernels;
 mod model;
 mod multi_turn;
@@ -98,7 +99,7 @@ enum BenchWhat {
     /// Each weight format's matrix product (decode and prefill shapes) against the roofs.
     Kernels(kernels::KernelArgs),
     /// Decode and prefill speed of a checkpoint against the roofs, like `llama-bench`.
-    Model(model::ModelArgs),
+    Model(harness::ModelArgs),
     /// Cache bytes per token of context under each numerics, and the longest context a
     /// budget holds (from config.json alone).
     Cache(cache::CacheArgs),

@@ -3,7 +3,7 @@
 //! binds — memory for every byte the step computes on plus disk for the bytes it had to
 //! read — with both bandwidths measured in the same run, right before each row.
 
-use super::model::{tokens, Bench, ModelArgs};
+use super::harness::{tokens, Bench, ModelArgs};
 use anyhow::Result;
 use deepinfer_engine::cache::SeqId;
 use deepinfer_engine::runner::SeqWork;
