@@ -126,3 +126,51 @@ impl HeadPart {
         })
     }
 }
+
+/// The placement as the loaders consult it: which part of a split tensor this rank holds,
+/// or `None` where the tensor stays whole (no tensor parallelism). Rank 0's loaders and the
+/// other ranks' ask the same questions here.
+impl super::Placement {
+    fn rank_of(&self) -> (usize, usize) {
+        (self.comm.rank(), self.comm.size())
+    }
+
+    /// This rank's part of the attention heads of the layer at `prefix`.
+    pub fn attn_part(
+        &self,
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        prefix: &str,
+    ) -> Result<Option<AttnPart>, CheckpointError> {
+        let (rank, size) = self.rank_of();
+        self.tensor
+            .then(|| AttnPart::load(ck, c, prefix, rank, size))
+            .transpose()
+    }
+
+    /// This rank's part of the width of the shared expert of the layer at `prefix`.
+    pub fn shared_part(
+        &self,
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        prefix: &str,
+    ) -> Result<Option<WidthPart>, CheckpointError> {
+        let inter = c.moe_intermediate_size * c.n_shared_experts;
+        let prefix = format!("{prefix}.ffn.shared_experts");
+        (self.tensor && c.n_shared_experts > 0)
+            .then(|| WidthPart::load(ck, c, &prefix, inter, self.rank_of()))
+            .transpose()
+    }
+
+    /// This rank's rows of the vocabulary head.
+    pub fn head_part(
+        &self,
+        ck: &Checkpoint,
+        c: &ModelConfig,
+    ) -> Result<Option<HeadPart>, CheckpointError> {
+        let (rank, size) = self.rank_of();
+        self.tensor
+            .then(|| HeadPart::load(ck, c, rank, size))
+            .transpose()
+    }
+}

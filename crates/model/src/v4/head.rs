@@ -5,9 +5,10 @@ use super::hyper::{hc_head, HcHead};
 use super::tensor_parallel::split_head;
 use super::workspace::Workspace;
 use crate::batch::Logits;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::linear::Linear;
-use crate::parallel::{Collectives, HeadPart};
+use crate::parallel::{Collectives, HeadPart, Placement};
 use crate::profile::{scope, Op};
 use deepinfer_kernels::norm::rms_norm_rows;
 use std::sync::Arc;
@@ -20,6 +21,24 @@ pub enum HeadWeights {
         part: HeadPart,
         comm: Arc<dyn Collectives>,
     },
+}
+
+impl HeadWeights {
+    /// Whole, or this rank's rows when the model is split by tensor parallelism.
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        c: &ModelConfig,
+        placement: Option<&Placement>,
+    ) -> Result<Self, CheckpointError> {
+        if let Some(pl) = placement {
+            if let Some(part) = pl.head_part(ck, c)? {
+                let comm = Arc::clone(&pl.comm);
+                return Ok(HeadWeights::Split { part, comm });
+            }
+        }
+        let (v, d) = (c.vocab_size, c.hidden_size);
+        Ok(HeadWeights::Whole(Linear::load(ck, "head", v, d)?))
+    }
 }
 
 /// The hyper head, final norm and vocabulary projection: the main model's or the MTP

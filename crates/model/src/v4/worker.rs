@@ -208,34 +208,18 @@ impl RankWeights {
         plan: ExpertPlan,
         placement: &Placement,
     ) -> Result<Self, CheckpointError> {
-        let (rank, size, tensor) = (
-            placement.comm.rank(),
-            placement.comm.size(),
-            placement.tensor,
-        );
         let holding = Holding::of(Some(placement), c);
         let store = expert_store(ck, c, plan, &holding)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = format!("layers.{l}");
-            let shared = tensor && c.n_shared_experts > 0;
             layers.push(RankLayer {
                 experts: layer_experts(ck, c, l, store.as_ref(), &holding)?,
-                attn: tensor
-                    .then(|| AttnPart::load(ck, c, &p, rank, size))
-                    .transpose()?,
-                shared: shared
-                    .then(|| {
-                        let inter = c.moe_intermediate_size * c.n_shared_experts;
-                        let prefix = format!("{p}.ffn.shared_experts");
-                        WidthPart::load(ck, c, &prefix, inter, (rank, size))
-                    })
-                    .transpose()?,
+                attn: placement.attn_part(ck, c, &p)?,
+                shared: placement.shared_part(ck, c, &p)?,
             });
         }
-        let head = tensor
-            .then(|| HeadPart::load(ck, c, rank, size))
-            .transpose()?;
+        let head = placement.head_part(ck, c)?;
         Ok(Self { layers, head })
     }
 }

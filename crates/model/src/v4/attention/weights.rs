@@ -184,21 +184,21 @@ impl HeadProjections {
     fn load(ck: &Checkpoint, c: &ModelConfig, s: &LayerSpec) -> Result<Self, CheckpointError> {
         let (p, d) = (s.prefix, c.hidden_size);
         let (h, hd) = (c.num_attention_heads, c.head_dim);
-        Ok(match s.placement.filter(|pl| pl.tensor) {
-            Some(pl) => HeadProjections::Split {
-                part: AttnPart::load(ck, c, p, pl.comm.rank(), pl.comm.size())?,
-                link: pl.link(s.index),
-            },
-            None => HeadProjections::Whole {
-                wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
-                wo_a: Linear::load(
-                    ck,
-                    &format!("{p}.attn.wo_a"),
-                    c.o_groups * c.o_lora_rank,
-                    h * hd / c.o_groups,
-                )?,
-                wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
-            },
+        if let Some(pl) = s.placement {
+            if let Some(part) = pl.attn_part(ck, c, p)? {
+                let link = pl.link(s.index);
+                return Ok(HeadProjections::Split { part, link });
+            }
+        }
+        Ok(HeadProjections::Whole {
+            wq_b: Linear::load(ck, &format!("{p}.attn.wq_b"), h * hd, c.q_lora_rank)?,
+            wo_a: Linear::load(
+                ck,
+                &format!("{p}.attn.wo_a"),
+                c.o_groups * c.o_lora_rank,
+                h * hd / c.o_groups,
+            )?,
+            wo_b: Linear::load(ck, &format!("{p}.attn.wo_b"), d, c.o_groups * c.o_lora_rank)?,
         })
     }
 }

@@ -4,8 +4,7 @@
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::experts::{expert_store, layer_experts, ExpertPlan, ExpertStore, Holding};
-use crate::linear::Linear;
-use crate::parallel::{HeadPart, Placement};
+use crate::parallel::Placement;
 use crate::v4::block::LayerWeights;
 use crate::v4::head::HeadWeights;
 use crate::v4::hyper::HcHead;
@@ -78,13 +77,7 @@ impl ModelWeights {
         }
         let weights = Self {
             embed: ck.matrix("embed.weight", &[c.vocab_size, d])?,
-            head: match placement.filter(|pl| pl.tensor) {
-                Some(pl) => HeadWeights::Split {
-                    part: HeadPart::load(ck, c, pl.comm.rank(), pl.comm.size())?,
-                    comm: Arc::clone(&pl.comm),
-                },
-                None => HeadWeights::Whole(Linear::load(ck, "head", c.vocab_size, d)?),
-            },
+            head: HeadWeights::load(ck, c, placement)?,
             norm: ck.vector("norm.weight", d)?,
             hc_head: match c.v41 {
                 Some(_) => None,

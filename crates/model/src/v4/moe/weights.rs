@@ -80,15 +80,13 @@ impl MoeWeights {
             Some(experts) => experts,
             None => resident_experts(ck, c, p, 0..e)?,
         };
-        let shared = match (c.n_shared_experts, s.placement.filter(|pl| pl.tensor)) {
+        let part = match s.placement {
+            Some(pl) => pl.shared_part(ck, c, p)?,
+            None => None,
+        };
+        let shared = match (c.n_shared_experts, part) {
             (0, _) => None,
-            (n, Some(pl)) => Some(SharedExpert::Part(WidthPart::load(
-                ck,
-                c,
-                &format!("{p}.ffn.shared_experts"),
-                inter * n,
-                (pl.comm.rank(), pl.comm.size()),
-            )?)),
+            (_, Some(part)) => Some(SharedExpert::Part(part)),
             (n, None) => Some(SharedExpert::Whole(ExpertWeights::load(
                 ck,
                 &format!("{p}.ffn.shared_experts"),
