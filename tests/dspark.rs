@@ -161,7 +161,9 @@ fn draft_blocks_match_the_reference() {
                 positions: ctx0..p0,
             };
             let mut got = Draft::default();
-            model.draft_into(&context, anchor, &mut got, &mut ws).unwrap();
+            model
+                .draft_into(&context, anchor, &mut got, &mut ws)
+                .unwrap();
             let want = g.f32s(&format!("{name}.base_logits"));
             let diff = max_abs_diff(&got.base_logits, &want);
             eprintln!("{cfg} block {name}: base logits differ by {diff:.2e}");

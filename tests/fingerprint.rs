@@ -25,33 +25,6 @@ use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::workspace::Workspace;
 use deepinfer_model::v4::Model;
 
-/// FNV-1a over the bits of everything hashed.
-struct Fingerprint(u64);
-
-impl Fingerprint {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn f32s(&mut self, v: &[f32]) {
-        for x in v {
-            self.bytes(&x.to_bits().to_le_bytes());
-        }
-    }
-
-    fn u32s(&mut self, v: &[u32]) {
-        for x in v {
-            self.bytes(&x.to_le_bytes());
-        }
-    }
-}
-
 fn print(label: &str, fp: &Fingerprint) {
     println!("fp {label}: {:016x}", fp.0);
 }

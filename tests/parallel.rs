@@ -84,6 +84,13 @@ fn run_ranks(n: usize) {
         "mpirun -n {n} failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
+    // (libtest's "test ranks_scenario ... " may precede the first line.)
+    for line in stdout
+        .lines()
+        .filter_map(|l| l.find("fp ranks").map(|i| &l[i..]))
+    {
+        println!("{line} on {n} ranks");
+    }
 }
 
 #[test]
@@ -205,15 +212,19 @@ fn compare_with_single_process(
         .map(|p| ids(&p["ids"]))
         .filter(|p| p.len() <= max_len)
         .collect();
+    // The split logits' bits, printed for tests/fingerprint.rs's comparison between commits.
+    let mut fp = Fingerprint::new();
     for (pi, tokens) in prompts.iter().enumerate() {
         let want = chunked_logits(&mut one, tokens, tokens.len());
         for chunk in [tokens.len(), 5] {
             let got = chunked_logits(&mut many, tokens, chunk);
             for (pos, (w, g)) in want.iter().zip(&got).enumerate() {
                 close(w, g, &format!("{label} p{pi} chunk {chunk} pos {pos}"));
+                fp.f32s(g);
             }
         }
     }
+    println!("fp ranks {label}: {:016x}", fp.0);
     let (a, b) = (&prompts[0], &prompts[1]);
     let batched = two_in_one_step(&mut many, a, b);
     let solo = [

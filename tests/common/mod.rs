@@ -547,3 +547,31 @@ pub fn check_chunked_prefill(config: &str, pi: usize, chunks: &[usize]) -> TestR
     }
     r
 }
+
+/// FNV-1a over the bits of everything hashed: a fingerprint of outputs to compare between
+/// two commits of a refactoring (tests/fingerprint.rs).
+pub struct Fingerprint(pub u64);
+
+impl Fingerprint {
+    pub fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    pub fn f32s(&mut self, v: &[f32]) {
+        for x in v {
+            self.bytes(&x.to_bits().to_le_bytes());
+        }
+    }
+
+    pub fn u32s(&mut self, v: &[u32]) {
+        for x in v {
+            self.bytes(&x.to_le_bytes());
+        }
+    }
+}
