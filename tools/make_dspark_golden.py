@@ -18,7 +18,7 @@ with the V4 drafter is golden/dspark.py) and writes, for the tiny-v41-a config:
       loop against plain greedy decoding.
 
 The computation, part by part, and the vLLM 0.33.0 source each part follows
-(paths under vllm/; "spec" is docs/model-spec.md):
+(paths under vllm/; "spec" is docs/MODEL.md):
 
   1. Target and aux states (models/deepseek_v41/nvidia/model.py: DeepseekV4Model._run_layers,
      DeepseekV4DecoderLayer.forward with capture_previous_aux; the id convention comes from
@@ -113,9 +113,9 @@ Choices (vLLM does not fix them for a tiny model, or the reference had to pick):
   - Greedy argmax everywhere (vLLM's temperature-0 path); ties are avoided by retrying the
     prompt until every recorded decision has a margin above TIE_GAP.
 
-Where vLLM and spec §7.2 differ, vLLM was followed:
+Where vLLM and docs/MODEL.md §7.2 differ, vLLM was followed:
   - the spec's final `head(norm(hc_head(X)))`: V4.1 has no hc_head; the collapse uses the
-    last stage's FFN pre (spec §8.1 says as much for the target);
+    last stage's FFN pre (docs/MODEL.md §8.1 says as much for the target);
   - the spec's "last committed token" as the first draft id: it is the bonus token the
     target has just sampled, at position P0 = number of context rows, not yet run by the
     target (no context row of its own);

@@ -19,7 +19,7 @@ directory, tests/fixtures/golden/tiny-a-dspark/, shaped like a V4-Flash-0731 rel
   official/config.json
       tiny-a's config with the dspark_* fields added and compress_ratios given the stages'
       three trailing 0 entries. num_nextn_predict_layers stays 1, as V4-Flash-0731's config
-      says while shipping three stages (spec §1.1, §11.5): vLLM's V4 drafter reads the stage
+      says while shipping three stages (docs/MODEL.md §1.1, §11.5): vLLM's V4 drafter reads the stage
       count from `n_mtp_layers` and otherwise takes 3, never num_nextn_predict_layers;
   dspark_golden.safetensors, dspark_golden.json
       in the format of tools/make_dspark_golden.py (the loop and format of golden/dspark.py,
@@ -58,7 +58,7 @@ steps 2-4 and 8-10 there hold unchanged), and the vLLM 0.33.0 source each part f
      head.
   Names (dspark.py _remap_dspark_name): V4's loader maps `markov_head.*` straight onto
   DSparkMarkovHead's parameters, so the Markov factors are
-  mtp.2.markov_head.markov_w1.weight / markov_w2.weight (spec §7.2 lists both spellings; the
+  mtp.2.markov_head.markov_w1.weight / markov_w2.weight (docs/MODEL.md §7.2 lists both spellings; the
   V4.1 fixture uses the other one, embed/head).
 
 Choices: dspark_noise_token_id 319 (tiny-a's last id), dspark_markov_rank 16, block 5; the

@@ -36,7 +36,7 @@ PAD_TOKEN_ID = 2
 LAYOUTS = {
     # DeepSeek-V4.1-Flash config.json.
     "flash": dict(layer_ids=[1, 14], engram_vocab_size=16000000, max_ngram=4, n_heads=8),
-    # The tiny V4.1-style test config (model-spec §10.3).
+    # The tiny V4.1-style test config (docs/MODEL.md §10.3).
     "tiny": dict(layer_ids=[1, 3], engram_vocab_size=1000, max_ngram=4, n_heads=2),
 }
 STREAMS = {"tiny": (3, 2000), "flash": (1, 768)}

@@ -9,8 +9,8 @@ Run by hand (outputs are committed next to the HF goldens, tests/fixtures/golden
 HF transformers has none of the official quantisation, so this is our own reference for
 `--numerics official`: golden/official_v4.py, a port, written for this project, of
 DeepSeek-V4's `inference/model.py` (DeepSeek-V4-Flash/Pro release) with what the kernels of
-its `inference/kernel.py` compute simulated by golden/quant_sim.py (spec §2 and §5 of
-docs/model-spec.md describe both). Those modules' docstrings say which source each part
+its `inference/kernel.py` compute simulated by golden/quant_sim.py (docs/MODEL.md §2 and §5
+describe both). Those modules' docstrings say which source each part
 follows and where the port deliberately differs (float32 activations between the
 quantisation points, short quantisation blocks at ragged row ends).
 

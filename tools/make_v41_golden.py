@@ -16,7 +16,7 @@ tokens (full recompute per step), every layer's residual streams for one prompt,
 smallest selection margins (router, indexer, candidate blocks) of every prompt.
 
 The model itself (configs, weights, forward) is golden/v41.py, whose docstring says which
-source (vLLM 0.33.0's `vllm/models/deepseek_v41/`, spec §8 of docs/model-spec.md) each part
+source (vLLM 0.33.0's `vllm/models/deepseek_v41/`, docs/MODEL.md §8) each part
 follows and how image positions are treated.
 """
 

@@ -11,7 +11,7 @@ weights plus everything not split (wq_a, wkv, compressors, indexer, router, mHC)
 attention core runs there while the others wait; each layer's MoE waits for the rank with
 the most of the token's picks.
 
-The shapes are the config.json values in docs/model-spec (V4-Flash, V4-Pro); the protocol is
+The shapes are the config.json values in docs/MODEL.md §1.1 (V4-Flash, V4-Pro); the protocol is
 crates/model/src/parallel/protocol.rs. Usage:
 
     tools/parallel_estimate.py --model flash --ranks 2 --mem-gbs 200 --net-gbs 12.5 --lat-us 20

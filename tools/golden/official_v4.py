@@ -1,7 +1,7 @@
 """DeepSeek-V4 as DeepSeek's own inference code computes it, on the CPU: a port, written for
 this project, of DeepSeek-V4's `inference/model.py` (DeepSeek-V4-Flash/Pro release) with the
-quantisation of its `inference/kernel.py` simulated by golden/quant_sim.py (spec §2 and §5 of
-docs/model-spec.md describe both). make_official_golden.py records its goldens;
+quantisation of its `inference/kernel.py` simulated by golden/quant_sim.py (docs/MODEL.md §2 and §5
+describe both). make_official_golden.py records its goldens;
 make_dspark_v4_golden.py runs it, quantisation off, as the DSpark target.
 
 Which source each part follows:
@@ -15,7 +15,7 @@ Which source each part follows:
     used in a plain einsum there; compressor, router, indexer weights_proj and head are
     BF16/F32).
   - `Mtp`: model.py's MTPBlock, its FP8 e_proj/h_proj included.
-  - `hc_split_sinkhorn`, `sparse_attn` (golden/primitives.py): kernel.py's as spec §3.3 and
+  - `hc_split_sinkhorn`, `sparse_attn` (golden/primitives.py): kernel.py's as docs/MODEL.md §3.3 and
     §3.4 state them.
 
 Deliberate differences from DeepSeek's code, also stated in deepinfer's `numerics.rs`:

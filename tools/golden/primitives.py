@@ -4,8 +4,8 @@ attention over picked KV rows.
 
 Sources: DeepSeek-V4's `inference/model.py` (`precompute_freqs_cis`, `apply_rotary_emb`,
 `RMSNorm`, `Block.hc_pre`/`hc_post`, `ParallelHead.hc_head`) and the kernels of its
-`inference/kernel.py` (`hc_split_sinkhorn`, `sparse_attn`) as spec §3.3 and §3.4 of
-docs/model-spec.md state them. vLLM 0.33's V4.1 (`vllm/models/deepseek_v41/`) uses the same
+`inference/kernel.py` (`hc_split_sinkhorn`, `sparse_attn`) as docs/MODEL.md §3.3 and
+§3.4 state them. vLLM 0.33's V4.1 (`vllm/models/deepseek_v41/`) uses the same
 pieces: the V4.1 reference (golden/v41.py) calls these.
 """
 

@@ -2,7 +2,7 @@
 port in golden/official_v4.py).
 
 What each part follows (DeepSeek-V4's `inference/kernel.py` and `inference/model.py`, as spec
-§2 and §5 of docs/model-spec.md state them):
+docs/MODEL.md §2 and §5 state them):
   - `Numerics.act_quant_sim`, `Numerics.fp4_sim`: kernel.py's `act_quant`/`fp4_act_quant`
     (amax floors 1e-4 and 6·2^-126, power-of-two scale rounded up, clamp, round to nearest
     even onto e4m3 / e2m1, written back as `q·s`).

@@ -3,8 +3,7 @@ DeepSeek's layout, and the forward (no reference runs V4.1 on a CPU: vLLM's and 
 need GPU kernels, HF has no V4.1). make_v41_golden.py records its goldens; make_dspark_golden.py
 drafts on it.
 
-Which source each part follows (vLLM 0.33.0 sdist, `vllm/models/deepseek_v41/`; spec §8 of
-docs/model-spec.md):
+Which source each part follows (vLLM 0.33.0 sdist, `vllm/models/deepseek_v41/`; docs/MODEL.md §8):
 
   - Shifted mHC (`nvidia/model.py` DeepseekV4DecoderLayer.forward and
     `model_executor/kernels/mhc/torch.py` mhc_pre_delayed_torch / mhc_post_torch): each
@@ -12,7 +11,7 @@ docs/model-spec.md):
     previous sublayer's `pre`; layer 0's attention takes stream 0; the final collapse uses the
     last FFN's `pre`, then `norm` and `head`; no `hc_head`. The collapsed input is RMS-normed
     with the sublayer's norm weight (the `norm_weight` the fused kernel takes).
-  - Attention (`attention.py`): q = wq_b(q_norm(wq_a x)) with no per-head RMS (spec §8.2; the
+  - Attention (`attention.py`): q = wq_b(q_norm(wq_a x)) with no per-head RMS (docs/MODEL.md §8.2; the
     fused kernel is called with apply_q_norm=False), kv = kv_norm(wkv x), GPT-J-interleaved
     RoPE on the trailing `qk_rope_head_dim` dims (the compress table, θ=compress_rope_theta
     with YaRN, on every layer whose ratio > 0), sink attention over the window (own token

@@ -1,4 +1,4 @@
-//! Bit-exactness against the Python reference (tools/v41_engram.py, fixtures written by
+//! Bit-exactness against the Python reference (tools/golden/engram.py, fixtures written by
 //! tools/make_engram_fixtures.py) and the numbers DeepSeek released for V4.1-Flash.
 
 use std::path::{Path, PathBuf};
