@@ -24,41 +24,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
     let moe_intermediate_size = f.req_usize("moe_inter_dim")?;
     let n_routed_experts = f.req_usize("n_routed_experts")?;
     let num_experts_per_tok = f.req_usize("n_activated_experts")?;
-    let ratios = f
-        .usize_list("compress_ratios")?
-        .ok_or_else(|| ConfigError::Missing {
-            field: "compress_ratios".into(),
-        })?;
-    if ratios.len() < n {
-        return Err(invalid(
-            "compress_ratios",
-            format!("{} entries", ratios.len()),
-            format!("needs one ratio per layer (n_layers = {n}), MTP entries may follow"),
-        ));
-    }
-    // Ratio 4 selects the overlapping compressor + indexer in the reference; every other
-    // non-zero ratio is plain heavy compression, and the model has a single such rate.
-    let mut hca: Option<(usize, usize)> = None;
-    let mut layer_types = Vec::with_capacity(n);
-    for (i, &r) in ratios.iter().enumerate().take(n) {
-        layer_types.push(match r {
-            0 => AttnKind::Sliding,
-            4 => AttnKind::Csa,
-            m => {
-                if let Some((first_layer, first)) = hca {
-                    if first != m {
-                        return Err(invalid(
-                            format!("compress_ratios[{i}]"),
-                            m,
-                            format!("differs from the HCA ratio {first} of layer {first_layer}; one HCA rate per model"),
-                        ));
-                    }
-                }
-                hca.get_or_insert((i, m));
-                AttnKind::Hca
-            }
-        });
-    }
+    let (layer_types, hca_rate) = layer_kinds(f, n)?;
     let n_hash = f.usize_or("n_hash_layers", 0)?;
     let mlp_layer_types = (0..n)
         .map(|i| {
@@ -72,28 +38,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
 
     let score = scoring("score_func", f.str("score_func")?.unwrap_or("sqrtsoftplus"))?;
     let swiglu = f.f64_or("swiglu_limit", 0.0)?;
-    let original_seq_len = f.usize_or("original_seq_len", 0)?;
-    let rope_factor = f.f64_or("rope_factor", 40.0)?;
-    let yarn = (original_seq_len > 0)
-        .then(|| -> Result<Yarn, ConfigError> {
-            Ok(Yarn {
-                factor: rope_factor,
-                original_max_position_embeddings: original_seq_len as f64,
-                beta_fast: f.f64_or("beta_fast", 32.0)?,
-                beta_slow: f.f64_or("beta_slow", 1.0)?,
-            })
-        })
-        .transpose()?;
-    // `max_seq_len` is the length the reference precomputes tables for; failing that, YaRN's
-    // extended length is what HF configs state as `max_position_embeddings`.
-    let max_position_embeddings =
-        match (f.usize("max_position_embeddings")?, f.usize("max_seq_len")?) {
-            (Some(m), _) | (None, Some(m)) => m,
-            (None, None) if original_seq_len > 0 => {
-                (original_seq_len as f64 * rope_factor).round() as usize
-            }
-            (None, None) => 4096,
-        };
+    let (yarn, max_position_embeddings) = compress_yarn(f)?;
     let (bos_token_id, eos_token_ids) = token_ids(f, None, &[])?;
     Ok(ModelConfig {
         vocab_size: f.usize_or("vocab_size", 129280)?,
@@ -108,7 +53,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         sliding_window: f.usize_or("window_size", 128)?,
         layer_types,
         compress_rate_csa: 4,
-        compress_rate_hca: hca.map_or(128, |(_, m)| m),
+        compress_rate_hca: hca_rate,
         mlp_layer_types,
         index_n_heads: f.usize_or("index_n_heads", 64)?,
         index_head_dim: f.usize_or("index_head_dim", 128)?,
@@ -145,4 +90,72 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         v41: None,
         dspark: None,
     })
+}
+
+/// Each layer's kind from the per-layer `compress_ratios` (MTP entries may follow), and the
+/// model's HCA rate (128 where no layer states one). Ratio 4 selects the overlapping
+/// compressor + indexer in the reference; every other non-zero ratio is plain heavy
+/// compression, and the model has a single such rate.
+fn layer_kinds(f: &Fields, n: usize) -> Result<(Vec<AttnKind>, usize), ConfigError> {
+    let ratios = f
+        .usize_list("compress_ratios")?
+        .ok_or_else(|| ConfigError::Missing {
+            field: "compress_ratios".into(),
+        })?;
+    if ratios.len() < n {
+        return Err(invalid(
+            "compress_ratios",
+            format!("{} entries", ratios.len()),
+            format!("needs one ratio per layer (n_layers = {n}), MTP entries may follow"),
+        ));
+    }
+    let mut hca: Option<(usize, usize)> = None;
+    let mut layer_types = Vec::with_capacity(n);
+    for (i, &r) in ratios.iter().enumerate().take(n) {
+        layer_types.push(match r {
+            0 => AttnKind::Sliding,
+            4 => AttnKind::Csa,
+            m => {
+                if let Some((first_layer, first)) = hca {
+                    if first != m {
+                        return Err(invalid(
+                            format!("compress_ratios[{i}]"),
+                            m,
+                            format!("differs from the HCA ratio {first} of layer {first_layer}; one HCA rate per model"),
+                        ));
+                    }
+                }
+                hca.get_or_insert((i, m));
+                AttnKind::Hca
+            }
+        });
+    }
+    Ok((layer_types, hca.map_or(128, |(_, m)| m)))
+}
+
+/// The compress table's YaRN (when `original_seq_len` is set) and the context length:
+/// `max_seq_len` is the length the reference precomputes tables for; failing that, YaRN's
+/// extended length is what HF configs state as `max_position_embeddings`.
+fn compress_yarn(f: &Fields) -> Result<(Option<Yarn>, usize), ConfigError> {
+    let original_seq_len = f.usize_or("original_seq_len", 0)?;
+    let rope_factor = f.f64_or("rope_factor", 40.0)?;
+    let yarn = (original_seq_len > 0)
+        .then(|| -> Result<Yarn, ConfigError> {
+            Ok(Yarn {
+                factor: rope_factor,
+                original_max_position_embeddings: original_seq_len as f64,
+                beta_fast: f.f64_or("beta_fast", 32.0)?,
+                beta_slow: f.f64_or("beta_slow", 1.0)?,
+            })
+        })
+        .transpose()?;
+    let max_position_embeddings =
+        match (f.usize("max_position_embeddings")?, f.usize("max_seq_len")?) {
+            (Some(m), _) | (None, Some(m)) => m,
+            (None, None) if original_seq_len > 0 => {
+                (original_seq_len as f64 * rope_factor).round() as usize
+            }
+            (None, None) => 4096,
+        };
+    Ok((yarn, max_position_embeddings))
 }
