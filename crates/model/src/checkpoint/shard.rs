@@ -62,50 +62,14 @@ fn header_err(path: &Path, reason: impl Into<String>) -> CheckpointError {
     }
 }
 
-/// Size in bytes of `shape` elements of `dtype`, `None` on overflow or a partial byte.
-pub(super) fn byte_len(dtype: Dtype, shape: &[usize]) -> Option<usize> {
-    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
-    let bits = n.checked_mul(dtype.bitsize())?;
-    (bits % 8 == 0).then_some(bits / 8)
-}
-
-pub(super) fn open(path: &Path) -> Result<(Shard, Vec<(String, TensorInfo)>), CheckpointError> {
-    let io = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = File::open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
-    if file_len < 8 {
-        return Err(CheckpointError::Truncated {
-            file: path.to_path_buf(),
-            what: "8-byte header length prefix".into(),
-            needed: 8,
-            actual: file_len,
-        });
-    }
-    // SAFETY: the mapping is only ever read. Mapping a file is unsound only if another process
-    // truncates or rewrites it while mapped; checkpoints are treated as immutable inputs for
-    // the lifetime of a `Checkpoint` (the same assumption the `safetensors` and HF loaders
-    // make), and nothing in this crate writes to them.
-    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-    let mut prefix = [0u8; 8];
-    prefix.copy_from_slice(&mmap[..8]);
-    let n = u64::from_le_bytes(prefix);
-    let header_end =
-        n.checked_add(8)
-            .filter(|&e| e <= file_len)
-            .ok_or_else(|| CheckpointError::Truncated {
-                file: path.to_path_buf(),
-                what: format!("{n}-byte JSON header"),
-                needed: n.saturating_add(8),
-                actual: file_len,
-            })? as usize;
-    let header = std::str::from_utf8(&mmap[8..header_end])
-        .map_err(|e| header_err(path, format!("header is not UTF-8: {e}")))?;
-    let entries: HashMap<String, serde_json::Value> = serde_json::from_str(header)
-        .map_err(|e| header_err(path, format!("header is not a JSON object: {e}")))?;
-
+/// Every entry of the JSON header names a known dtype and a byte range as long as its shape
+/// needs, and the ranges fit in the `file_len − header_end` bytes of data after the header.
+fn check_entries(
+    path: &Path,
+    entries: &HashMap<String, serde_json::Value>,
+    header_end: usize,
+    file_len: u64,
+) -> Result<(), CheckpointError> {
     let data_len = file_len - header_end as u64;
     let mut max_end = 0usize;
     let mut names: Vec<&String> = entries.keys().filter(|k| *k != "__metadata__").collect();
@@ -151,6 +115,54 @@ pub(super) fn open(path: &Path) -> Result<(Shard, Vec<(String, TensorInfo)>), Ch
             actual: file_len,
         });
     }
+    Ok(())
+}
+
+/// Size in bytes of `shape` elements of `dtype`, `None` on overflow or a partial byte.
+pub(super) fn byte_len(dtype: Dtype, shape: &[usize]) -> Option<usize> {
+    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    let bits = n.checked_mul(dtype.bitsize())?;
+    (bits % 8 == 0).then_some(bits / 8)
+}
+
+pub(super) fn open(path: &Path) -> Result<(Shard, Vec<(String, TensorInfo)>), CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    if file_len < 8 {
+        return Err(CheckpointError::Truncated {
+            file: path.to_path_buf(),
+            what: "8-byte header length prefix".into(),
+            needed: 8,
+            actual: file_len,
+        });
+    }
+    // SAFETY: the mapping is only ever read. Mapping a file is unsound only if another process
+    // truncates or rewrites it while mapped; checkpoints are treated as immutable inputs for
+    // the lifetime of a `Checkpoint` (the same assumption the `safetensors` and HF loaders
+    // make), and nothing in this crate writes to them.
+    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&mmap[..8]);
+    let n = u64::from_le_bytes(prefix);
+    let header_end =
+        n.checked_add(8)
+            .filter(|&e| e <= file_len)
+            .ok_or_else(|| CheckpointError::Truncated {
+                file: path.to_path_buf(),
+                what: format!("{n}-byte JSON header"),
+                needed: n.saturating_add(8),
+                actual: file_len,
+            })? as usize;
+    let header = std::str::from_utf8(&mmap[8..header_end])
+        .map_err(|e| header_err(path, format!("header is not UTF-8: {e}")))?;
+    let entries: HashMap<String, serde_json::Value> = serde_json::from_str(header)
+        .map_err(|e| header_err(path, format!("header is not a JSON object: {e}")))?;
+
+    check_entries(path, &entries, header_end, file_len)?;
 
     // Our checks passed; the crate's own validation still catches gaps, overlaps and trailing
     // bytes, and its parse is the one we index from.

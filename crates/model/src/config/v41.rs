@@ -213,6 +213,25 @@ fn parse_engram(t: &Fields, n: usize) -> Result<Option<EngramConfig>, ConfigErro
 /// Every compressed layer needs a kv source and an index source at or below it that agree
 /// with it: the source's compressed positions are the ones the reader attends to.
 fn check_topology(v: &V41, t: &Fields, index_topk: usize) -> Result<(), ConfigError> {
+    check_layer_sources(v, t)?;
+    for (i, &l) in v.kv_source_layer_ids.iter().enumerate() {
+        if v.compress_ratios[l] == 0 || !v.index_source_layer_ids.contains(&l) {
+            return Err(invalid(
+                format!("{}[{i}]", t.name("kv_source_layer_ids")),
+                l,
+                "a kv source compresses and also indexes (its indexer owns the keys)",
+            ));
+        }
+    }
+    if let Some(c) = v.candidates {
+        check_candidates(v, t, c, index_topk)?;
+    }
+    Ok(())
+}
+
+/// Every compressed layer has a kv source and an index source at or below it, of its ratio
+/// and agreeing on the entries.
+fn check_layer_sources(v: &V41, t: &Fields) -> Result<(), ConfigError> {
     for (l, &r) in v.compress_ratios.iter().enumerate() {
         let field = format!("{}[{l}]", t.name("compress_ratios"));
         if r > 2 {
@@ -258,41 +277,41 @@ fn check_topology(v: &V41, t: &Fields, index_topk: usize) -> Result<(), ConfigEr
             ));
         }
     }
-    for (i, &l) in v.kv_source_layer_ids.iter().enumerate() {
-        if v.compress_ratios[l] == 0 || !v.index_source_layer_ids.contains(&l) {
-            return Err(invalid(
-                format!("{}[{i}]", t.name("kv_source_layer_ids")),
-                l,
-                "a kv source compresses and also indexes (its indexer owns the keys)",
-            ));
-        }
+    Ok(())
+}
+
+/// The candidate source indexes, its blocks cover the top-k, and the index sources after it
+/// read the entries it indexes.
+fn check_candidates(
+    v: &V41,
+    t: &Fields,
+    c: Candidates,
+    index_topk: usize,
+) -> Result<(), ConfigError> {
+    let field = t.name("candidate_source_layer_id");
+    if v.index_source(c.source_layer) != Some(c.source_layer) {
+        return Err(invalid(field, c.source_layer, "must be an index source"));
     }
-    if let Some(c) = v.candidates {
-        let field = t.name("candidate_source_layer_id");
-        if v.index_source(c.source_layer) != Some(c.source_layer) {
-            return Err(invalid(field, c.source_layer, "must be an index source"));
-        }
-        // Later readers take their top-k inside the candidates: fewer than k would leave
-        // picks the official kernels fill with masked entries.
-        let covered = c.topk_blocks.saturating_sub(1) * c.block_size + 1;
-        if c.block_size == 0 || covered < index_topk {
+    // Later readers take their top-k inside the candidates: fewer than k would leave
+    // picks the official kernels fill with masked entries.
+    let covered = c.topk_blocks.saturating_sub(1) * c.block_size + 1;
+    if c.block_size == 0 || covered < index_topk {
+        return Err(invalid(
+            t.name("candidate_topk_blocks"),
+            c.topk_blocks,
+            format!(
+                "blocks of {} must cover index_topk = {index_topk} entries",
+                c.block_size
+            ),
+        ));
+    }
+    for &l in &v.index_source_layer_ids {
+        if l > c.source_layer && v.kv_source(l) != v.kv_source(c.source_layer) {
             return Err(invalid(
-                t.name("candidate_topk_blocks"),
-                c.topk_blocks,
-                format!(
-                    "blocks of {} must cover index_topk = {index_topk} entries",
-                    c.block_size
-                ),
+                field,
+                c.source_layer,
+                format!("index source {l} reads other entries than the candidates index"),
             ));
-        }
-        for &l in &v.index_source_layer_ids {
-            if l > c.source_layer && v.kv_source(l) != v.kv_source(c.source_layer) {
-                return Err(invalid(
-                    field,
-                    c.source_layer,
-                    format!("index source {l} reads other entries than the candidates index"),
-                ));
-            }
         }
     }
     Ok(())

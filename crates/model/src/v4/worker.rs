@@ -103,53 +103,16 @@ impl Worker {
         let comm = &*placement.comm;
         let missing = |what: &str| WorkerError(format!("{what} of layer {layer}"));
         let part = weights.layers.get(layer);
-        // Rank 0's data for the operation.
-        let receive = |len: usize, ws: &mut Workspace| {
-            let mut buf = ws.take(len);
-            comm.broadcast_f32(&mut buf);
-            buf
-        };
         match op {
             Op::Moe => {
                 let l = part.ok_or_else(|| missing("experts"))?;
-                let (d, k) = (c.hidden_size, c.num_experts_per_tok);
-                let buf = receive(MoeMessage::len_for(t, d, k), ws);
-                let msg = MoeMessage {
-                    buf,
-                    tokens: t,
-                    d,
-                    k,
-                };
-                let mut ids = ws.take_idx(t * k);
-                msg.ids_into(&mut ids);
-                if let Some(&bad) = ids.iter().find(|&&e| e >= c.n_routed_experts) {
-                    return Err(WorkerError(format!("expert {bad}")));
-                }
-                let held = LocalExperts {
-                    routed: &l.experts,
-                    shared: None,
-                    shared_part: l.shared.as_ref(),
-                };
-                let (x, wts) = (msg.x(), msg.wts());
-                // A part that fails is reported to rank 0 through the reduction (rank 0 stops
-                // its engine, so a server's health turns 503 before the job ends).
-                let (mut out, failed) = match local_part(&held, c, x, &ids, wts, ws) {
-                    Ok(out) => (out, false),
-                    Err(e) => {
-                        report(comm, &format!("error: {e}"));
-                        (ws.take(t * c.hidden_size), true)
-                    }
-                };
-                reduce_with_status(comm, &mut out, failed);
-                ws.give(out);
-                ws.give(msg.buf);
-                ws.give_idx(ids);
+                serve_moe(c, comm, l, t, ws)?;
             }
             Op::AttnQ => {
                 let p = part
                     .and_then(|l| l.attn.as_ref())
                     .ok_or_else(|| missing("wq_b"))?;
-                let qr = receive(t * c.q_lora_rank, ws);
+                let qr = receive(comm, t * c.q_lora_rank, ws);
                 let q = q_part(p, &qr, t, None, ws);
                 comm.gather_f32(&q, &[], &mut []);
                 ws.give(q);
@@ -159,7 +122,7 @@ impl Worker {
                 let p = part
                     .and_then(|l| l.attn.as_ref())
                     .ok_or_else(|| missing("wo_a"))?;
-                let o = receive(t * c.num_attention_heads * c.head_dim, ws);
+                let o = receive(comm, t * c.num_attention_heads * c.head_dim, ws);
                 let mut out = out_part(p, c, &o, t, ws);
                 comm.reduce_sum(&mut out);
                 ws.give(out);
@@ -167,7 +130,7 @@ impl Worker {
             }
             Op::Head => {
                 let p = weights.head.as_ref().ok_or_else(|| missing("head"))?;
-                let h = receive(t * c.hidden_size, ws);
+                let h = receive(comm, t * c.hidden_size, ws);
                 let logits = head_part(p, &h, t, ws);
                 comm.gather_f32(&logits, &[], &mut []);
                 ws.give(logits);
@@ -177,6 +140,57 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// Rank 0's data for an operation, broadcast to every rank.
+fn receive(comm: &dyn Collectives, len: usize, ws: &mut Workspace) -> Vec<f32> {
+    let mut buf = ws.take(len);
+    comm.broadcast_f32(&mut buf);
+    buf
+}
+
+/// This rank's part of a MoE: its experts' (and shared part's) sum over the tokens rank 0
+/// sent, into the reduction.
+fn serve_moe(
+    c: &ModelConfig,
+    comm: &dyn Collectives,
+    l: &RankLayer,
+    t: usize,
+    ws: &mut Workspace,
+) -> Result<(), WorkerError> {
+    let (d, k) = (c.hidden_size, c.num_experts_per_tok);
+    let buf = receive(comm, MoeMessage::len_for(t, d, k), ws);
+    let msg = MoeMessage {
+        buf,
+        tokens: t,
+        d,
+        k,
+    };
+    let mut ids = ws.take_idx(t * k);
+    msg.ids_into(&mut ids);
+    if let Some(&bad) = ids.iter().find(|&&e| e >= c.n_routed_experts) {
+        return Err(WorkerError(format!("expert {bad}")));
+    }
+    let held = LocalExperts {
+        routed: &l.experts,
+        shared: None,
+        shared_part: l.shared.as_ref(),
+    };
+    let (x, wts) = (msg.x(), msg.wts());
+    // A part that fails is reported to rank 0 through the reduction (rank 0 stops
+    // its engine, so a server's health turns 503 before the job ends).
+    let (mut out, failed) = match local_part(&held, c, x, &ids, wts, ws) {
+        Ok(out) => (out, false),
+        Err(e) => {
+            report(comm, &format!("error: {e}"));
+            (ws.take(t * c.hidden_size), true)
+        }
+    };
+    reduce_with_status(comm, &mut out, failed);
+    ws.give(out);
+    ws.give(msg.buf);
+    ws.give_idx(ids);
+    Ok(())
 }
 
 /// This rank's message on stderr, in one write so the ranks' lines do not interleave.

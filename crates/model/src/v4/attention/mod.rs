@@ -13,7 +13,7 @@ pub use weights::{AttentionWeights, HeadProjections};
 
 use super::carry::Carry;
 use super::compressor::{pending_rows, scratch_len, Compression};
-use super::indexer::{candidate_blocks, IndexerQueries, Scope};
+use super::indexer::{candidate_blocks, IndexerQueries, IndexerWeights, Scope};
 use super::output_groups::grouped_output;
 use super::pass::BlockCtx;
 use super::rows::{Angles, BatchRows};
@@ -310,16 +310,7 @@ fn select(
         return;
     };
     let _p = scope(Op::Indexer);
-    let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
-    for (i, row) in p.iq.chunks_exact_mut(ih * ihd).enumerate() {
-        let (cos, sin) = st.angles.row(i);
-        for head in row.chunks_exact_mut(ihd) {
-            Rope::apply_with(head, cos, sin, false);
-        }
-    }
-    c.numerics.indexer(&mut p.iq, ihd);
-    let wscale = (ih as f32).powf(-0.5);
-    p.iwt.iter_mut().for_each(|v| *v *= wscale);
+    let (ih, ihd) = rotate_index_queries(st, iw, p);
     let queries = IndexerQueries {
         config: c,
         heads: ih,
@@ -391,6 +382,23 @@ fn select(
         ws.give_idx(blocks);
         ws.give_idx(n_blocks);
     }
+}
+
+/// The indexer's queries rotated and rounded as its keys are, its head weights scaled by
+/// 1/√heads; returns `(heads, head_dim)`.
+fn rotate_index_queries(st: &Step, iw: &IndexerWeights, p: &mut Projected) -> (usize, usize) {
+    let c = st.c;
+    let (ih, ihd) = (c.index_n_heads, iw.wq_b.out_dim() / c.index_n_heads);
+    for (i, row) in p.iq.chunks_exact_mut(ih * ihd).enumerate() {
+        let (cos, sin) = st.angles.row(i);
+        for head in row.chunks_exact_mut(ihd) {
+            Rope::apply_with(head, cos, sin, false);
+        }
+    }
+    c.numerics.indexer(&mut p.iq, ihd);
+    let wscale = (ih as f32).powf(-0.5);
+    p.iwt.iter_mut().for_each(|v| *v *= wscale);
+    (ih, ihd)
 }
 
 /// The attention core: every row's heads over its index set (its window, then its

@@ -521,17 +521,7 @@ impl Model {
             ds.store_context(c, &aux, &rows, &angles_main, cache, ws);
             ws.give(aux);
         }
-        let collapse = match (&w.hc_head, &carry.pre) {
-            (Some(h), _) => FinalCollapse::Hyper(h),
-            (None, Some(pre)) => FinalCollapse::Pre(pre),
-            (None, None) => unreachable!("a V4.1 model has layers, each leaving its weights"),
-        };
-        let head = Head {
-            collapse,
-            norm: &w.norm,
-            head: &w.head,
-        };
-        head.logits(c, &x, &batch.logits_rows, logits, ws);
+        head_logits(w, c, &carry, &x, &batch.logits_rows, logits, ws);
         carry.recycle(ws);
         match extras.hidden {
             Some(hidden) => {
@@ -545,6 +535,30 @@ impl Model {
         scratch.row_seq = rows.row_seq;
         Ok(())
     }
+}
+
+/// The logits of the flat rows `rows` of the final streams `x`: collapsed by V4's hyper
+/// head or the last sublayer's `pre` that `carry` holds (V4.1), normed, projected.
+fn head_logits(
+    w: &ModelWeights,
+    c: &ModelConfig,
+    carry: &Carry,
+    x: &[f32],
+    rows: &[usize],
+    logits: &mut Logits,
+    ws: &mut Workspace,
+) {
+    let collapse = match (&w.hc_head, &carry.pre) {
+        (Some(h), _) => FinalCollapse::Hyper(h),
+        (None, Some(pre)) => FinalCollapse::Pre(pre),
+        (None, None) => unreachable!("a V4.1 model has layers, each leaving its weights"),
+    };
+    let head = Head {
+        collapse,
+        norm: &w.norm,
+        head: &w.head,
+    };
+    head.logits(c, x, rows, logits, ws);
 }
 
 /// The mean of each row's streams `x: [N, hc, D]` into its slot of `aux` (`[N, targets · D]`)

@@ -278,16 +278,12 @@ fn routed_sum(
     let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
     let t = ids.len() / k.max(1);
     let inter = c.moe_intermediate_size;
-    let (offsets, order, xs) = group_by_expert(ids, x, k, d, n_exp, ws);
     if let RoutedExperts::Sharded(parts) = experts {
         // Split by width, the shared expert is split too (added by `local_part`).
         debug_assert!(shared.is_none());
-        let out = width_sum(parts, c, (&offsets, &order, &xs), wts, ws);
-        ws.give(xs);
-        ws.give_idx(offsets);
-        ws.give_idx(order);
-        return Ok(out);
+        return Ok(width_sum(parts, c, x, (ids, wts), ws));
     }
+    let (offsets, order, xs) = group_by_expert(ids, x, k, d, n_exp, ws);
     let shared_inter = shared.map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
     let (mut gs, mut us) = (ws.take(t * shared_inter), ws.take(t * shared_inter));
@@ -297,10 +293,7 @@ fn routed_sum(
         .held()
         .filter(|&e| offsets[e + 1] > offsets[e])
         .collect();
-    let mut row_wts = ws.take(t * k);
-    for (w, &p) in row_wts.iter_mut().zip(order.iter()) {
-        *w = wts[p];
-    }
+    let row_wts = row_weights(&order, wts, ws);
     let width = inter.max(shared_inter);
     let mut tmp = ws.take((t * k).max(t).div_ceil(ROWS_PER_TASK).max(1) * width);
     let mut ones = ws.take(t);
@@ -355,22 +348,29 @@ fn routed_sum(
     Ok(out)
 }
 
+/// Each gathered row's routing weight: `wts` in the rows' (expert) order.
+fn row_weights(order: &[usize], wts: &[f32], ws: &mut Workspace) -> Vec<f32> {
+    let mut row_wts = ws.take(order.len());
+    for (w, &p) in row_wts.iter_mut().zip(order) {
+        *w = wts[p];
+    }
+    row_wts
+}
+
 /// [`routed_sum`] over this rank's share of every expert's width: one expert after the
 /// other, on its rows of the grouped picks.
 fn width_sum(
     parts: &[WidthPart],
     c: &ModelConfig,
-    (offsets, order, xs): (&[usize], &[usize], &[f32]),
-    wts: &[f32],
+    x: &[f32],
+    (ids, wts): (&[usize], &[f32]),
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let (d, k) = (c.hidden_size, c.num_experts_per_tok);
+    let (offsets, order, xs) = group_by_expert(ids, x, k, d, c.n_routed_experts, ws);
     let t = order.len() / k.max(1);
     let mut y = ws.take(order.len() * d);
-    let mut row_wts = ws.take(order.len());
-    for (w, &p) in row_wts.iter_mut().zip(order) {
-        *w = wts[p];
-    }
+    let row_wts = row_weights(&order, wts, ws);
     for (e, part) in parts.iter().enumerate() {
         let rows = offsets[e]..offsets[e + 1];
         if rows.is_empty() {
@@ -382,7 +382,10 @@ fn width_sum(
         y[rows.start * d..rows.end * d].copy_from_slice(&out);
         ws.give(out);
     }
-    let out = sum_rows(order, &y, None, t, k, d, ws);
+    let out = sum_rows(&order, &y, None, t, k, d, ws);
+    ws.give(xs);
+    ws.give_idx(offsets);
+    ws.give_idx(order);
     ws.give(y);
     ws.give(row_wts);
     out
