@@ -263,95 +263,11 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         DenseFormat::Fp8
     };
     let mut config = match name {
-        "tiny" => {
-            let ratios = [0, 4, 8, 4];
-            ModelConfig {
-                num_hidden_layers: ratios.len(),
-                layer_types: kinds(&ratios),
-                compress_rate_hca: 8,
-                mlp_layer_types: mlp_kinds(ratios.len(), 2),
-                ..tiny_widths()
-            }
-        }
-        "bench" | "bench-bf16" | "big" => {
-            // 2 SWA layers, then CSA/HCA alternating from CSA, as in V4-Flash.
-            let layers = if name == "big" { 16 } else { 12 };
-            let ratios: Vec<usize> = [0, 0]
-                .into_iter()
-                .chain((2..layers).map(|l| if l % 2 == 0 { 4 } else { 128 }))
-                .collect();
-            ModelConfig {
-                num_hidden_layers: ratios.len(),
-                layer_types: kinds(&ratios),
-                mlp_layer_types: mlp_kinds(ratios.len(), 3),
-                n_routed_experts: if name == "big" { 256 } else { 64 },
-                ..bench_widths()
-            }
-        }
-        "tiny-v41" => {
-            let base = ModelConfig {
-                hc_mult: 2,
-                ..tiny_widths()
-            };
-            let cand = Candidates {
-                source_layer: 3,
-                topk_blocks: 4,
-                block_size: 2,
-            };
-            v41_like(
-                base,
-                &[0, 2, 2, 1, 1],
-                &[1, 3],
-                &[1, 3, 4],
-                cand,
-                &[1, 3],
-                600,
-            )
-        }
-        "bench-v41" => {
-            let base = bench_widths();
-            let cand = Candidates {
-                source_layer: 6,
-                topk_blocks: 256,
-                block_size: 8,
-            };
-            let ratios = [0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1];
-            let v41 = v41_like(
-                base,
-                &ratios,
-                &[2, 6],
-                &[2, 6, 8, 10],
-                cand,
-                &[1, 5],
-                170_000,
-            );
-            // V4.1's drafter: the streams entering the last three layers, stages with a
-            // third of the experts, top 3 (128 of 384 in V4.1-Flash).
-            ModelConfig {
-                num_nextn_predict_layers: 3,
-                dspark: Some(DsparkConfig {
-                    target_layer_ids: vec![9, 10, 11],
-                    aux_layers: vec![9, 10, 11],
-                    block_size: 5,
-                    noise_token_id: 128_799,
-                    markov_rank: 256,
-                    stages: 3,
-                    n_routed_experts: 21,
-                    num_experts_per_tok: 3,
-                }),
-                ..v41
-            }
-        }
-        "flash-slice" => {
-            let ratios = [0, 0, 4, 128, 4, 128];
-            ModelConfig {
-                num_hidden_layers: ratios.len(),
-                layer_types: kinds(&ratios),
-                mlp_layer_types: mlp_kinds(ratios.len(), 3),
-                n_routed_experts: 16,
-                ..flash_like()
-            }
-        }
+        "tiny" => tiny(),
+        "bench" | "bench-bf16" | "big" => bench(name == "big"),
+        "tiny-v41" => tiny_v41(),
+        "bench-v41" => bench_v41(),
+        "flash-slice" => flash_slice(),
         other => {
             return Err(SynthError::UnknownPreset {
                 name: other.to_string(),
@@ -367,6 +283,174 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         config,
         dense,
     })
+}
+
+/// `tiny`: SWA, CSA, HCA, CSA at toy widths.
+fn tiny() -> ModelConfig {
+    let ratios = [0, 4, 8, 4];
+    ModelConfig {
+        num_hidden_layers: ratios.len(),
+        layer_types: kinds(&ratios),
+        compress_rate_hca: 8,
+        mlp_layer_types: mlp_kinds(ratios.len(), 2),
+        ..tiny_widths()
+    }
+}
+
+/// `bench` (and its BF16 twin), or `big`: 2 SWA layers, then CSA/HCA alternating from CSA,
+/// as in V4-Flash.
+fn bench(big: bool) -> ModelConfig {
+    let layers = if big { 16 } else { 12 };
+    let ratios: Vec<usize> = [0, 0]
+        .into_iter()
+        .chain((2..layers).map(|l| if l % 2 == 0 { 4 } else { 128 }))
+        .collect();
+    ModelConfig {
+        num_hidden_layers: ratios.len(),
+        layer_types: kinds(&ratios),
+        mlp_layer_types: mlp_kinds(ratios.len(), 3),
+        n_routed_experts: if big { 256 } else { 64 },
+        ..bench_widths()
+    }
+}
+
+/// `tiny-v41`: the tiny V4.1 topology (docs/MODEL.md §10.3).
+fn tiny_v41() -> ModelConfig {
+    let base = ModelConfig {
+        hc_mult: 2,
+        ..tiny_widths()
+    };
+    let cand = Candidates {
+        source_layer: 3,
+        topk_blocks: 4,
+        block_size: 2,
+    };
+    v41_like(
+        base,
+        &[0, 2, 2, 1, 1],
+        &[1, 3],
+        &[1, 3, 4],
+        cand,
+        &[1, 3],
+        600,
+    )
+}
+
+/// `bench-v41`: V4.1-Flash's proportions at bench's width, with its DSpark drafter.
+fn bench_v41() -> ModelConfig {
+    let base = bench_widths();
+    let cand = Candidates {
+        source_layer: 6,
+        topk_blocks: 256,
+        block_size: 8,
+    };
+    let ratios = [0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1];
+    let v41 = v41_like(
+        base,
+        &ratios,
+        &[2, 6],
+        &[2, 6, 8, 10],
+        cand,
+        &[1, 5],
+        170_000,
+    );
+    // V4.1's drafter: the streams entering the last three layers, stages with a
+    // third of the experts, top 3 (128 of 384 in V4.1-Flash).
+    ModelConfig {
+        num_nextn_predict_layers: 3,
+        dspark: Some(DsparkConfig {
+            target_layer_ids: vec![9, 10, 11],
+            aux_layers: vec![9, 10, 11],
+            block_size: 5,
+            noise_token_id: 128_799,
+            markov_rank: 256,
+            stages: 3,
+            n_routed_experts: 21,
+            num_experts_per_tok: 3,
+        }),
+        ..v41
+    }
+}
+
+/// `flash-slice`: V4-Flash's per-layer shapes, six layers.
+fn flash_slice() -> ModelConfig {
+    let ratios = [0, 0, 4, 128, 4, 128];
+    ModelConfig {
+        num_hidden_layers: ratios.len(),
+        layer_types: kinds(&ratios),
+        mlp_layer_types: mlp_kinds(ratios.len(), 3),
+        n_routed_experts: 16,
+        ..flash_like()
+    }
+}
+
+/// The keys of a V4 HF `config.json` for `c` (V4.1's text config starts from them).
+fn v4_pairs(c: &ModelConfig) -> Vec<(&'static str, Value)> {
+    let ratios: Vec<usize> = (0..c.num_hidden_layers)
+        .map(|l| c.compress_ratio(l))
+        .collect();
+    let n_hash = c
+        .mlp_layer_types
+        .iter()
+        .take_while(|k| **k == MlpKind::Hash)
+        .count();
+    let scoring = match c.scoring_func {
+        ScoringFunc::SqrtSoftplus => "sqrtsoftplus",
+        ScoringFunc::Softmax => "softmax",
+        ScoringFunc::Sigmoid => "sigmoid",
+    };
+    vec![
+        ("architectures", json!(["DeepseekV4ForCausalLM"])),
+        ("model_type", json!("deepseek_v4")),
+        ("vocab_size", json!(c.vocab_size)),
+        ("hidden_size", json!(c.hidden_size)),
+        ("num_hidden_layers", json!(c.num_hidden_layers)),
+        ("num_attention_heads", json!(c.num_attention_heads)),
+        ("num_key_value_heads", json!(1)),
+        ("head_dim", json!(c.head_dim)),
+        ("qk_rope_head_dim", json!(c.qk_rope_head_dim)),
+        ("q_lora_rank", json!(c.q_lora_rank)),
+        ("o_groups", json!(c.o_groups)),
+        ("o_lora_rank", json!(c.o_lora_rank)),
+        ("sliding_window", json!(c.sliding_window)),
+        ("compress_ratios", json!(ratios)),
+        ("compress_rope_theta", json!(c.rope_compress.theta)),
+        ("rope_theta", json!(c.rope_main.theta)),
+        ("max_position_embeddings", json!(c.max_position_embeddings)),
+        ("index_n_heads", json!(c.index_n_heads)),
+        ("index_head_dim", json!(c.index_head_dim)),
+        ("index_topk", json!(c.index_topk)),
+        ("n_routed_experts", json!(c.n_routed_experts)),
+        ("num_experts_per_tok", json!(c.num_experts_per_tok)),
+        ("n_shared_experts", json!(c.n_shared_experts)),
+        ("moe_intermediate_size", json!(c.moe_intermediate_size)),
+        ("scoring_func", json!(scoring)),
+        ("topk_method", json!("noaux_tc")),
+        ("norm_topk_prob", json!(c.norm_topk_prob)),
+        ("routed_scaling_factor", short(c.routed_scaling_factor)),
+        ("num_hash_layers", json!(n_hash)),
+        ("swiglu_limit", short(c.swiglu_limit)),
+        ("hc_mult", json!(c.hc_mult)),
+        ("hc_sinkhorn_iters", json!(c.hc_sinkhorn_iters)),
+        ("hc_eps", short(c.hc_eps)),
+        ("rms_norm_eps", short(c.rms_norm_eps)),
+        (
+            "num_nextn_predict_layers",
+            json!(c.num_nextn_predict_layers),
+        ),
+        ("bos_token_id", json!(c.bos_token_id)),
+        (
+            "eos_token_id",
+            match c.eos_token_ids.as_slice() {
+                [one] => json!(one),
+                many => json!(many),
+            },
+        ),
+        ("tie_word_embeddings", json!(false)),
+        ("hidden_act", json!("silu")),
+        ("torch_dtype", json!("bfloat16")),
+        ("expert_dtype", json!("fp4")),
+    ]
 }
 
 /// A V4.1 `config.json` (docs/MODEL.md §1.1): the text model's keys under `text_config`, with
@@ -500,71 +584,7 @@ impl SynthSpec {
     /// `qk_rope_head_dim`, `rope_scaling`), so loaders are exercised on what they will meet.
     pub fn config_json(&self) -> Value {
         let c = &self.config;
-        let ratios: Vec<usize> = (0..c.num_hidden_layers)
-            .map(|l| c.compress_ratio(l))
-            .collect();
-        let n_hash = c
-            .mlp_layer_types
-            .iter()
-            .take_while(|k| **k == MlpKind::Hash)
-            .count();
-        let scoring = match c.scoring_func {
-            ScoringFunc::SqrtSoftplus => "sqrtsoftplus",
-            ScoringFunc::Softmax => "softmax",
-            ScoringFunc::Sigmoid => "sigmoid",
-        };
-        let mut pairs = vec![
-            ("architectures", json!(["DeepseekV4ForCausalLM"])),
-            ("model_type", json!("deepseek_v4")),
-            ("vocab_size", json!(c.vocab_size)),
-            ("hidden_size", json!(c.hidden_size)),
-            ("num_hidden_layers", json!(c.num_hidden_layers)),
-            ("num_attention_heads", json!(c.num_attention_heads)),
-            ("num_key_value_heads", json!(1)),
-            ("head_dim", json!(c.head_dim)),
-            ("qk_rope_head_dim", json!(c.qk_rope_head_dim)),
-            ("q_lora_rank", json!(c.q_lora_rank)),
-            ("o_groups", json!(c.o_groups)),
-            ("o_lora_rank", json!(c.o_lora_rank)),
-            ("sliding_window", json!(c.sliding_window)),
-            ("compress_ratios", json!(ratios)),
-            ("compress_rope_theta", json!(c.rope_compress.theta)),
-            ("rope_theta", json!(c.rope_main.theta)),
-            ("max_position_embeddings", json!(c.max_position_embeddings)),
-            ("index_n_heads", json!(c.index_n_heads)),
-            ("index_head_dim", json!(c.index_head_dim)),
-            ("index_topk", json!(c.index_topk)),
-            ("n_routed_experts", json!(c.n_routed_experts)),
-            ("num_experts_per_tok", json!(c.num_experts_per_tok)),
-            ("n_shared_experts", json!(c.n_shared_experts)),
-            ("moe_intermediate_size", json!(c.moe_intermediate_size)),
-            ("scoring_func", json!(scoring)),
-            ("topk_method", json!("noaux_tc")),
-            ("norm_topk_prob", json!(c.norm_topk_prob)),
-            ("routed_scaling_factor", short(c.routed_scaling_factor)),
-            ("num_hash_layers", json!(n_hash)),
-            ("swiglu_limit", short(c.swiglu_limit)),
-            ("hc_mult", json!(c.hc_mult)),
-            ("hc_sinkhorn_iters", json!(c.hc_sinkhorn_iters)),
-            ("hc_eps", short(c.hc_eps)),
-            ("rms_norm_eps", short(c.rms_norm_eps)),
-            (
-                "num_nextn_predict_layers",
-                json!(c.num_nextn_predict_layers),
-            ),
-            ("bos_token_id", json!(c.bos_token_id)),
-            (
-                "eos_token_id",
-                match c.eos_token_ids.as_slice() {
-                    [one] => json!(one),
-                    many => json!(many),
-                },
-            ),
-            ("tie_word_embeddings", json!(false)),
-            ("hidden_act", json!("silu")),
-            ("torch_dtype", json!("bfloat16")),
-            ("expert_dtype", json!("fp4")),
-        ];
+        let mut pairs = v4_pairs(c);
         if let Some(dc) = &c.dspark {
             pairs.extend([
                 ("dspark_target_layer_ids", json!(dc.target_layer_ids)),
