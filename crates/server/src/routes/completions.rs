@@ -8,6 +8,7 @@ use crate::openai::{
     CompletionLogprobs, CompletionResponse, PromptField, SamplingFields,
 };
 use crate::state::{response_id, unix_now};
+use crate::structured::{Grammar, Requested};
 use crate::tokenizer::{logprob_token_text, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -15,6 +16,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deepinfer_engine::request::TokenLogprobs;
+use deepinfer_engine::sampling_params::SamplingParams;
 
 /// vLLM's (and OpenAI's) default output budget for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -25,107 +27,21 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(body)?;
     let sf: SamplingFields = fields(&bytes)?;
-    let cf: CompletionFields = fields(&bytes)?;
+    let mut cf: CompletionFields = fields(&bytes)?;
     let requested = super::chat::constraint_of(&bytes, &sf)?;
     drop(bytes);
     st.check_model(sf.model.as_deref())?;
     let opts = sf.output_options()?;
-    if cf.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
-    let logprobs = match cf.logprobs {
-        None => None,
-        Some(n) if n < 0 => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("`logprobs` must be >= 0, got {n}"),
-            ))
-        }
-        Some(n) => Some(n as usize),
-    };
-    if cf.echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "`echo` together with `logprobs` (prompt logprobs) is not supported",
-        ));
-    }
-    let num_prompts = match &cf.prompt {
-        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(PromptField::Text(_) | PromptField::Ids(_)) => 1,
-        Some(PromptField::Texts(v)) => v.len(),
-        Some(PromptField::IdBatches(v)) => v.len(),
-    };
-    if num_prompts == 0 {
-        return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
-    }
-    let sequences = check_sequences(num_prompts, opts.n)?;
-    let prompt = cf.prompt.expect("checked above");
-    // Measured before anything is tokenized or decoded: a prompt that cannot fit costs
-    // only this.
-    let limits = st.prompt_limits;
-    match &prompt {
-        PromptField::Text(t) => limits.check_text("prompt", t)?,
-        PromptField::Texts(ts) => ts.iter().try_for_each(|t| limits.check_text("prompt", t))?,
-        PromptField::Ids(ids) => limits.check_ids("prompt", ids.len())?,
-        PromptField::IdBatches(b) => b
-            .iter()
-            .try_for_each(|ids| limits.check_ids("prompt", ids.len()))?,
-    }
+    let (prompt, logprobs, sequences) = checked_prompt(&mut cf, opts.n, &st)?;
     // Places for every sequence before any tokenizing: an overloaded server refuses work
     // cheaply, and the queue bounds the tokenizer's work too.
     let permit = st.admit(sequences)?;
     let add_special = cf.add_special_tokens.unwrap_or(true);
-    let echo = cf.echo;
-    let tok = st.tokenizer.clone();
-    let state = st.clone();
-    // (token ids, echo text) per prompt, and the structured-output grammar.
-    let (prompts, grammar) = blocking(&st, move || {
-        let grammar = state.grammar(requested.as_ref())?;
-        let encode = |text: String| {
-            tok.encode(&text, add_special)
-                .map(|ids| (ids, if echo { text } else { String::new() }))
-                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-        };
-        // Token-id prompts are decoded only to be echoed.
-        let decode = |ids: Vec<u32>| {
-            let text = if echo {
-                tok.decode(&ids, false)
-            } else {
-                String::new()
-            };
-            (ids, text)
-        };
-        let prompts: Vec<(Vec<u32>, String)> = match prompt {
-            PromptField::Text(t) => vec![encode(t)?],
-            PromptField::Texts(ts) => ts.into_iter().map(encode).collect::<Result<_, _>>()?,
-            PromptField::Ids(ids) => vec![decode(ids)],
-            PromptField::IdBatches(b) => b.into_iter().map(decode).collect(),
-        };
-        Ok((prompts, grammar))
-    })
-    .await?;
+    let (prompts, grammar) = tokenized(&st, prompt, add_special, cf.echo, requested).await?;
     if prompts.iter().any(|p| p.0.is_empty()) {
         return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
     }
-    let max_model_len = st.engine.max_model_len();
-    let mut choices = Vec::with_capacity(prompts.len() * opts.n);
-    for (ids, _) in &prompts {
-        let max_tokens = resolve_max_tokens(
-            sf.max_tokens,
-            "max_tokens",
-            "prompt",
-            Some(DEFAULT_MAX_TOKENS),
-            ids.len(),
-            max_model_len,
-        )?;
-        let params = sf.sampling_params(max_tokens, logprobs)?;
-        for j in 0..opts.n {
-            let mut p = params.clone();
-            // Distinct but reproducible streams for the n samples of one seeded request.
-            p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
-            choices.push((ids.clone(), p));
-        }
-    }
+    let choices = choices(&st, &sf, &prompts, opts.n, logprobs)?;
     let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
     let echo: Vec<String> = prompts
         .iter()
@@ -161,6 +77,124 @@ pub async fn completions(
     } else {
         whole(gen, head, &tok, echo, prompt_tokens, logprobs.is_some()).await
     }
+}
+
+/// The request's checks before any work: unsupported fields, `logprobs`, the prompt's form
+/// and size (measured before anything is tokenized or decoded, so a prompt that cannot fit
+/// costs only this) and the sequences it asks for. Returns the prompt, the logprobs count
+/// and the number of sequences.
+fn checked_prompt(
+    cf: &mut CompletionFields,
+    n: usize,
+    st: &Shared,
+) -> Result<(PromptField, Option<usize>, usize), ApiError> {
+    if cf.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let logprobs = match cf.logprobs {
+        None => None,
+        Some(n) if n < 0 => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` must be >= 0, got {n}"),
+            ))
+        }
+        Some(n) => Some(n as usize),
+    };
+    if cf.echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` together with `logprobs` (prompt logprobs) is not supported",
+        ));
+    }
+    let num_prompts = match &cf.prompt {
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(PromptField::Text(_) | PromptField::Ids(_)) => 1,
+        Some(PromptField::Texts(v)) => v.len(),
+        Some(PromptField::IdBatches(v)) => v.len(),
+    };
+    if num_prompts == 0 {
+        return Err(ApiError::invalid("prompt", "the prompt must not be empty"));
+    }
+    let sequences = check_sequences(num_prompts, n)?;
+    let prompt = cf.prompt.take().expect("checked above");
+    let limits = st.prompt_limits;
+    match &prompt {
+        PromptField::Text(t) => limits.check_text("prompt", t)?,
+        PromptField::Texts(ts) => ts.iter().try_for_each(|t| limits.check_text("prompt", t))?,
+        PromptField::Ids(ids) => limits.check_ids("prompt", ids.len())?,
+        PromptField::IdBatches(b) => b
+            .iter()
+            .try_for_each(|ids| limits.check_ids("prompt", ids.len()))?,
+    }
+    Ok((prompt, logprobs, sequences))
+}
+
+/// (token ids, echo text) per prompt, and the structured-output grammar, on the blocking
+/// pool. Token-id prompts are decoded only to be echoed.
+async fn tokenized(
+    st: &Shared,
+    prompt: PromptField,
+    add_special: bool,
+    echo: bool,
+    requested: Option<Requested>,
+) -> Result<(Vec<(Vec<u32>, String)>, Option<Grammar>), ApiError> {
+    let tok = st.tokenizer.clone();
+    let state = st.clone();
+    blocking(st, move || {
+        let grammar = state.grammar(requested.as_ref())?;
+        let encode = |text: String| {
+            tok.encode(&text, add_special)
+                .map(|ids| (ids, if echo { text } else { String::new() }))
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        };
+        let decode = |ids: Vec<u32>| {
+            let text = if echo {
+                tok.decode(&ids, false)
+            } else {
+                String::new()
+            };
+            (ids, text)
+        };
+        let prompts: Vec<(Vec<u32>, String)> = match prompt {
+            PromptField::Text(t) => vec![encode(t)?],
+            PromptField::Texts(ts) => ts.into_iter().map(encode).collect::<Result<_, _>>()?,
+            PromptField::Ids(ids) => vec![decode(ids)],
+            PromptField::IdBatches(b) => b.into_iter().map(decode).collect(),
+        };
+        Ok((prompts, grammar))
+    })
+    .await
+}
+
+/// Every choice's prompt and sampling parameters: `n` per prompt, each seeded apart.
+fn choices(
+    st: &Shared,
+    sf: &SamplingFields,
+    prompts: &[(Vec<u32>, String)],
+    n: usize,
+    logprobs: Option<usize>,
+) -> Result<Vec<(Vec<u32>, SamplingParams)>, ApiError> {
+    let max_model_len = st.engine.max_model_len();
+    let mut choices = Vec::with_capacity(prompts.len() * n);
+    for (ids, _) in prompts {
+        let max_tokens = resolve_max_tokens(
+            sf.max_tokens,
+            "max_tokens",
+            "prompt",
+            Some(DEFAULT_MAX_TOKENS),
+            ids.len(),
+            max_model_len,
+        )?;
+        let params = sf.sampling_params(max_tokens, logprobs)?;
+        for j in 0..n {
+            let mut p = params.clone();
+            // Distinct but reproducible streams for the n samples of one seeded request.
+            p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
+            choices.push((ids.clone(), p));
+        }
+    }
+    Ok(choices)
 }
 
 /// Where each token starts in a choice's text (`text_offset`, in characters), counted on the
