@@ -221,8 +221,7 @@ impl Kernels for Avx2 {
     unsafe fn gemm(
         panel: *const f32,
         nw: usize,
-        xt: *const f32,
-        xw: usize,
+        (xt, xw): (*const f32, usize),
         kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,

@@ -319,8 +319,7 @@ impl Kernels for Avx512 {
     unsafe fn gemm(
         panel: *const f32,
         nw: usize,
-        xt: *const f32,
-        xw: usize,
+        (xt, xw): (*const f32, usize),
         kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,

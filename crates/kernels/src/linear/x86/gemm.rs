@@ -154,8 +154,7 @@ unsafe fn stream_sums<K: Kernels>(
                 K::gemm(
                     panel.add(first * nr),
                     nr,
-                    strip.add(st * run * xw),
-                    xw,
+                    (strip.add(st * run * xw), xw),
                     (run, stride),
                     base.add(lane * len),
                     next,
@@ -252,8 +251,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                     K::gemm(
                         panel.as_ptr(),
                         nr,
-                        xt.add(m0 * k),
-                        xw,
+                        (xt.add(m0 * k), xw),
                         (main, 1),
                         partial.as_mut_ptr(),
                         next,
@@ -291,7 +289,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                         let mut o: Out = [[0.0; M_MAX]; 2];
                         let mut xs = [std::ptr::null(); M_MAX];
                         xs[0] = plan.x_row(m0 + c).as_ptr();
-                        tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main, k, mult, exact);
+                        tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main..k, mult, exact);
                         *v += o[0][0];
                     }
                 }

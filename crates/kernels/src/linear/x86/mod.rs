@@ -104,7 +104,6 @@ pub(super) trait Kernels: simd::Simd {
     /// ([`crate::linear::prepare::pack_fp4_pairs`]): the same sums in the same order, so
     /// the same results (see [`avx512::Fp4Dots`]). Only the AVX-512 family has it, and only
     /// plans made where the CPU runs it ([`crate::choice::bf16_dots`]) call it.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn fp4_dots_rows<const M: usize>(
         w: *const u8,
         ldw: usize,
@@ -130,12 +129,10 @@ pub(super) trait Kernels: simd::Simd {
     /// plus each tile at `adds` (laid out as `out`), in order, before the store.
     /// `kc = (steps, stride)`: panel rows `0, stride, 2·stride, …`, `steps` of them, against
     /// the strip's first `steps` rows.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         panel: *const f32,
         nw: usize,
-        xt: *const f32,
-        xw: usize,
+        strip: (*const f32, usize),
         kc: (usize, usize),
         out: *mut f32,
         next: Prefetch,
@@ -376,16 +373,8 @@ impl Rows<'_> {
                 row.iter_mut().for_each(|v| *v *= self.post);
             }
         }
-        tails(
-            out,
-            r,
-            mg,
-            xs,
-            self.main_elems::<K>(),
-            k,
-            self.tail_mult,
-            self.weight,
-        );
+        let cols = self.main_elems::<K>()..k;
+        tails(out, r, mg, xs, cols, self.tail_mult, self.weight);
     }
 }
 
@@ -684,24 +673,23 @@ fn scale_fp8_activations<K: Kernels>(
 /// Adds the elements past the last whole chunk (`from..k`) in scalar code: `weight(row, j)`
 /// decoded once per row, times each activation row (which carries the layout's factor,
 /// undone by `mult`).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn tails(
     out: &mut Out,
     r: Range<usize>,
     mg: usize,
     xs: [*const f32; M_MAX],
-    from: usize,
-    k: usize,
+    cols: Range<usize>,
     mult: f32,
     weight: impl Fn(usize, usize) -> f32,
 ) {
-    if from == k {
+    if cols.is_empty() {
         return;
     }
+    let from = cols.start;
     // A chunk is at most 128 elements (FP4 on AVX-512), so the tail fits on the stack.
     let mut w = [0.0f32; 128];
-    let n = (k - from).min(128);
+    let n = cols.len().min(128);
     for (ri, row) in r.enumerate() {
         for (j, v) in w[..n].iter_mut().enumerate() {
             *v = weight(row, from + j);

@@ -164,7 +164,6 @@ unsafe fn dots<S: Simd, K: RowKind<S, N>, const N: usize, const R: usize, const 
 /// # Safety
 /// As [`Kernels::fp8_rows`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows<S: Kernels, K: RowKind<S, N>, const N: usize, const M: usize>(
     w: *const K::Elem,
     ldw: usize,
