@@ -39,6 +39,7 @@ pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
 
 use super::Plan;
+use crate::buffer::WeightBytes;
 use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
 use crate::matrix::Data;
 use std::ops::Range;
@@ -421,202 +422,240 @@ unsafe fn run_rows<K: Kernels>(
 /// laid out for `K::LANES`, its matrix is on the fast path, and no other running tile of
 /// this plan overlaps `rows` and `part` (the GEMM path's share of the activations).
 pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usize) {
-    let w = plan.w();
-    let k = w.cols;
-    let chunk = 4 * K::LANES;
-    let main = k / chunk;
-    // The plan chose the GEMM path where it made the GEMM layout (from
-    // `crate::linear::gemm_from` rows; never for a product that could run on bf16 dot
-    // products, whether its activations proved fit for them or not).
-    let gemm = !plan.xt().0.is_null();
-    let mb = m_block(k);
-    let blocks = |f: &mut dyn FnMut(usize, usize)| {
-        for i0 in (0..plan.m).step_by(mb) {
-            f(i0, (i0 + mb).min(plan.m));
-        }
+    let k = plan.w().cols;
+    let t = Tile {
+        plan,
+        rows,
+        part,
+        k,
+        main: k / (4 * K::LANES),
+        // The plan chose the GEMM path where it made the GEMM layout (from
+        // `crate::linear::gemm_from` rows; never for a product that could run on bf16 dot
+        // products, whether its activations proved fit for them or not).
+        gemm: !plan.xt().0.is_null(),
     };
-    let x_plain = |i: usize| plan.x_row(i).as_ptr();
-    // SAFETY (every unsafe block below): rows, chunks and activation rows are in bounds by
-    // the plan's shapes; outputs of `rows` belong to this tile alone; the CPU has AVX2+FMA.
-    match &w.data {
-        Data::F32(b) => {
-            let wf = b.as_f32();
-            let row = |r: usize| wf[r * k..].as_ptr();
-            let how = Rows {
-                fused: &|r, mg, xs, out| unsafe {
-                    fused!(
-                        K::f32_rows,
-                        row(r.start),
-                        k,
-                        r.len(),
-                        mg,
-                        xs,
-                        main,
-                        &(),
-                        out.as_mut_ptr().cast()
-                    )
-                },
-                decode: &|_, _| {},
-                in_place: Some(&row),
-                stored: (wf.as_ptr().cast(), 4 * k),
-                chunks: main,
-                post: 1.0,
-                weight: &|row, j| wf[row * k + j],
-                tail_mult: 1.0,
-                exact: None,
-            };
-            if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
-            }
-            blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
-            });
+    // SAFETY: as the function's.
+    unsafe {
+        match &plan.w().data {
+            Data::F32(b) => t.f32::<K>(b),
+            Data::Bf16(b) => t.bf16::<K>(b),
+            Data::Fp4 {
+                packed,
+                scales,
+                group,
+            } => t.fp4::<K>(packed, scales, *group),
+            Data::Fp8 {
+                codes,
+                scales,
+                scale_cols,
+                br,
+                bc,
+            } => t.fp8::<K>(codes, scales, (*scale_cols, *br, *bc)),
         }
-        Data::Bf16(b) => {
-            let wb = b.as_u16();
-            let row = |r: usize| wb[r * k..].as_ptr();
-            let how = Rows {
-                fused: &|r, mg, xs, out| unsafe {
-                    fused!(
-                        K::bf16_rows,
-                        row(r.start),
-                        k,
-                        r.len(),
-                        mg,
-                        xs,
-                        main,
-                        &(),
-                        out.as_mut_ptr().cast()
-                    )
-                },
-                decode: &|r, out| unsafe { K::decode(RowFormat::Bf16(row(r)), main, out) },
-                in_place: None,
-                stored: (wb.as_ptr().cast(), 2 * k),
-                chunks: main,
-                post: 1.0,
-                weight: &|row, j| bf16_to_f32(wb[row * k + j]),
-                tail_mult: 1.0,
-                exact: None,
-            };
-            if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
-            }
-            blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
-            });
+    }
+}
+
+/// One tile's work: its rows of the plan's matrix, its share of the GEMM path's
+/// activations, and the shapes every format's loop reads (`main`: whole kernel chunks of a
+/// row). Each format builds its [`Rows`] and runs them.
+///
+/// SAFETY (every unsafe block of the methods): as [`tile`]'s contract; rows, chunks and
+/// activation rows are in bounds by the plan's shapes, and outputs of `rows` belong to this
+/// tile alone.
+struct Tile<'a> {
+    plan: &'a Plan,
+    rows: Range<usize>,
+    part: usize,
+    k: usize,
+    main: usize,
+    gemm: bool,
+}
+
+impl Tile<'_> {
+    /// The activations in blocks of [`m_block`] rows.
+    fn blocks(&self, f: &mut dyn FnMut(usize, usize)) {
+        let (mb, m) = (m_block(self.k), self.plan.m);
+        for i0 in (0..m).step_by(mb) {
+            f(i0, (i0 + mb).min(m));
         }
-        Data::Fp4 {
-            packed,
-            scales,
-            group,
-        } => {
-            let (wb, groups) = (packed.as_bytes(), k.div_ceil(*group));
-            let main64 = k / (2 * chunk);
-            let row = |r: usize| wb[r * k / 2..].as_ptr();
-            let scales_of = |r0: usize| Fp4Scales::from_row(scales, k, *group, r0);
-            let how = Rows {
-                fused: &|r, mg, xs, out| unsafe {
-                    let (w, n, s) = (row(r.start), r.len(), scales_of(r.start));
-                    let o = out.as_mut_ptr().cast();
-                    if plan.dots {
-                        return fused!(K::fp4_dots_rows, w, k / 2, n, mg, xs, main64, &s, o);
-                    }
-                    fused!(K::fp4_rows, w, k / 2, n, mg, xs, main64, &s, o)
-                },
-                decode: &|r, out| unsafe {
-                    K::decode(RowFormat::Fp4(row(r), scales_of(r)), main64, out)
-                },
-                in_place: None,
-                stored: (wb.as_ptr(), k / 2),
-                chunks: 2 * main64,
-                post: 1.0,
-                weight: &|row, j| {
-                    let byte = wb[(row * k + j) / 2];
-                    let code = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                    e2m1_to_f32(code) * e8m0_to_f32(scales[row * groups + j / group])
-                },
-                // Tail activations carry the layout's factor.
-                tail_mult: 1.0 / super::fp4_x_mult(K::ISA),
-                exact: None,
-            };
-            if gemm {
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &how) };
-            }
-            blocks(&mut |i0, i1| unsafe {
-                run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, &how)
-            });
+    }
+
+    /// Runs `how` on the GEMM path, or over the activations block by block.
+    unsafe fn run<K: Kernels>(&self, how: &Rows) {
+        let (plan, rows) = (self.plan, &self.rows);
+        if self.gemm {
+            return unsafe { gemm::gemm_rows::<K>(plan, rows.clone(), self.part, how) };
         }
-        Data::Fp8 {
-            codes,
-            scales,
-            scale_cols,
-            br,
-            bc,
-        } => {
-            let wb = codes.as_bytes();
-            let row = |r: usize| wb[r * k..].as_ptr();
-            let how = Rows {
-                fused: &|r, mg, xs, out| unsafe {
-                    fused!(
-                        K::fp8_rows,
-                        row(r.start),
-                        k,
-                        r.len(),
-                        mg,
-                        xs,
-                        main,
-                        &(),
-                        out.as_mut_ptr().cast()
-                    )
-                },
-                decode: &|r, out| unsafe { K::decode(RowFormat::Fp8(row(r)), main, out) },
-                in_place: None,
-                stored: (wb.as_ptr(), k),
-                chunks: main,
-                // The sums come back times 2^56 (the 2^120 of the decode is split so neither
-                // side leaves f32's range); the tail sums times 2^64.
-                post: 2f32.powi(56),
-                weight: &|row, j| e4m3_to_f32(wb[row * k + j]),
-                tail_mult: 2f32.powi(-64),
-                exact: Some((
-                    &|row, j| {
-                        e4m3_to_f32(wb[row * k + j]) * scales[(row / br) * scale_cols + j / bc]
-                    },
-                    1.0,
-                )),
-            };
-            if gemm {
-                // The GEMM's activations carry no block scale: the decoded rows get it
-                // (times 2^64, so the sums still come back times 2^56).
-                let scaled = Rows {
-                    decode: &|r, out| unsafe {
-                        let srow = scales[(r / br) * scale_cols..].as_ptr();
-                        K::decode(RowFormat::Fp8Scaled(row(r), srow, *bc), main, out)
-                    },
-                    ..how
-                };
-                return unsafe { gemm::gemm_rows::<K>(plan, rows, part, &scaled) };
-            }
-            let ldx = plan.ldx();
-            super::with_scratch2(mb * ldx, |xs_buf| {
-                let mut rb_start = rows.start;
-                while rb_start < rows.end {
-                    let rb = rb_start / br;
-                    let rb_end = ((rb + 1) * br).min(rows.end);
-                    let srow = &scales[rb * scale_cols..(rb + 1) * scale_cols];
-                    blocks(&mut |i0, i1| {
-                        // This block's activations times its scales and 2^64.
-                        for (i, xs) in (i0..i1).zip(xs_buf.chunks_exact_mut(ldx)) {
-                            scale_fp8_activations::<K>(plan.x_row(i), srow, *bc, k, xs);
-                        }
-                        let base = xs_buf.as_ptr();
-                        let x = |i: usize| base.wrapping_add((i - i0) * ldx);
-                        unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how) };
-                    });
-                    rb_start = rb_end;
+        let x_plain = |i: usize| plan.x_row(i).as_ptr();
+        self.blocks(&mut |i0, i1| unsafe {
+            run_rows::<K>(plan, rows.clone(), (i0, i1), &x_plain, how)
+        });
+    }
+
+    unsafe fn f32<K: Kernels>(&self, b: &WeightBytes) {
+        let (k, main) = (self.k, self.main);
+        let wf = b.as_f32();
+        let row = |r: usize| wf[r * k..].as_ptr();
+        let how = Rows {
+            fused: &|r, mg, xs, out| unsafe {
+                fused!(
+                    K::f32_rows,
+                    row(r.start),
+                    k,
+                    r.len(),
+                    mg,
+                    xs,
+                    main,
+                    &(),
+                    out.as_mut_ptr().cast()
+                )
+            },
+            decode: &|_, _| {},
+            in_place: Some(&row),
+            stored: (wf.as_ptr().cast(), 4 * k),
+            chunks: main,
+            post: 1.0,
+            weight: &|row, j| wf[row * k + j],
+            tail_mult: 1.0,
+            exact: None,
+        };
+        unsafe { self.run::<K>(&how) }
+    }
+
+    unsafe fn bf16<K: Kernels>(&self, b: &WeightBytes) {
+        let (k, main) = (self.k, self.main);
+        let wb = b.as_u16();
+        let row = |r: usize| wb[r * k..].as_ptr();
+        let how = Rows {
+            fused: &|r, mg, xs, out| unsafe {
+                fused!(
+                    K::bf16_rows,
+                    row(r.start),
+                    k,
+                    r.len(),
+                    mg,
+                    xs,
+                    main,
+                    &(),
+                    out.as_mut_ptr().cast()
+                )
+            },
+            decode: &|r, out| unsafe { K::decode(RowFormat::Bf16(row(r)), main, out) },
+            in_place: None,
+            stored: (wb.as_ptr().cast(), 2 * k),
+            chunks: main,
+            post: 1.0,
+            weight: &|row, j| bf16_to_f32(wb[row * k + j]),
+            tail_mult: 1.0,
+            exact: None,
+        };
+        unsafe { self.run::<K>(&how) }
+    }
+
+    unsafe fn fp4<K: Kernels>(&self, packed: &WeightBytes, scales: &[u8], group: usize) {
+        let (k, plan, chunk) = (self.k, self.plan, 4 * K::LANES);
+        let (wb, groups) = (packed.as_bytes(), k.div_ceil(group));
+        let main64 = k / (2 * chunk);
+        let row = |r: usize| wb[r * k / 2..].as_ptr();
+        let scales_of = |r0: usize| Fp4Scales::from_row(scales, k, group, r0);
+        let how = Rows {
+            fused: &|r, mg, xs, out| unsafe {
+                let (w, n, s) = (row(r.start), r.len(), scales_of(r.start));
+                let o = out.as_mut_ptr().cast();
+                if plan.dots {
+                    return fused!(K::fp4_dots_rows, w, k / 2, n, mg, xs, main64, &s, o);
                 }
-            });
+                fused!(K::fp4_rows, w, k / 2, n, mg, xs, main64, &s, o)
+            },
+            decode: &|r, out| unsafe {
+                K::decode(RowFormat::Fp4(row(r), scales_of(r)), main64, out)
+            },
+            in_place: None,
+            stored: (wb.as_ptr(), k / 2),
+            chunks: 2 * main64,
+            post: 1.0,
+            weight: &|row, j| {
+                let byte = wb[(row * k + j) / 2];
+                let code = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                e2m1_to_f32(code) * e8m0_to_f32(scales[row * groups + j / group])
+            },
+            // Tail activations carry the layout's factor.
+            tail_mult: 1.0 / super::fp4_x_mult(K::ISA),
+            exact: None,
+        };
+        unsafe { self.run::<K>(&how) }
+    }
+
+    /// FP8 rows: the fused kernels take activations scaled per weight block (made here for
+    /// each block of rows), the GEMM path weight rows decoded with their scales.
+    unsafe fn fp8<K: Kernels>(
+        &self,
+        codes: &WeightBytes,
+        scales: &[f32],
+        (scale_cols, br, bc): (usize, usize, usize),
+    ) {
+        let (k, main, plan, rows) = (self.k, self.main, self.plan, &self.rows);
+        let wb = codes.as_bytes();
+        let row = |r: usize| wb[r * k..].as_ptr();
+        let how = Rows {
+            fused: &|r, mg, xs, out| unsafe {
+                fused!(
+                    K::fp8_rows,
+                    row(r.start),
+                    k,
+                    r.len(),
+                    mg,
+                    xs,
+                    main,
+                    &(),
+                    out.as_mut_ptr().cast()
+                )
+            },
+            decode: &|r, out| unsafe { K::decode(RowFormat::Fp8(row(r)), main, out) },
+            in_place: None,
+            stored: (wb.as_ptr(), k),
+            chunks: main,
+            // The sums come back times 2^56 (the 2^120 of the decode is split so neither
+            // side leaves f32's range); the tail sums times 2^64.
+            post: 2f32.powi(56),
+            weight: &|row, j| e4m3_to_f32(wb[row * k + j]),
+            tail_mult: 2f32.powi(-64),
+            exact: Some((
+                &|row, j| e4m3_to_f32(wb[row * k + j]) * scales[(row / br) * scale_cols + j / bc],
+                1.0,
+            )),
+        };
+        if self.gemm {
+            // The GEMM's activations carry no block scale: the decoded rows get it
+            // (times 2^64, so the sums still come back times 2^56).
+            let scaled = Rows {
+                decode: &|r, out| unsafe {
+                    let srow = scales[(r / br) * scale_cols..].as_ptr();
+                    K::decode(RowFormat::Fp8Scaled(row(r), srow, bc), main, out)
+                },
+                ..how
+            };
+            return unsafe { gemm::gemm_rows::<K>(plan, rows.clone(), self.part, &scaled) };
         }
+        let ldx = plan.ldx();
+        super::with_scratch2(m_block(k) * ldx, |xs_buf| {
+            let mut rb_start = rows.start;
+            while rb_start < rows.end {
+                let rb = rb_start / br;
+                let rb_end = ((rb + 1) * br).min(rows.end);
+                let srow = &scales[rb * scale_cols..(rb + 1) * scale_cols];
+                self.blocks(&mut |i0, i1| {
+                    // This block's activations times its scales and 2^64.
+                    for (i, xs) in (i0..i1).zip(xs_buf.chunks_exact_mut(ldx)) {
+                        scale_fp8_activations::<K>(plan.x_row(i), srow, bc, k, xs);
+                    }
+                    let base = xs_buf.as_ptr();
+                    let x = |i: usize| base.wrapping_add((i - i0) * ldx);
+                    unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how) };
+                });
+                rb_start = rb_end;
+            }
+        });
     }
 }
 
