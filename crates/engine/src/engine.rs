@@ -9,7 +9,7 @@ use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
     FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenIds, TokenLogprobs,
 };
-use crate::runner::{ModelRunner, RunnerError};
+use crate::runner::{ModelRunner, RunnerError, StepSeq};
 use crate::sampler::{SampleRow, Sampler};
 use crate::sampling_params::{ParamError, SamplingParams};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
@@ -664,25 +664,34 @@ impl EngineCore {
         }
     }
 
-    /// Builds the flat batch (known tokens, then drafts, per sequence) and runs it.
+    /// Runs the step's batch: each scheduled sequence's known tokens, then its drafts
+    /// ([`ModelRunner::run_step`] builds it), after opening the prefix cache's capture of
+    /// the positions it computes.
     fn forward(&mut self) -> Result<(), EngineError> {
-        self.runner.clear();
         for s in &self.plan.scheduled {
             let seq = &self.seqs[&s.id];
-            let known = s.num_tokens - s.num_draft;
-            let start = seq.num_computed;
-            let tokens = (start..start + known)
-                .map(|i| seq.token(i))
-                .chain(seq.spec.draft_ids[..s.num_draft].iter().copied());
             let cache = seq.cache.expect("scheduled sequences hold a cache");
+            let start = seq.num_computed;
             self.cache
                 .begin_capture(cache, start, start + s.num_tokens)?;
-            self.runner.add(cache, start, tokens, s.num_logits);
-            let back = start.saturating_sub(deepinfer_model::batch::LOOKBACK)..start;
-            self.runner.add_lookback(back.map(|i| seq.token(i)));
         }
+        let seqs = &self.seqs;
+        let work = self.plan.scheduled.iter().map(|s| {
+            let seq = &seqs[&s.id];
+            let (start, known) = (seq.num_computed, s.num_tokens - s.num_draft);
+            let back = start.saturating_sub(deepinfer_model::batch::LOOKBACK)..start;
+            StepSeq {
+                seq: seq.cache.expect("scheduled sequences hold a cache"),
+                start,
+                tokens: (start..start + known)
+                    .map(|i| seq.token(i))
+                    .chain(seq.spec.draft_ids[..s.num_draft].iter().copied()),
+                num_logits: s.num_logits,
+                history: back.map(|i| seq.token(i)),
+            }
+        });
         let keep_hidden = self.spec.as_ref().is_some_and(Speculator::needs_hidden);
-        self.runner.run(&mut self.cache, keep_hidden)?;
+        self.runner.run_step(&mut self.cache, work, keep_hidden)?;
         Ok(())
     }
 

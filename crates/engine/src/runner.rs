@@ -32,6 +32,16 @@ pub struct SeqWork<'a> {
     pub history: &'a [u32],
 }
 
+/// One sequence's part of a step being built: [`SeqWork`] with the tokens and the history as
+/// iterators (a sequence's known tokens then its drafts, read in place).
+pub struct StepSeq<T, H> {
+    pub seq: SeqId,
+    pub start: usize,
+    pub tokens: T,
+    pub num_logits: usize,
+    pub history: H,
+}
+
 pub struct ModelRunner {
     model: Model,
     /// Reused every step, so a decode step's batch and logits allocate nothing.
@@ -116,19 +126,40 @@ impl ModelRunner {
         Ok(&self.logits)
     }
 
-    /// One step from a list of work items (tests, benchmarks): [`Self::clear`], [`Self::add`]
-    /// each, [`Self::run`].
+    /// Builds one step's flat batch from its sequences ([`Self::clear`], then
+    /// [`Self::add`] and [`Self::add_lookback`] for each) and runs it ([`Self::run`]).
+    pub fn run_step<T, H>(
+        &mut self,
+        cache: &mut CacheManager,
+        seqs: impl IntoIterator<Item = StepSeq<T, H>>,
+        keep_hidden: bool,
+    ) -> Result<&Logits, RunnerError>
+    where
+        T: IntoIterator<Item = u32>,
+        H: IntoIterator<Item = u32>,
+    {
+        self.clear();
+        for w in seqs {
+            self.add(w.seq, w.start, w.tokens, w.num_logits);
+            self.add_lookback(w.history);
+        }
+        self.run(cache, keep_hidden)
+    }
+
+    /// [`Self::run_step`] from a list of work items (tests, benchmarks).
     pub fn step(
         &mut self,
         cache: &mut CacheManager,
         work: &[SeqWork<'_>],
     ) -> Result<&Logits, RunnerError> {
-        self.clear();
-        for w in work {
-            self.add(w.seq, w.start, w.tokens.iter().copied(), w.num_logits);
-            self.add_lookback(w.history.iter().copied());
-        }
-        self.run(cache, false)
+        let seqs = work.iter().map(|w| StepSeq {
+            seq: w.seq,
+            start: w.start,
+            tokens: w.tokens.iter().copied(),
+            num_logits: w.num_logits,
+            history: w.history.iter().copied(),
+        });
+        self.run_step(cache, seqs, false)
     }
 
     /// One pass of the MTP block over `batch` (the sequences `seqs`, in span order) from the
