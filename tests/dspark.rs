@@ -7,11 +7,9 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheManager, SeqId};
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
-use deepinfer_model::batch::ForwardBatch;
 use deepinfer_model::cache::CacheView;
 use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::model::Model;
@@ -50,20 +48,6 @@ fn check_drafter(model: &Model, g: &Golden) {
         .as_u64()
         .map_or_else(|| n("num_nextn_predict_layers"), |s| s as usize);
     assert_eq!(c.stages, stages);
-}
-
-/// A cache with the drafter's rings, filled by one target pass over `tokens`.
-fn target_pass(model: &mut Model, tokens: &[u32]) -> (CacheManager, SeqId) {
-    let mut config = cache_config(64 << 20, 1, 0);
-    config.draft_layers = model.dspark.as_ref().unwrap().config.stages;
-    let mut cache = CacheManager::new(&model.config, config).unwrap();
-    let seq = cache.add_seq().unwrap();
-    cache.ensure_capacity(seq, tokens.len()).unwrap();
-    let batch = ForwardBatch::from_prompts(&[tokens.to_vec()], false);
-    model
-        .forward(&batch, &mut cache.view(&[seq]).unwrap())
-        .unwrap();
-    (cache, seq)
 }
 
 /// Each recorded block: its name, committed tokens, first context position and anchor.
@@ -121,7 +105,7 @@ fn the_target_fills_the_rings_with_the_reference_context_keys() {
         let mut model = load(cfg, "official");
         let (layers, hd) = (model.config.num_hidden_layers, model.config.head_dim);
         for (name, committed, ctx0, _) in blocks(&g) {
-            let (mut cache, seq) = target_pass(&mut model, &committed);
+            let (mut cache, seq) = dspark_target_pass(&mut model, &committed);
             let view = cache.view(&[seq]).unwrap();
             let ring = view.window_slots();
             let want = g.f32s(&format!("{name}.context_kv"));
@@ -152,7 +136,7 @@ fn draft_blocks_match_the_reference() {
         check_drafter(&model, &g);
         let mut ws = Workspace::default();
         for (name, committed, ctx0, anchor) in blocks(&g) {
-            let (mut cache, seq) = target_pass(&mut model, &committed);
+            let (mut cache, seq) = dspark_target_pass(&mut model, &committed);
             let view = cache.view(&[seq]).unwrap();
             let p0 = committed.len();
             let context = DraftContext {

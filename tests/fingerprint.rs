@@ -13,12 +13,11 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheConfig, CacheManager};
+use deepinfer_engine::cache::CacheConfig;
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
-use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
 use deepinfer_model::v4::dspark::{Draft, DraftContext};
@@ -111,11 +110,7 @@ fn mtp_fingerprint(config: &str, numerics: Numerics) -> Fingerprint {
     let g = Golden::load(config);
     let model = with_numerics(load(config, "official"), numerics).unwrap();
     let prompt = long_sequence(&g, 0);
-    let cfg = CacheConfig {
-        draft_layers: 1,
-        ..cache_config(64 << 20, 1, 8)
-    };
-    let mut cache = CacheManager::new(&model.config, cfg).unwrap();
+    let mut cache = mtp_cache(&model);
     let mut runner = ModelRunner::new(model);
     let seq = cache.add_seq().unwrap();
     cache.ensure_capacity(seq, prompt.len()).unwrap();
@@ -125,30 +120,16 @@ fn mtp_fingerprint(config: &str, numerics: Numerics) -> Fingerprint {
     let hidden = runner.hidden().to_vec();
     fp.f32s(&hidden);
     let n = prompt.len() - 1;
-    let batch = ForwardBatch {
-        token_ids: prompt[1..].to_vec(),
-        positions: (0..n).collect(),
-        spans: vec![SeqSpan { start: 0, len: n }],
-        logits_rows: (0..n).collect(),
-        ..ForwardBatch::default()
-    };
-    let mut logits = Logits {
-        vocab: 0,
-        data: Vec::new(),
-    };
-    let mut out = Vec::new();
     let width = hidden.len() / prompt.len();
-    let mut view = cache.view(&[seq]).unwrap();
     let model = runner.model_mut();
-    model
-        .forward_mtp(
-            &batch,
-            &hidden[..n * width],
-            &mut view,
-            &mut logits,
-            &mut out,
-        )
-        .unwrap();
+    let (logits, out) = mtp_pass(
+        model,
+        &mut cache,
+        seq,
+        0,
+        &prompt[1..],
+        &hidden[..n * width],
+    );
     fp.f32s(&logits.data);
     fp.f32s(&out);
     fp
@@ -162,15 +143,7 @@ fn dspark_fingerprint(config: &str, numerics: Numerics) -> Option<Fingerprint> {
     let mut ws = Workspace::default();
     for len in [12, 20, 33] {
         let committed = long_sequence(&g, 1)[..len].to_vec();
-        let mut cfg = cache_config(64 << 20, 1, 0);
-        cfg.draft_layers = model.dspark.as_ref().unwrap().config.stages;
-        let mut cache = CacheManager::new(&model.config, cfg).unwrap();
-        let seq = cache.add_seq().unwrap();
-        cache.ensure_capacity(seq, len).unwrap();
-        let batch = ForwardBatch::from_prompts(std::slice::from_ref(&committed), false);
-        model
-            .forward(&batch, &mut cache.view(&[seq]).unwrap())
-            .unwrap();
+        let (mut cache, seq) = dspark_target_pass(&mut model, &committed);
         let view = cache.view(&[seq]).unwrap();
         let context = DraftContext {
             cache: &view,

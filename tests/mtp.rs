@@ -6,52 +6,13 @@
 mod common;
 
 use common::*;
-use deepinfer_engine::cache::{CacheConfig, CacheManager, SeqId};
 use deepinfer_engine::runner::ModelRunner;
-use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
+use deepinfer_model::batch::{ForwardBatch, Logits};
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::numerics::Numerics;
 use deepinfer_model::v4::Model;
 
 const CONFIGS: [&str; 3] = ["tiny-a", "tiny-b", "tiny-c"];
-
-/// A cache with the MTP block's window ring (one draft layer).
-fn mtp_cache(model: &Model) -> CacheManager {
-    let cfg = CacheConfig {
-        draft_layers: 1,
-        ..cache_config(64 << 20, 1, 8)
-    };
-    CacheManager::new(&model.config, cfg).unwrap()
-}
-
-/// One MTP pass over positions `start..start + tokens.len()` of `seq`.
-fn mtp_pass(
-    model: &mut Model,
-    cache: &mut CacheManager,
-    seq: SeqId,
-    start: usize,
-    tokens: &[u32],
-    hidden: &[f32],
-) -> (Logits, Vec<f32>) {
-    let n = tokens.len();
-    let batch = ForwardBatch {
-        token_ids: tokens.to_vec(),
-        positions: (start..start + n).collect(),
-        spans: vec![SeqSpan { start: 0, len: n }],
-        logits_rows: (0..n).collect(),
-        ..ForwardBatch::default()
-    };
-    let mut logits = Logits {
-        vocab: 0,
-        data: Vec::new(),
-    };
-    let mut out = Vec::new();
-    let mut view = cache.view(&[seq]).unwrap();
-    model
-        .forward_mtp(&batch, hidden, &mut view, &mut logits, &mut out)
-        .unwrap();
-    (logits, out)
-}
 
 /// What a check compares against: a golden file, the numerics that computes it, and the
 /// bounds (relative to the largest reference value, at least 1) on the streams and logits.

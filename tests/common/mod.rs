@@ -6,7 +6,7 @@ use deepinfer_engine::engine::EngineHandle;
 use deepinfer_engine::request::{FinishReason, RequestOutput};
 use deepinfer_engine::runner::{ModelRunner, RunnerError};
 use deepinfer_engine::sampling_params::SamplingParams;
-use deepinfer_model::batch::Logits;
+use deepinfer_model::batch::{ForwardBatch, Logits, SeqSpan};
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::v4::Model;
 use safetensors::SafeTensors;
@@ -546,6 +546,58 @@ pub fn check_chunked_prefill(config: &str, pi: usize, chunks: &[usize]) -> TestR
         }
     }
     r
+}
+
+/// A cache with the MTP block's window ring (one draft layer).
+pub fn mtp_cache(model: &Model) -> CacheManager {
+    let cfg = CacheConfig {
+        draft_layers: 1,
+        ..cache_config(64 << 20, 1, 8)
+    };
+    CacheManager::new(&model.config, cfg).unwrap()
+}
+
+/// One MTP pass over positions `start..start + tokens.len()` of `seq`.
+pub fn mtp_pass(
+    model: &mut Model,
+    cache: &mut CacheManager,
+    seq: SeqId,
+    start: usize,
+    tokens: &[u32],
+    hidden: &[f32],
+) -> (Logits, Vec<f32>) {
+    let n = tokens.len();
+    let batch = ForwardBatch {
+        token_ids: tokens.to_vec(),
+        positions: (start..start + n).collect(),
+        spans: vec![SeqSpan { start: 0, len: n }],
+        logits_rows: (0..n).collect(),
+        ..ForwardBatch::default()
+    };
+    let mut logits = Logits {
+        vocab: 0,
+        data: Vec::new(),
+    };
+    let mut out = Vec::new();
+    let mut view = cache.view(&[seq]).unwrap();
+    model
+        .forward_mtp(&batch, hidden, &mut view, &mut logits, &mut out)
+        .unwrap();
+    (logits, out)
+}
+
+/// A cache with the drafter's rings, filled by one target pass over `tokens`.
+pub fn dspark_target_pass(model: &mut Model, tokens: &[u32]) -> (CacheManager, SeqId) {
+    let mut config = cache_config(64 << 20, 1, 0);
+    config.draft_layers = model.dspark.as_ref().unwrap().config.stages;
+    let mut cache = CacheManager::new(&model.config, config).unwrap();
+    let seq = cache.add_seq().unwrap();
+    cache.ensure_capacity(seq, tokens.len()).unwrap();
+    let batch = ForwardBatch::from_prompts(&[tokens.to_vec()], false);
+    model
+        .forward(&batch, &mut cache.view(&[seq]).unwrap())
+        .unwrap();
+    (cache, seq)
 }
 
 /// FNV-1a over the bits of everything hashed: a fingerprint of outputs to compare between
