@@ -18,6 +18,6 @@ pub use error::ApiError;
 pub use logit_bias::{LogitBias, MAX_LOGIT_BIAS};
 pub use parse::fields;
 pub use sampling::{
-    check_sequences, resolve_max_tokens, OutputOptions, SamplingFields, StopField, StreamOptions,
-    MAX_N, MAX_SEQUENCES, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+    check_sequences, n_samples, resolve_max_tokens, OutputOptions, SamplingFields, StopField,
+    StreamOptions, MAX_N, MAX_SEQUENCES, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
 };

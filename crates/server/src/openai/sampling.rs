@@ -24,6 +24,16 @@ pub const MAX_STOP_BYTES: usize = 512;
 /// against them).
 pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 
+/// The `n` choices' parameters of one prompt: distinct but reproducible streams for the
+/// samples of a seeded request (choice `j` seeds with `seed + j`).
+pub fn n_samples(params: &SamplingParams, n: usize) -> impl Iterator<Item = SamplingParams> + '_ {
+    (0..n).map(|j| {
+        let mut p = params.clone();
+        p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
+        p
+    })
+}
+
 /// 400 unless `prompts` × `n` is within [`MAX_SEQUENCES`]; the error names `n` when more
 /// than one choice per prompt was asked for, else `prompt`.
 pub fn check_sequences(prompts: usize, n: usize) -> Result<usize, ApiError> {

@@ -7,8 +7,8 @@ use crate::chat::{
 };
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    check_sequences, fields, resolve_max_tokens, ApiError, ChatChoice, ChatCompletionResponse,
-    ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
+    check_sequences, fields, n_samples, resolve_max_tokens, ApiError, ChatChoice,
+    ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
 use crate::structured::{forced_call, one_of, Forced, Requested, VllmFields};
@@ -216,12 +216,8 @@ pub async fn chat_completions(
         st.engine.max_model_len(),
     )?;
     let params = sf.sampling_params(max_tokens, logprobs)?;
-    let choices = (0..opts.n)
-        .map(|j| {
-            let mut p = params.clone();
-            p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
-            (prompt.ids.clone(), p)
-        })
+    let choices = n_samples(&params, opts.n)
+        .map(|p| (prompt.ids.clone(), p))
         .collect();
     let gen = Generation::start_constrained(
         &st.engine,

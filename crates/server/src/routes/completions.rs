@@ -4,8 +4,8 @@
 use super::{blocking, body_bytes, sse, Shared};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{
-    check_sequences, fields, resolve_max_tokens, ApiError, CompletionChoice, CompletionFields,
-    CompletionLogprobs, CompletionResponse, PromptField, SamplingFields,
+    check_sequences, fields, n_samples, resolve_max_tokens, ApiError, CompletionChoice,
+    CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, SamplingFields,
 };
 use crate::state::{response_id, unix_now};
 use crate::structured::{Grammar, Requested};
@@ -187,12 +187,7 @@ fn choices(
             max_model_len,
         )?;
         let params = sf.sampling_params(max_tokens, logprobs)?;
-        for j in 0..n {
-            let mut p = params.clone();
-            // Distinct but reproducible streams for the n samples of one seeded request.
-            p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
-            choices.push((ids.clone(), p));
-        }
+        choices.extend(n_samples(&params, n).map(|p| (ids.clone(), p)));
     }
     Ok(choices)
 }
