@@ -87,8 +87,9 @@ pub struct QMatrix {
     /// once here rather than by scanning the scales at every product.
     pub(crate) exact_bf16: bool,
     /// Whether the fused kernels on bf16 dot products give this matrix the f32 kernels'
-    /// exact results (see `linear::x86::dots`): FP4 whose every scale keeps each product
-    /// and partial sum a normal number. Decided once here, as `exact_bf16` is.
+    /// exact results (see `linear::x86::avx512`): FP4 whose every scale, or BF16 whose every
+    /// weight, keeps each product and partial sum a normal number. Decided once here, as
+    /// `exact_bf16` is.
     pub(crate) dots_ok: bool,
 }
 
@@ -134,6 +135,20 @@ fn fp4_scale_dots(b: u8) -> bool {
     (96..=158).contains(&b)
 }
 
+/// Whether the bf16 dot-product kernels are exact on these BF16 weights: each is zero or of
+/// magnitude in `[2^-48, 2^40)`. A weight's last bit is then at least `2^-55`, an
+/// activation's (at least `2^-64`, which the kernels check) `2^-71`, so every product and
+/// partial sum is a multiple of `2^-126`, normal (the instruction flushes subnormals, the FMA
+/// does not); and below `2^40 · 2^64` a product leaves room for any sum to stay finite.
+/// Trained weights lie far inside.
+fn bf16_dots(values: &[u16]) -> bool {
+    let fits = |v: u16| v & 0x7FFF == 0 || (79..=166).contains(&((v >> 7) & 0xFF));
+    // Chunk by chunk without an early exit inside, so the test vectorises.
+    values
+        .chunks(4096)
+        .all(|c| c.iter().fold(true, |ok, &v| ok & fits(v)))
+}
+
 impl QMatrix {
     /// An f32 matrix from its values.
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, MatrixError> {
@@ -174,13 +189,14 @@ impl QMatrix {
     /// A BF16 matrix over little-endian bytes already in place (2-byte aligned).
     pub fn bf16_in(rows: usize, cols: usize, bytes: WeightBytes) -> Result<Self, MatrixError> {
         check_len("bf16 data", rows, cols, bytes.len(), rows * cols * 2)?;
+        let dots_ok = bf16_dots(bytes.as_u16());
         Ok(Self {
             rows,
             cols,
             data: Data::Bf16(bytes),
             fast_ok: true,
             exact_bf16: true,
-            dots_ok: false,
+            dots_ok,
         })
     }
 
@@ -394,6 +410,30 @@ impl QMatrix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_dots_take_only_weights_that_keep_products_normal() {
+        let bytes = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| crate::formats::f32_to_bf16(x).to_le_bytes())
+                .collect()
+        };
+        let ok = |v: &[f32]| {
+            QMatrix::bf16_from_bytes(1, v.len(), &bytes(v))
+                .unwrap()
+                .dots_ok
+        };
+        assert!(ok(&[0.0, -0.0, 1.5, -3e-3, 2f32.powi(-48), 2f32.powi(39)]));
+        for bad in [
+            2f32.powi(-49),
+            1e-40,
+            2f32.powi(40),
+            f32::INFINITY,
+            f32::NAN,
+        ] {
+            assert!(!ok(&[1.0, bad]), "{bad}");
+        }
+    }
 
     #[test]
     fn rejects_bad_lengths_and_grids() {

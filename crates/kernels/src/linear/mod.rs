@@ -126,7 +126,7 @@ pub(crate) struct Plan {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pairs: *const u32,
     /// Whether this product runs the FP4 kernels on bf16 dot products, its activations
-    /// packed for them ([`prepare::pack_fp4_pairs`]).
+    /// packed for them ([`prepare::pack_pairs`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     dots: bool,
 }
@@ -568,9 +568,10 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
     }
 }
 
-/// Whether `j` may run the FP4 kernels on bf16 dot products, they being in use (`dots`): its
-/// activations are exact in bf16, it takes the AVX-512 family, and its scales keep the
-/// products normal (the activations are checked as they are packed). At every batch size:
+/// Whether `j` may run the FP4 or BF16 kernels on bf16 dot products, they being in use
+/// (`dots`): its activations are exact in bf16, it takes the AVX-512 family, and its weights
+/// keep the products normal (the activations are checked as they are packed). At every
+/// batch size:
 /// they give the bits of the f32 fused kernels, which the GEMM path gives too, and at 8 rows
 /// they already multiply at about the f32 FMA peak, which the GEMM reaches only near 512.
 fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {

@@ -212,7 +212,9 @@ fn prepared_x(
         && src
             .clone()
             .zip(dst.chunks_exact_mut(ldx))
-            .all(|(src, out)| prepare::pack_fp4_pairs(src, &mut out[..k]));
+            .all(|(src, out)| {
+                prepare::pack_pairs(src, &mut out[..k], prepare::pairs_chunk(format))
+            });
     if !packed {
         for (src, out) in src.zip(dst.chunks_exact_mut(ldx)) {
             let mult = x_mult(format, fam);

@@ -75,27 +75,36 @@ pub(crate) fn permute_row(format: Format, lanes: usize, x: &[f32], out: &mut [f3
     }
 }
 
-/// Elements of an FP4 chunk of the kernels on bf16 dot products (AVX-512).
-const PAIRS_CHUNK: usize = 128;
+/// Elements of a chunk of the kernels on bf16 dot products (AVX-512) for `format`: 128 for
+/// FP4 (64 bytes of codes), 64 for BF16 (128 bytes).
+pub(crate) fn pairs_chunk(format: Format) -> usize {
+    if format == Format::Fp4 {
+        128
+    } else {
+        64
+    }
+}
 
-/// Packs one activation row `x` for the FP4 kernels on bf16 dot products (AVX-512,
-/// `x86::avx512::Fp4Dots`) into `out` (as long as `x`): per 128-element chunk `c`, slot
-/// `64c + 16p + l` holds the bf16 bits of element `e = 128c + 64⌊p/2⌋ + 2l + p mod 2` in its
-/// high half and of `e + 32` in its low half; past the last whole chunk `x` stays in place
-/// (the scalar tail reads it there). Returns false, `out` then unusable, unless every
-/// element is exact in bf16 and zero or of magnitude in `[2^-64, 2^64]`, which with the
-/// matrices' scales keeps every product and partial sum normal (see `QMatrix::dots_ok`).
-pub(crate) fn pack_fp4_pairs(x: &[f32], out: &mut [f32]) -> bool {
+/// Packs one activation row `x` for the kernels on bf16 dot products (AVX-512,
+/// `x86::avx512::{Fp4Dots, Bf16Dots}`) into `out` (as long as `x`), in chunks of `chunk`
+/// elements ([`pairs_chunk`]): slot `chunk/2 · c + 16p + l` holds the bf16 bits of element
+/// `e = chunk · c + 64⌊p/2⌋ + 2l + p mod 2` in its high half and of `e + 32` in its low half;
+/// past the last whole chunk `x` stays in place (the scalar tail reads it there). Returns
+/// false, `out` then unusable, unless every element is exact in bf16 and zero or of
+/// magnitude in `[2^-64, 2^64]`, which with the matrices' weights keeps every product and
+/// partial sum normal (see `QMatrix::dots_ok`).
+pub(crate) fn pack_pairs(x: &[f32], out: &mut [f32], chunk: usize) -> bool {
     debug_assert_eq!(x.len(), out.len());
-    let main = x.len() / PAIRS_CHUNK * PAIRS_CHUNK;
+    debug_assert!(chunk == 64 || chunk == 128);
+    let main = x.len() / chunk * chunk;
     let (low, high) = (2f32.powi(-64), 2f32.powi(64));
     let fits = |v: f32| v.to_bits() & 0xFFFF == 0 && (v == 0.0 || (low..=high).contains(&v.abs()));
     if !x[..main].iter().all(|&v| fits(v)) {
         return false;
     }
     for (src, dst) in x[..main]
-        .chunks_exact(PAIRS_CHUNK)
-        .zip(out.chunks_exact_mut(PAIRS_CHUNK / 2))
+        .chunks_exact(chunk)
+        .zip(out.chunks_exact_mut(chunk / 2))
     {
         for (slot, o) in dst.iter_mut().enumerate() {
             let (p, l) = (slot / 16, slot % 16);
@@ -154,7 +163,7 @@ mod tests {
     fn fp4_pairs_hold_each_element_once_and_refuse_what_is_not_exact() {
         let x: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.25).collect();
         let mut out = vec![0.0; 300];
-        assert!(pack_fp4_pairs(&x, &mut out));
+        assert!(pack_pairs(&x, &mut out, 128));
         let mut seen = vec![false; 256];
         for (slot, v) in out[..128].iter().enumerate() {
             let (c, s) = (slot / 64, slot % 64);
@@ -171,11 +180,29 @@ mod tests {
         for bad in [1.0 + f32::EPSILON, 1e-30, 1e30, f32::NAN] {
             let mut y = x.clone();
             y[7] = bad;
-            assert!(!pack_fp4_pairs(&y, &mut out), "{bad}");
+            assert!(!pack_pairs(&y, &mut out, 128), "{bad}");
         }
         // Not exact past the last chunk is fine: the tail is multiplied in f32.
         let mut y = x.clone();
         y[299] = 1.0 + f32::EPSILON;
-        assert!(pack_fp4_pairs(&y, &mut out));
+        assert!(pack_pairs(&y, &mut out, 128));
+    }
+
+    #[test]
+    fn bf16_pairs_are_the_fp4_layout_in_chunks_of_64() {
+        let x: Vec<f32> = (0..200).map(|i| (i as f32 - 90.0) * 0.5).collect();
+        let mut out = vec![0.0; 200];
+        assert!(pack_pairs(&x, &mut out, 64));
+        for (slot, v) in out[..96].iter().enumerate() {
+            let (c, p, l) = (slot / 32, slot % 32 / 16, slot % 16);
+            let e = 64 * c + 2 * l + p;
+            assert_eq!(
+                f32::from_bits(v.to_bits() & 0xFFFF_0000),
+                x[e],
+                "slot {slot}"
+            );
+            assert_eq!(f32::from_bits(v.to_bits() << 16), x[e + 32], "slot {slot}");
+        }
+        assert_eq!(out[192..], x[192..], "the tail stays");
     }
 }

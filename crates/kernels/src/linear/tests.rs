@@ -328,28 +328,28 @@ fn amx_tiles_match_the_reference_and_keep_rows_independent() {
     }
 }
 
-/// The FP4 kernels on bf16 dot products give the f32 kernels' bits (the same sums in the
-/// same order), and so those of the GEMM path from 16 rows on, whatever the batch, ragged
-/// and ranged rows; activations not fit for them (not exact in bf16, or tiny) take the f32
-/// kernels, fused at any batch size.
+/// The FP4 and BF16 kernels on bf16 dot products give the f32 kernels' bits (the same sums
+/// in the same order), and so those of the GEMM path from 16 rows on, whatever the batch,
+/// ragged and ranged rows; activations not fit for them (not exact in bf16, or tiny) take
+/// the f32 kernels, fused at any batch size.
 #[test]
-fn fp4_on_bf16_dot_products_gives_the_f32_kernels_bits() {
+fn bf16_dot_products_give_the_f32_kernels_bits() {
     if !crate::cpu::bf16_dots_detected() {
         eprintln!("this CPU has no AVX-512 BF16 and VBMI: nothing to test");
         return;
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let mut rng = Lcg(23);
-    for (n, k) in [(70, 1024), (33, 2176), (130, 4096)] {
+    for (n, k) in [(70, 1024), (33, 2176), (21, 1040), (130, 4096)] {
         // Exact in bf16, as official numerics' FP8-rounded inputs are.
         let mut x: Vec<f32> = (0..40 * k)
             .map(|_| crate::formats::bf16_to_f32(f32_to_bf16(rng.next() * 3.0)))
             .collect();
         for (name, w) in matrices(n, k, &mut rng) {
-            if !name.starts_with("fp4") {
+            if !(name.starts_with("fp4") || name == "bf16") {
                 continue;
             }
-            assert!(w.dots_ok, "{name}: scales in the dot-product range");
+            assert!(w.dots_ok, "{name}: weights in the dot-product range");
             // Past 15 rows against the GEMM path.
             for m in (1..=17).chain([40]) {
                 fn exact<'a>(

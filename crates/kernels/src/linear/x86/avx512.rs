@@ -128,7 +128,7 @@ const PAIR_IDX: [[u8; 64]; 2] = {
 /// lane of 3.2 million), each product exact (two bf16 significands fit in f32's): two FMAs
 /// of the even stream's chain, in its order. What it does not do is keep subnormals
 /// (inputs or results flush to zero); the matrices it runs ([`QMatrix::dots_ok`]) and the
-/// activations it is given ([`crate::linear::prepare::pack_fp4_pairs`]) keep every
+/// activations it is given ([`crate::linear::prepare::pack_pairs`]) keep every
 /// product and partial sum normal.
 ///
 /// Weights: the bytes of two groups widened to 16-bit lanes in one `vpermb`, each nibble
@@ -193,6 +193,49 @@ unsafe fn e2m1_pairs(w: *const u8, s: &Fp4Scales, r: usize, c: usize) -> [__m512
         }
     }
     out
+}
+
+/// BF16 on bf16 dot products (`vdpbf16ps`), for activations exact in bf16: the same sums,
+/// in the same order, as [`Bf16`](super::simd::Bf16) on f32 FMAs, hence the same results.
+///
+/// The f32 kernel sums, per output lane `l` of a 64-element chunk, an even stream (elements
+/// `2l`, then `32 + 2l`) and an odd one (`2l + 1`, then `33 + 2l`). Here a chunk is two
+/// vectors of bf16 pairs, lane `l` of the first holding elements `2l` (high half) and
+/// `32 + 2l` (low half), of the second `2l + 1` and `33 + 2l`: `vdpbf16ps` adds the high
+/// half's product and rounds, then the low half's (see [`Fp4Dots`]), each product exact,
+/// so two FMAs of the stream's chain in its order. The stored pairs (element `2l` low,
+/// `2l + 1` high) become those with a shift and a blend each; the f32 decode takes as many
+/// operations, and here half the multiply-adds follow. Subnormals flush, so only matrices
+/// whose weights keep every product and partial sum normal run it
+/// ([`QMatrix::dots_ok`](crate::matrix::QMatrix)), with activations checked as they are
+/// packed ([`crate::linear::prepare::pack_pairs`]).
+pub(super) struct Bf16Dots;
+
+impl RowKind<Avx512, 2> for Bf16Dots {
+    type Elem = u16;
+    type Extra = ();
+    const BYTES: usize = 128;
+    #[inline(always)]
+    unsafe fn chunk(w: *const u16, _: &(), _: usize, c: usize) -> [__m512; 2] {
+        // SAFETY: by the contract, the chunk's 64 values lie in the row.
+        let (v0, v1) = unsafe {
+            (
+                _mm512_loadu_si512(w.add(64 * c).cast()),
+                _mm512_loadu_si512(w.add(64 * c + 32).cast()),
+            )
+        };
+        // The low 16-bit halves of the 32-bit lanes (the even 16-bit positions) from the
+        // second half of the chunk.
+        const LOW: __mmask32 = 0x5555_5555;
+        let even = _mm512_mask_blend_epi16(LOW, _mm512_slli_epi32(v0, 16), v1);
+        let odd = _mm512_mask_blend_epi16(LOW, v0, _mm512_srli_epi32(v1, 16));
+        [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
+    }
+    #[inline(always)]
+    unsafe fn madd(w: __m512, x: __m512, acc: __m512) -> __m512 {
+        // SAFETY: as Fp4Dots::madd.
+        unsafe { <Fp4Dots as RowKind<Avx512, 4>>::madd(w, x, acc) }
+    }
 }
 
 /// The four f32 vectors of 64 BF16 values: per 32, the even elements then the odd ones.
@@ -350,6 +393,20 @@ impl Kernels for Avx512 {
     }
 
     kernel_entries!("avx512f,avx512bw");
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn bf16_dots_rows<const M: usize>(
+        w: *const u16,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as fp4_dots_rows.
+        unsafe { simd::rows::<Self, Bf16Dots, 2, M>(w, ldw, n, x, chunks, e, out) }
+    }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vbmi")]
     unsafe fn fp4_dots_rows<const M: usize>(

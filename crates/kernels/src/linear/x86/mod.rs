@@ -102,7 +102,7 @@ pub(super) trait Kernels: simd::Simd {
         out: (*mut f32, usize),
     );
     /// [`Self::fp4_rows`] on bf16 dot products, its activations packed as bf16 pairs
-    /// ([`crate::linear::prepare::pack_fp4_pairs`]): the same sums in the same order, so
+    /// ([`crate::linear::prepare::pack_pairs`]): the same sums in the same order, so
     /// the same results (see [`avx512::Fp4Dots`]). Only the AVX-512 family has it, and only
     /// plans made where the CPU runs it ([`crate::choice::bf16_dots`]) call it.
     unsafe fn fp4_dots_rows<const M: usize>(
@@ -112,6 +112,20 @@ pub(super) trait Kernels: simd::Simd {
         x: [*const f32; M],
         chunks: usize,
         e: &Fp4Scales,
+        out: (*mut f32, usize),
+    ) {
+        let _ = (w, ldw, n, x, chunks, e, out);
+        unreachable!("bf16 dot products run on the AVX-512 family only");
+    }
+    /// [`Self::bf16_rows`] on bf16 dot products, as [`Self::fp4_dots_rows`] (see
+    /// [`avx512::Bf16Dots`]).
+    unsafe fn bf16_dots_rows<const M: usize>(
+        w: *const u16,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
         out: (*mut f32, usize),
     ) {
         let _ = (w, ldw, n, x, chunks, e, out);
@@ -523,11 +537,15 @@ impl Tile<'_> {
     }
 
     unsafe fn bf16<K: Kernels>(&self, b: &WeightBytes) {
-        let (k, main) = (self.k, self.main);
+        let (k, main, plan) = (self.k, self.main, self.plan);
         let wb = b.as_u16();
         let row = |r: usize| wb[r * k..].as_ptr();
         let how = Rows {
             fused: &|r, mg, xs, out| unsafe {
+                if plan.dots {
+                    let (w, o) = (row(r.start), out.as_mut_ptr().cast());
+                    return fused!(K::bf16_dots_rows, w, k, r.len(), mg, xs, main, &(), o);
+                }
                 fused!(
                     K::bf16_rows,
                     row(r.start),
