@@ -179,8 +179,10 @@ fn mtp_block_matches_the_reference() {
 }
 
 /// Official numerics (FP8 inputs to e_proj/h_proj and to every FP8/FP4 projection of the
-/// block, FP8 KV) against our port of DeepSeek's MTPBlock, whole and chunked, on the configs
-/// whose golden has no near-tied choice or near-boundary rounding excess.
+/// block, FP8 KV, bf16 inputs to the dense products) against our port of DeepSeek's
+/// MTPBlock, whole and chunked, on the configs whose golden has no near-tied choice or
+/// near-boundary rounding excess and survives another summation order (the golden maker's
+/// `mtp_robust`: tiny-c only; see tests/official_numerics.rs).
 #[test]
 fn mtp_block_matches_deepseeks_numerics() {
     let mut checked = 0;
@@ -194,7 +196,7 @@ fn mtp_block_matches_deepseeks_numerics() {
         }
         checked += 1;
     }
-    assert!(checked >= 2, "only {checked} tie-safe official MTP goldens");
+    assert!(checked >= 1, "no tie-safe official MTP golden");
 }
 
 #[test]

@@ -14,6 +14,8 @@ use deepinfer_model::v4::Model;
 /// Logits relative to the largest reference logit (at least 1): a quantisation step that
 /// rounds the other way after a different summation order moves one activation by an FP8 or
 /// FP4 step, far more than f32 rounding, so the bound is looser than the HF goldens' 1e-4.
+/// Leaving out any one of the dense products' bf16 input roundings moves tiny-c's logits by
+/// 2e-3 to 4e-3.
 const REL_TOL: f32 = 1e-3;
 
 fn official(config: &str) -> Model {
@@ -22,11 +24,25 @@ fn official(config: &str) -> Model {
     m
 }
 
-fn check_config(config: &str) {
+/// Every prompt of `config`'s official goldens, whole and in chunks of 5: the tie-safe ones
+/// within [`REL_TOL`] with every argmax and greedy token, the others on 90 % of the argmax.
+///
+/// A tie-safe prompt is also one whose results survive another summation order: the golden
+/// maker moves every bf16 input of a dense product by up to two f32 ulps and asks for the
+/// same argmaxes and logits within 1e-3 (`order_robust`). tiny-a's and tiny-b's prompts all
+/// fail that: they make hundreds of bf16 input roundings, one of them near a boundary goes
+/// the other way, moves its input by 2^-9 and tips an FP8 rounding downstream (2^-4), and the
+/// logits move by 5e-3 to 4e-2 from then on; tiny-c's four pass it.
+fn check_config(config: &str, tie_safe: usize) {
     let g = Golden::load_named(config, "official_golden");
     assert_eq!(g.meta["numerics"], "official");
     let mut r = runner(official(config), 1, 0);
-    assert!(g.prompts().iter().any(|p| p["tie_safe"].as_bool().unwrap()));
+    let safe = g
+        .prompts()
+        .iter()
+        .filter(|p| p["tie_safe"].as_bool().unwrap())
+        .count();
+    assert!(safe >= tie_safe, "{config}: only {safe} tie-safe prompts");
     for p in g.prompts() {
         for (chunk, how) in [(usize::MAX, "whole"), (5, "chunks of 5")] {
             let label = format!("{config}/official {how}");
@@ -37,17 +53,17 @@ fn check_config(config: &str) {
 
 #[test]
 fn tiny_a_matches_deepseeks_numerics() {
-    check_config("tiny-a");
+    check_config("tiny-a", 0);
 }
 
 #[test]
 fn tiny_b_matches_deepseeks_numerics() {
-    check_config("tiny-b");
+    check_config("tiny-b", 0);
 }
 
 #[test]
 fn tiny_c_matches_deepseeks_numerics() {
-    check_config("tiny-c");
+    check_config("tiny-c", 4);
 }
 
 /// The two modes differ (the quantisation is really applied), and official numerics stays

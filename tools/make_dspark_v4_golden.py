@@ -167,7 +167,7 @@ class Target:
         for b in m.blocks:
             h = b(h, 0, x)
             layers.append(h)
-        logits = head(h, m.hc_head, m.norm, m.head, m.c)
+        logits = head(h, m.hc_head, m.norm, m.head, m.c, m.nm)
         gaps = SimpleNamespace(router=m.gaps["router"], indexer=m.gaps["indexer"], candidate=math.inf)
         return logits, layers, gaps
 

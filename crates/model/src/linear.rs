@@ -1,6 +1,8 @@
 //! A projection as the model holds it: the stored matrix, multiplied through the profiler.
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::numerics::Numerics;
+use deepinfer_kernels::linear::Matmul;
 use deepinfer_kernels::matrix::QMatrix;
 
 /// A projection `y = x · Wᵀ` with `W: [out, in]`.
@@ -39,5 +41,12 @@ impl Linear {
     /// `x: [m, in]` → `y: [m, out]`.
     pub fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32]) {
         crate::profile::matmul(&self.w, x, m, y);
+    }
+
+    /// [`Self::forward_into`] for a dense product's input ([`Numerics::dense_input`]):
+    /// exact in bf16 where the numerics rounds it, which the kernels may exploit.
+    pub fn forward_dense(&self, x: &[f32], m: usize, y: &mut [f32], numerics: Numerics) {
+        let exact = numerics.bf16_exact_inputs();
+        crate::profile::matmuls(&mut [Matmul::new(&self.w, x, m, y).with_bf16_x(exact)]);
     }
 }

@@ -8,11 +8,17 @@
 //!   in 128-wide blocks, the window and compressed KV keep their non-RoPE dims through FP8 in
 //!   64-wide blocks and their RoPE dims as bf16 (the official KV cache is bf16, and vLLM's
 //!   record stores them so), and the indexer's queries and keys go through a Hadamard
-//!   rotation and FP4 in 32-wide blocks. Router, mHC, compressor pooling and head stay f32, as there.
-//!   DeepSeek's code carries its other activations in bf16 because it runs on bf16 hardware;
-//!   those roundings are not reproduced (they are not part of the model: vLLM and SGLang
-//!   place them differently), so the official mode's activations between the quantisation
-//!   points are f32.
+//!   rotation and FP4 in 32-wide blocks. The products whose weights are BF16 or F32 there
+//!   (the compressors' `wkv`/`wgate`, the indexer's `weights_proj`, the router, `wo_a` —
+//!   dequantised to bf16 in `model.py` — and the head) read their input rounded to bf16:
+//!   `model.py` holds those activations in bf16, and vLLM and SGLang feed those products
+//!   bf16 activations too, whatever else they place differently. DeepSeek's code carries
+//!   its other activations in bf16 as well, because it runs on bf16 hardware; those
+//!   roundings are not reproduced (vLLM and SGLang place them differently, and the mHC
+//!   mixes, pooling and norms are f32 products there), so the official mode's other
+//!   activations between the quantisation points are f32. Rounding the dense products'
+//!   inputs also lets the kernels multiply them on bf16 dot products with the f32 kernels'
+//!   exact results (`deepinfer_kernels::linear`).
 
 use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
 use deepinfer_kernels::quant::{fp4_round_trip, fp8_round_trip, hadamard};
@@ -69,6 +75,27 @@ impl Numerics {
         }
         buf.copy_from_slice(x);
         self.projection_input(buf, width);
+        buf
+    }
+
+    /// Before a product whose weights are BF16/F32 in DeepSeek's code (the compressors'
+    /// `wkv`/`wgate`, the indexer's `weights_proj`, the router, `wo_a`, the head): `x`
+    /// through bf16 (round to nearest even).
+    pub fn dense_input(self, x: &mut [f32]) {
+        if self == Numerics::Official {
+            x.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
+        }
+    }
+
+    /// `x` as a dense product reads it ([`Self::dense_input`]) while other consumers read
+    /// `x` itself: `x` in reference numerics, else its rounded copy in `buf` (of
+    /// [`Self::copy_len`] floats).
+    pub fn dense_view<'a>(self, x: &'a [f32], buf: &'a mut [f32]) -> &'a [f32] {
+        if self == Numerics::Reference {
+            return x;
+        }
+        buf.copy_from_slice(x);
+        self.dense_input(buf);
         buf
     }
 
@@ -141,7 +168,17 @@ mod tests {
         Numerics::Reference.projection_input(&mut y, 128);
         Numerics::Reference.kv(&mut y, 128, 64);
         Numerics::Reference.indexer(&mut y, 128);
+        Numerics::Reference.dense_input(&mut y);
         assert_eq!(y, x);
+        let mut d = x.clone();
+        Numerics::Official.dense_input(&mut d);
+        for (r, v) in d.iter().zip(&x) {
+            assert_eq!(r.to_bits() & 0xFFFF, 0, "dense inputs are bf16");
+            assert!(
+                (r - v).abs() <= v.abs() * 2f32.powi(-8),
+                "and rounded to nearest"
+            );
+        }
         let mut kv = x.clone();
         Numerics::Official.kv(&mut kv, 128, 64);
         for row in 0..2 {

@@ -92,12 +92,13 @@ impl Head<'_> {
         {
             let _p = scope(Op::NormRope);
             rms_norm_rows(&mut h, self.norm, c.rms_norm_eps);
+            c.numerics.dense_input(&mut h);
         }
         logits.vocab = c.vocab_size;
         logits.data.clear();
         logits.data.resize(m * c.vocab_size, 0.0);
         match self.head {
-            HeadWeights::Whole(head) => head.forward_into(&h, m, &mut logits.data),
+            HeadWeights::Whole(head) => head.forward_dense(&h, m, &mut logits.data, c.numerics),
             HeadWeights::Split { part, comm } => {
                 split_head(&**comm, part, c, &mut h, m, &mut logits.data, ws)
             }

@@ -32,6 +32,8 @@ pub(super) fn grouped_output(
                 .copy_from_slice(&row[g * gin..(g + 1) * gin]);
         }
     }
+    // `wo_a` is FP8 on disk but a dense product in DeepSeek's code (dequantised to bf16).
+    c.numerics.dense_input(&mut xg);
     let mut zg = ws.take(ng * t * r);
     {
         let mut jobs: SmallVec<[Matmul; 16]> = SmallVec::new();
@@ -46,7 +48,7 @@ pub(super) fn grouped_output(
                 x,
                 m: t,
                 y,
-                bf16_x: false,
+                bf16_x: c.numerics.bf16_exact_inputs(),
             });
         }
         profile::matmuls(&mut jobs);

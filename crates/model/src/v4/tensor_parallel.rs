@@ -121,9 +121,16 @@ pub(super) fn width_part(
 }
 
 /// This rank's logits, of its vocabulary rows, for the normed rows `h: [M, D]`; `[M, V_r]`.
-pub(super) fn head_part(p: &HeadPart, h: &[f32], m: usize, ws: &mut Workspace) -> Vec<f32> {
+/// `exact`: `h` is exact in bf16 ([`crate::numerics::Numerics::dense_input`]).
+pub(super) fn head_part(
+    p: &HeadPart,
+    h: &[f32],
+    m: usize,
+    exact: bool,
+    ws: &mut Workspace,
+) -> Vec<f32> {
     let mut out = ws.take(m * p.vocab.len());
-    let mut jobs = [rows_job(&p.w, h, m, &mut out)];
+    let mut jobs = [rows_job(&p.w, h, m, &mut out).with_bf16_x(exact)];
     profile::matmuls(&mut jobs);
     out
 }
@@ -169,7 +176,7 @@ pub(super) fn split_head(
     ws: &mut Workspace,
 ) {
     announce(comm, Op::Head, 0, m, h);
-    let mine = head_part(p, h, m, ws);
+    let mine = head_part(p, h, m, c.numerics.bf16_exact_inputs(), ws);
     let widths = widths(comm, c.vocab_size, 1);
     gather_rows(comm, &mine, &widths, m, logits, ws);
     ws.give(mine);

@@ -131,7 +131,7 @@ impl Worker {
             Op::Head => {
                 let p = weights.head.as_ref().ok_or_else(|| missing("head"))?;
                 let h = receive(comm, t * c.hidden_size, ws);
-                let logits = head_part(p, &h, t, ws);
+                let logits = head_part(p, &h, t, c.numerics.bf16_exact_inputs(), ws);
                 comm.gather_f32(&logits, &[], &mut []);
                 ws.give(logits);
                 ws.give(h);

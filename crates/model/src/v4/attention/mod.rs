@@ -158,9 +158,11 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     let (w, c, n) = (st.w, st.c, st.n());
     let hd = c.head_dim;
     // `wq_a` and `wkv` read `a` as a projection input; the BF16 compressor and indexer-weight
-    // projections read it as it is.
+    // projections as a dense product's input.
     let mut aq = ws.take(c.numerics.copy_len(a.len()));
     let a_proj = c.numerics.projection_view(a, c.hidden_size, &mut aq);
+    let mut ad = ws.take(c.numerics.copy_len(a.len()));
+    let a_dense = c.numerics.dense_view(a, &mut ad);
     let mut qr = ws.take(n * w.wq_a.out_dim());
     let mut kv = ws.take(n * hd);
     let comp = w.compressor.as_ref();
@@ -178,17 +180,18 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
         // Without a gate (V4.1's ratio 1) the logits stay zero: each entry is its token.
         for (cw, k, z) in [(comp, &mut ck, &mut cz), (icomp, &mut ik, &mut iz)] {
             if let Some(cw) = cw {
-                jobs.push(Matmul::new(&cw.wkv.w, a, n, k));
+                jobs.push(Matmul::new(&cw.wkv.w, a_dense, n, k).with_bf16_x(exact));
                 if let Some(g) = &cw.wgate {
-                    jobs.push(Matmul::new(&g.w, a, n, z));
+                    jobs.push(Matmul::new(&g.w, a_dense, n, z).with_bf16_x(exact));
                 }
             }
         }
         if let Some(iw) = &w.indexer {
-            jobs.push(Matmul::new(&iw.weights_proj.w, a, n, &mut iwt));
+            jobs.push(Matmul::new(&iw.weights_proj.w, a_dense, n, &mut iwt).with_bf16_x(exact));
         }
         profile::matmuls(&mut jobs);
     }
+    ws.give(ad);
     {
         let _p = scope(Op::NormRope);
         rms_norm_rows(&mut qr, &w.q_norm, c.rms_norm_eps);

@@ -62,7 +62,10 @@ pub fn route(
     let t = token_ids.len();
     let (k, e) = (c.num_experts_per_tok, c.n_routed_experts);
     let mut logits = ws.take(t * e);
-    w.gate.forward_into(x, t, &mut logits);
+    let mut xd = ws.take(c.numerics.copy_len(x.len()));
+    let xd_view = c.numerics.dense_view(x, &mut xd);
+    w.gate.forward_dense(xd_view, t, &mut logits, c.numerics);
+    ws.give(xd);
     let _p = scope(Op::Moe);
     let mut biased = ws.take(e);
     let mut chosen = ws.take_idx(e);
