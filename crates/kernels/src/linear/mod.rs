@@ -578,6 +578,11 @@ fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {
     dots && j.bf16_x && j.w.dots_ok && j.m > 0 && family(j.w, isa) == Isa::Avx512
 }
 
+/// Activation rows from which FP8 runs on bf16 dot products (below the GEMM's crossover):
+/// its decode to bf16 pairs costs more than the f32 one, which fewer rows do not win back,
+/// and from the crossover the GEMM is faster (docs/PERFORMANCE.md, issue 32).
+pub(crate) const FP8_DOTS_FROM: usize = 8;
+
 /// The weight rows a tile's row count is a multiple of: the AMX path's row step (two
 /// tiles of 16) or any.
 fn row_step(amx: bool) -> usize {

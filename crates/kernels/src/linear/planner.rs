@@ -5,7 +5,7 @@
 
 use super::{
     family, fp4_x_mult, on_amx, on_dots, prepare, row_step, tile_rows, x_stride, CallScratch,
-    Matmul, Plan, BATCH_INVARIANT,
+    Matmul, Plan, BATCH_INVARIANT, FP8_DOTS_FROM,
 };
 use crate::cpu::Isa;
 use crate::matrix::Format;
@@ -43,7 +43,8 @@ impl Route {
     }
 
     fn dots(&self, j: &Matmul) -> bool {
-        !self.amx(j) && on_dots(j, self.isa, self.dots)
+        let fp8_window = j.w.format() != Format::Fp8 || (FP8_DOTS_FROM..self.from).contains(&j.m);
+        !self.amx(j) && fp8_window && on_dots(j, self.isa, self.dots)
     }
 
     /// Activations in the kernels' layout: a permuted copy for the fused and decode-once
@@ -208,7 +209,10 @@ fn prepared_x(
     let ldx = x_stride(k, j.m);
     let dst = &mut s.prepared[at.prepared..at.prepared + j.m * ldx];
     let src = j.x.chunks_exact(k.max(1));
+    // FP8's pairs are packed in its tiles, once the activations carry their blocks' scales.
+    let in_tile = format == Format::Fp8;
     let packed = r.dots(j)
+        && !in_tile
         && src
             .clone()
             .zip(dst.chunks_exact_mut(ldx))
@@ -222,7 +226,7 @@ fn prepared_x(
         }
     }
     at.prepared += (j.m * ldx).next_multiple_of(16);
-    (dst.as_ptr(), ldx, packed)
+    (dst.as_ptr(), ldx, packed || (in_tile && r.dots(j)))
 }
 
 /// The GEMM path's transposed activations `(xt, strip width, last strip's, owned)`: a

@@ -117,6 +117,38 @@ pub(crate) fn pack_pairs(x: &[f32], out: &mut [f32], chunk: usize) -> bool {
     true
 }
 
+/// Packs one activation row already in a kernel family's f32 layout (`xp`, chunks of four
+/// vectors of `lanes`, as [`permute_row`] lays FP8 out, scaled) for that format's kernel on
+/// bf16 dot products (`x86::avx512::Fp8Dots`), times `factor` (a power of two): per chunk
+/// `c`, slot `2 · lanes · c + lanes · v + l` holds vector `v`'s lane `l` in its high half and
+/// vector `v + 2`'s in its low half (the f32 kernel adds vector `v` to stream `v` first);
+/// past the last whole chunk `xp` stays as it is. Returns false, `out` then unusable, unless
+/// every packed value is exact in bf16 and zero or of magnitude in `[2^-64, 2^64]`.
+pub(crate) fn pack_laid_out_pairs(xp: &[f32], out: &mut [f32], lanes: usize, factor: f32) -> bool {
+    let chunk = 4 * lanes;
+    let main = xp.len() / chunk * chunk;
+    let (low, high) = (2f32.powi(-64), 2f32.powi(64));
+    let mut fits = true;
+    for (src, dst) in xp[..main]
+        .chunks_exact(chunk)
+        .zip(out.chunks_exact_mut(chunk / 2))
+    {
+        for (slot, o) in dst.iter_mut().enumerate() {
+            let (v, l) = (slot / lanes, slot % lanes);
+            let (a, b) = (
+                src[v * lanes + l] * factor,
+                src[(v + 2) * lanes + l] * factor,
+            );
+            for x in [a, b] {
+                fits &= x.to_bits() & 0xFFFF == 0 && (x == 0.0 || (low..=high).contains(&x.abs()));
+            }
+            *o = f32::from_bits((a.to_bits() & 0xFFFF_0000) | (b.to_bits() >> 16));
+        }
+    }
+    out[main..].copy_from_slice(&xp[main..]);
+    fits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +218,28 @@ mod tests {
         let mut y = x.clone();
         y[299] = 1.0 + f32::EPSILON;
         assert!(pack_pairs(&y, &mut out, 128));
+    }
+
+    #[test]
+    fn laid_out_pairs_take_vectors_v_and_v_plus_2() {
+        let xp: Vec<f32> = (0..70).map(|i| i as f32 * 4.0).collect();
+        let mut out = vec![0.0; 70];
+        assert!(pack_laid_out_pairs(&xp, &mut out, 16, 0.25));
+        for (slot, v) in out[..32].iter().enumerate() {
+            let (vec, l) = (slot / 16, slot % 16);
+            assert_eq!(
+                f32::from_bits(v.to_bits() & 0xFFFF_0000),
+                (16 * vec + l) as f32
+            );
+            assert_eq!(
+                f32::from_bits(v.to_bits() << 16),
+                (16 * (vec + 2) + l) as f32
+            );
+        }
+        assert_eq!(out[64..], xp[64..], "the tail stays, unscaled");
+        let mut bad = xp.clone();
+        bad[5] = 1.0 + f32::EPSILON;
+        assert!(!pack_laid_out_pairs(&bad, &mut out, 16, 1.0));
     }
 
     #[test]

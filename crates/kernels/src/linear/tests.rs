@@ -346,7 +346,8 @@ fn bf16_dot_products_give_the_f32_kernels_bits() {
             .map(|_| crate::formats::bf16_to_f32(f32_to_bf16(rng.next() * 3.0)))
             .collect();
         for (name, w) in matrices(n, k, &mut rng) {
-            if !(name.starts_with("fp4") || name == "bf16") {
+            let fp8 = name == "fp8 128x128" || name == "fp8 64x256";
+            if !(name.starts_with("fp4") || name == "bf16" || fp8) {
                 continue;
             }
             assert!(w.dots_ok, "{name}: weights in the dot-product range");
@@ -366,7 +367,16 @@ fn bf16_dot_products_give_the_f32_kernels_bits() {
                     on_dots(&exact(&w, xm, m, &mut dots), Isa::Avx512, true),
                     "{name} m={m}"
                 );
+                let runs = || super::x86::FP8_DOTS_RUNS.load(std::sync::atomic::Ordering::Relaxed);
+                let before = runs();
                 matmuls_with(&mut [exact(&w, xm, m, &mut dots)], Isa::Avx512, false, true);
+                // Other tests run beside this one, so only growth is telling. FP8 takes them
+                // between 8 rows and the GEMM.
+                let window = (super::FP8_DOTS_FROM..gemm_from(Isa::Avx512)).contains(&m);
+                assert!(
+                    !fp8 || !window || runs() > before,
+                    "{name} m={m}: FP8 on the dots"
+                );
                 matmuls_with(
                     &mut [exact(&w, xm, m, &mut fmas)],
                     Isa::Avx512,

@@ -238,6 +238,94 @@ impl RowKind<Avx512, 2> for Bf16Dots {
     }
 }
 
+/// `vpshufb` controls that place, in each 32-bit lane of bytes `b0..b3`, the even pair's
+/// bytes (`b0` high, `b2` low) or the odd pair's (`b1`, `b3`) in the high bytes of its two
+/// 16-bit halves (the low bytes zero).
+const FP8_PAIRS: [[i8; 16]; 2] = {
+    let mut t = [[-128i8; 16]; 2];
+    let mut j = 0;
+    while j < 4 {
+        t[0][4 * j + 1] = (4 * j + 2) as i8;
+        t[0][4 * j + 3] = (4 * j) as i8;
+        t[1][4 * j + 1] = (4 * j + 3) as i8;
+        t[1][4 * j + 3] = (4 * j + 1) as i8;
+        j += 1;
+    }
+    t
+};
+
+/// The E4M3 subnormals `m · 2^-9` (`m` = 0..7) as bf16 bits, indexed by `m` (`vpermw` reads
+/// five bits; the rest repeat).
+const E4M3_SUB_BF16: [u16; 32] = {
+    let v: [u16; 8] = [
+        0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
+    ];
+    let mut t = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = v[i & 7];
+        i += 1;
+    }
+    t
+};
+
+/// The even (`which` 0) or odd pairs of a 64-byte FP8 chunk `v` as bf16 (see [`Fp8Dots`]).
+///
+/// # Safety
+/// AVX-512 F and BW are present.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn e4m3_pair(v: __m512i, which: usize) -> __m512 {
+    // SAFETY: constant tables of the sizes read.
+    let (ctl, sub) = unsafe {
+        (
+            _mm_loadu_si128(FP8_PAIRS[which].as_ptr().cast()),
+            _mm512_loadu_si512(E4M3_SUB_BF16.as_ptr().cast()),
+        )
+    };
+    let t = _mm512_shuffle_epi8(v, _mm512_broadcast_i32x4(ctl));
+    // s eeee mmm at bits 15..8 → s at 15, eeee at 10..7, mmm at 6..4.
+    let r = _mm512_and_si512(_mm512_srai_epi16(t, 4), _mm512_set1_epi16(0x87F0u16 as i16));
+    let normal = _mm512_test_epi16_mask(t, _mm512_set1_epi16(0x7800));
+    let r = _mm512_mask_add_epi16(r, normal, r, _mm512_set1_epi16(120 << 7));
+    let r = _mm512_mask_permutexvar_epi16(r, !normal, _mm512_srli_epi16(t, 8), sub);
+    // The looked-up subnormals (and zeros) get their sign back: r | (t & sign).
+    let sign = _mm512_set1_epi32(0x8000_8000u32 as i32);
+    _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xF8>(r, t, sign))
+}
+
+/// FP8 on bf16 dot products (`vdpbf16ps`), for activations scaled by their blocks' scales and
+/// exact in bf16: the same sums, in the same order, as [`Fp8`](super::simd::Fp8) on f32 FMAs.
+///
+/// The f32 kernel's vector `q` lane `j` holds byte `4j + q` of a 64-byte chunk, and lane `j`
+/// sums an even stream (bytes `4j`, then `4j + 2`) and an odd one (`4j + 1`, `4j + 3`). Here
+/// the chunk is two vectors of bf16 pairs in that order (`vpshufb` puts each byte in the high
+/// byte of its 16-bit half), and each E4M3 code becomes its exact value in bf16: sign and
+/// the seven exponent and mantissa bits moved into place with the exponent rebiased (+120),
+/// subnormals (`m · 2^-9`) looked up. The products are exact and summed in the f32 kernel's
+/// order (see [`Fp4Dots`]); the f32 kernel's weights carry `2^-120` and its activations
+/// `2^64`, these neither, so the sums are the same up to that power of two.
+pub(super) struct Fp8Dots;
+
+impl RowKind<Avx512, 2> for Fp8Dots {
+    type Elem = u8;
+    type Extra = ();
+    const BYTES: usize = 64;
+    #[inline(always)]
+    unsafe fn chunk(w: *const u8, _: &(), _: usize, c: usize) -> [__m512; 2] {
+        // SAFETY: by the contract, the chunk's 64 bytes lie in the row.
+        unsafe {
+            let v = _mm512_loadu_si512(w.add(64 * c).cast());
+            [e4m3_pair(v, 0), e4m3_pair(v, 1)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd(w: __m512, x: __m512, acc: __m512) -> __m512 {
+        // SAFETY: as Fp4Dots::madd.
+        unsafe { <Fp4Dots as RowKind<Avx512, 4>>::madd(w, x, acc) }
+    }
+}
+
 /// The four f32 vectors of 64 BF16 values: per 32, the even elements then the odd ones.
 ///
 /// # Safety
@@ -393,6 +481,20 @@ impl Kernels for Avx512 {
     }
 
     kernel_entries!("avx512f,avx512bw");
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn fp8_dots_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        // SAFETY: as fp4_dots_rows.
+        unsafe { simd::rows::<Self, Fp8Dots, 2, M>(w, ldw, n, x, chunks, e, out) }
+    }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn bf16_dots_rows<const M: usize>(

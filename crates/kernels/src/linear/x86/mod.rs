@@ -117,6 +117,20 @@ pub(super) trait Kernels: simd::Simd {
         let _ = (w, ldw, n, x, chunks, e, out);
         unreachable!("bf16 dot products run on the AVX-512 family only");
     }
+    /// [`Self::fp8_rows`] on bf16 dot products, as [`Self::fp4_dots_rows`] (see
+    /// [`avx512::Fp8Dots`]), its activations scaled by their blocks' scales and packed.
+    unsafe fn fp8_dots_rows<const M: usize>(
+        w: *const u8,
+        ldw: usize,
+        n: usize,
+        x: [*const f32; M],
+        chunks: usize,
+        e: &(),
+        out: (*mut f32, usize),
+    ) {
+        let _ = (w, ldw, n, x, chunks, e, out);
+        unreachable!("bf16 dot products run on the AVX-512 family only");
+    }
     /// [`Self::bf16_rows`] on bf16 dot products, as [`Self::fp4_dots_rows`] (see
     /// [`avx512::Bf16Dots`]).
     unsafe fn bf16_dots_rows<const M: usize>(
@@ -655,6 +669,17 @@ impl Tile<'_> {
             };
             return unsafe { gemm::gemm_rows::<K>(plan, rows.clone(), self.part, &scaled) };
         }
+        // On bf16 dot products the weights are exact (not times 2^-120) and the pairs are
+        // packed without the activations' 2^64, so the sums come back as they are; the tail
+        // keeps the 2^64 its multiplier undoes.
+        let dots = Rows {
+            fused: &|r, mg, xs, out| unsafe {
+                let (w, o) = (row(r.start), out.as_mut_ptr().cast());
+                fused!(K::fp8_dots_rows, w, k, r.len(), mg, xs, main, &(), o)
+            },
+            post: 1.0,
+            ..how
+        };
         let ldx = plan.ldx();
         super::with_scratch2(m_block(k) * ldx, |xs_buf| {
             let mut rb_start = rows.start;
@@ -667,15 +692,56 @@ impl Tile<'_> {
                     for (i, xs) in (i0..i1).zip(xs_buf.chunks_exact_mut(ldx)) {
                         scale_fp8_activations::<K>(plan.x_row(i), srow, bc, k, xs);
                     }
+                    let rows = rb_start..rb_end;
+                    if plan.dots && self.fp8_dots::<K>(rows.clone(), (i0, i1), xs_buf, &dots) {
+                        return;
+                    }
                     let base = xs_buf.as_ptr();
                     let x = |i: usize| base.wrapping_add((i - i0) * ldx);
-                    unsafe { run_rows::<K>(plan, rb_start..rb_end, (i0, i1), &x, &how) };
+                    unsafe { run_rows::<K>(plan, rows, (i0, i1), &x, &how) };
                 });
                 rb_start = rb_end;
             }
         });
     }
+
+    /// Runs rows `rows` of an FP8 tile on bf16 dot products for activation rows `i0..i1`
+    /// (scaled, in `xs_buf`), if every packed activation fits them (see
+    /// [`super::prepare::pack_laid_out_pairs`]); false, nothing run, if not.
+    unsafe fn fp8_dots<K: Kernels>(
+        &self,
+        rows: Range<usize>,
+        (i0, i1): (usize, usize),
+        xs_buf: &[f32],
+        how: &Rows,
+    ) -> bool {
+        let (k, ldx) = (self.k, self.plan.ldx());
+        super::with_scratch3(m_block(k) * ldx, |packed| {
+            let fits = xs_buf
+                .chunks_exact(ldx)
+                .zip(packed.chunks_exact_mut(ldx))
+                .take(i1 - i0)
+                .all(|(xs, out)| {
+                    let f = 2f32.powi(-64);
+                    super::prepare::pack_laid_out_pairs(&xs[..k], &mut out[..k], K::LANES, f)
+                });
+            if fits {
+                #[cfg(test)]
+                FP8_DOTS_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let base = packed.as_ptr();
+                let x = |i: usize| base.wrapping_add((i - i0) * ldx);
+                unsafe { run_rows::<K>(self.plan, rows, (i0, i1), &x, how) };
+            }
+            fits
+        })
+    }
 }
+
+/// FP8 row blocks run on bf16 dot products, for the tests to see that they did (a packing
+/// that refuses falls back to the f32 kernels, with the same results).
+#[cfg(test)]
+pub(crate) static FP8_DOTS_RUNS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 /// One permuted activation row `xp` times the FP8 block scales `srow` of its elements (and
 /// 2^64) into `xs`. Blocks as wide as whole chunks keep permuted positions in their block,
