@@ -169,9 +169,10 @@ fn print_choice(numerics: Numerics) {
         let (used, gain) = (bf16_dots(), bf16_dot_gain());
         let verdict = if used { "yes" } else { "no" };
         println!(
-            "FP4 and BF16 products on bf16 dot products: {verdict} (vdpbf16ps does {gain:.2}x an f32 \
-             FMA's flops on this core, used from 1.5x and with activations exact in bf16: \
-             official numerics; the same bits either way)"
+            "FP4, BF16 and FP8 (from 8 rows to the GEMM) products on bf16 dot products: \
+             {verdict} (vdpbf16ps does {gain:.2}x an f32 FMA's flops on this core, used from \
+             1.5x and with activations exact in bf16: official numerics; the same bits either \
+             way)"
         );
     }
     if numerics.bf16_exact_inputs() && amx() {
