@@ -730,6 +730,8 @@ impl Tile<'_> {
                 FP8_DOTS_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let base = packed.as_ptr();
                 let x = |i: usize| base.wrapping_add((i - i0) * ldx);
+                // SAFETY: the tile's contract covers `rows`; activation row `i` is packed
+                // whole (`k` floats, `ldx` apart) at `x(i)`, as `xs_buf` held it.
                 unsafe { run_rows::<K>(self.plan, rows, (i0, i1), &x, how) };
             }
             fits
