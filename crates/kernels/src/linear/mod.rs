@@ -568,10 +568,11 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
     }
 }
 
-/// Whether `j` may run the FP4 or BF16 kernels on bf16 dot products, they being in use
+/// Whether `j` may run the FP4, BF16 or FP8 kernels on bf16 dot products, they being in use
 /// (`dots`): its activations are exact in bf16, it takes the AVX-512 family, and its weights
-/// keep the products normal (the activations are checked as they are packed). At every
-/// batch size:
+/// keep the products normal (the activations are checked as they are packed). FP8 only
+/// between [`FP8_DOTS_FROM`] rows and the GEMM's crossover (the planner's `Route::dots`
+/// adds that window); FP4 and BF16 at every batch size:
 /// they give the bits of the f32 fused kernels, which the GEMM path gives too, and at 8 rows
 /// they already multiply at about the f32 FMA peak, which the GEMM reaches only near 512.
 fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {
