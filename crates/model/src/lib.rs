@@ -13,6 +13,7 @@ pub mod profile;
 pub mod record;
 pub mod synth;
 pub mod v4;
+pub mod vision;
 
 /// The kernels crate, re-exported so binaries need not depend on it directly.
 pub use deepinfer_kernels as kernels;

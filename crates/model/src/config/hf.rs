@@ -140,6 +140,7 @@ pub(super) fn parse(f: &Fields, v41: bool) -> Result<ModelConfig, ConfigError> {
         numerics: Default::default(),
         v41,
         dspark,
+        vision: None,
     })
 }
 

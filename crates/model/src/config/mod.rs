@@ -18,10 +18,12 @@ mod official;
 mod tests;
 mod v41;
 mod validate;
+mod vision;
 
 pub use cache_plan::{CachePlan, EntryPool, LayerState, CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS};
 pub use dspark::DsparkConfig;
 pub use v41::{Candidates, EngramConfig, V41};
+pub use vision::{VisionConfig, VisionFamily};
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -136,6 +138,8 @@ pub struct ModelConfig {
     pub v41: Option<V41>,
     /// The DSpark drafter the config announces (docs/MODEL.md §7.2); the checkpoint may still lack it.
     pub dspark: Option<DsparkConfig>,
+    /// The vision tower the config declares (docs/MODEL.md §8.9); the checkpoint may still lack it.
+    pub vision: Option<VisionConfig>,
 }
 
 /// Why a config could not be used. Messages name the offending field as written in the file.
@@ -189,12 +193,14 @@ impl ModelConfig {
         )?;
         if v41::declared(&f)? {
             let text = f.obj("text_config")?.unwrap_or(Fields::root(obj));
-            let cfg = hf::parse(&text, true)?;
+            let mut cfg = hf::parse(&text, true)?;
             cfg.validate(&HF_KEYS)?;
+            cfg.vision = vision::parse(&f, true)?;
             Ok(cfg)
         } else if f.has("hidden_size") {
-            let cfg = hf::parse(&f, false)?;
+            let mut cfg = hf::parse(&f, false)?;
             cfg.validate(&HF_KEYS)?;
+            cfg.vision = vision::parse(&f, false)?;
             Ok(cfg)
         } else if f.has("dim") || f.has("n_layers") {
             let cfg = official::parse(&f)?;

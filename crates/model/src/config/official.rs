@@ -89,6 +89,7 @@ pub(super) fn parse(f: &Fields) -> Result<ModelConfig, ConfigError> {
         numerics: Default::default(),
         v41: None,
         dspark: None,
+        vision: None,
     })
 }
 

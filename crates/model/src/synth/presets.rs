@@ -162,6 +162,7 @@ fn flash_like() -> ModelConfig {
         numerics: Default::default(),
         v41: None,
         dspark: None,
+        vision: None,
     }
 }
 

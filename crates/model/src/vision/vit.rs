@@ -1,0 +1,186 @@
+//! The ViT (vLLM 0.33 `models/deepseek_v4/common/vision.py` lines 44-236, which both
+//! V4-Flash-Vision-Exp and V4.1 use): a biased linear patch embedding, pre-norm blocks of
+//! full bidirectional attention with 2-D rotary positions and a SwiGLU MLP, a final RMSNorm.
+//! Weights load as the checkpoints name them (`vision.…`).
+
+use deepinfer_kernels::linear::matmul;
+use deepinfer_kernels::matrix::QMatrix;
+use deepinfer_kernels::norm::rms_norm_rows;
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::VisionConfig;
+
+use super::affine::Affine;
+
+/// vLLM's `DeepseekV4RMSNorm` default.
+const EPS: f32 = 1e-6;
+
+/// Queries per attention pass: bounds the score block at this many rows of every key.
+const QUERY_BLOCK: usize = 256;
+
+struct Block {
+    norm1: Vec<f32>,
+    wqkv: Affine,
+    wo: Affine,
+    norm2: Vec<f32>,
+    /// Gate and up halves, `[2 · inter, dim]`, no bias.
+    w1: Affine,
+    w2: Affine,
+}
+
+pub struct Vit {
+    patch_embed: Affine,
+    blocks: Vec<Block>,
+    norm: Vec<f32>,
+    dim: usize,
+    heads: usize,
+    inter: usize,
+    /// Per rotary pair `j < head_dim / 4`: the frequency row and column positions turn by.
+    inv_freq: Vec<f32>,
+}
+
+impl Vit {
+    pub fn load(ck: &Checkpoint, c: &VisionConfig) -> Result<Self, CheckpointError> {
+        let (d, i) = (c.dim, c.inter_dim);
+        let block = |b: usize| -> Result<Block, CheckpointError> {
+            let n = |s: &str| format!("vision.blocks.{b}.{s}");
+            Ok(Block {
+                norm1: ck.vector(&n("norm1.weight"), d)?,
+                wqkv: Affine::load(ck, &n("attn.wqkv"), 3 * d, d, true)?,
+                wo: Affine::load(ck, &n("attn.wo"), d, d, true)?,
+                norm2: ck.vector(&n("norm2.weight"), d)?,
+                w1: Affine::load(ck, &n("mlp.w1"), 2 * i, d, false)?,
+                w2: Affine::load(ck, &n("mlp.w2"), d, i, false)?,
+            })
+        };
+        let rope_dim = c.head_dim() / 2;
+        let theta = c.rope_theta as f32;
+        Ok(Self {
+            patch_embed: Affine::load(ck, "vision.patch_embed.proj", d, c.patch_values(), true)?,
+            blocks: (0..c.n_layers).map(block).collect::<Result<_, _>>()?,
+            norm: ck.vector("vision.norm.weight", d)?,
+            dim: d,
+            heads: c.n_heads,
+            inter: i,
+            inv_freq: (0..rope_dim / 2)
+                .map(|j| 1.0 / theta.powf((2 * j) as f32 / rope_dim as f32))
+                .collect(),
+        })
+    }
+
+    /// The patch embeddings of `patches` (`[n_h · n_w, 3 · p²]`).
+    pub fn embed(&self, patches: &[f32], n: usize) -> Vec<f32> {
+        self.patch_embed.forward(patches, n)
+    }
+
+    /// Runs block `b` over one image's `x` (`[n_h · n_w, dim]`, rows in reading order).
+    pub fn block(&self, b: usize, x: &mut [f32], (n_h, n_w): (usize, usize)) {
+        let (blk, n, d) = (&self.blocks[b], n_h * n_w, self.dim);
+        let mut h = x.to_vec();
+        rms_norm_rows(&mut h, &blk.norm1, EPS);
+        let mut qkv = blk.wqkv.forward(&h, n);
+        self.rotate(&mut qkv, n_w);
+        let o = self.attention(&qkv, n);
+        add(x, &blk.wo.forward(&o, n));
+        h.copy_from_slice(x);
+        rms_norm_rows(&mut h, &blk.norm2, EPS);
+        let gu = blk.w1.forward(&h, n);
+        let act: Vec<f32> = gu
+            .chunks_exact(2 * self.inter)
+            .flat_map(|r| {
+                let (g, u) = r.split_at(self.inter);
+                g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            })
+            .collect();
+        add(x, &blk.w2.forward(&act, n));
+        debug_assert_eq!(x.len(), n * d);
+    }
+
+    /// The whole tower over one image's patches: `[n_h · n_w, dim]`.
+    pub fn forward(&self, patches: &[f32], grid: (usize, usize)) -> Vec<f32> {
+        let mut x = self.embed(patches, grid.0 * grid.1);
+        for b in 0..self.blocks.len() {
+            self.block(b, &mut x, grid);
+        }
+        rms_norm_rows(&mut x, &self.norm, EPS);
+        x
+    }
+
+    /// 2-D rotary positions on every head of the queries and keys in `qkv` (`[n, 3 · dim]`):
+    /// a head's first half pairs with its second, the first quarter of the pairs turning by
+    /// the patch's row, the rest by its column (`get_vision_cos_sin`, `apply_rotary`).
+    fn rotate(&self, qkv: &mut [f32], n_w: usize) {
+        let (hd, quarter) = (self.dim / self.heads, self.inv_freq.len());
+        for (t, row) in qkv.chunks_exact_mut(3 * self.dim).enumerate() {
+            let pos = [(t / n_w) as f32, (t % n_w) as f32];
+            for head in row[..2 * self.dim].chunks_exact_mut(hd) {
+                let (x1, x2) = head.split_at_mut(hd / 2);
+                for j in 0..hd / 2 {
+                    let angle = pos[j / quarter] * self.inv_freq[j % quarter];
+                    let (sin, cos) = angle.sin_cos();
+                    let (a, b) = (x1[j], x2[j]);
+                    x1[j] = a * cos - b * sin;
+                    x2[j] = b * cos + a * sin;
+                }
+            }
+        }
+    }
+
+    /// Softmax attention of every patch to every patch, per head: `[n, dim]`.
+    fn attention(&self, qkv: &[f32], n: usize) -> Vec<f32> {
+        let (d, hd) = (self.dim, self.dim / self.heads);
+        let scale = (hd as f32).powf(-0.5);
+        let mut out = vec![0.0f32; n * d];
+        let column = |part: usize, h: usize| -> Vec<f32> {
+            let at = part * d + h * hd;
+            qkv.chunks_exact(3 * d)
+                .flat_map(|r| &r[at..at + hd])
+                .copied()
+                .collect()
+        };
+        for h in 0..self.heads {
+            let (q, k, v) = (column(0, h), column(1, h), column(2, h));
+            let keys = QMatrix::from_f32(n, hd, &k).expect("key block shape");
+            let values_t = QMatrix::from_f32(hd, n, &transpose(&v, n, hd)).expect("value shape");
+            for q0 in (0..n).step_by(QUERY_BLOCK) {
+                let m = QUERY_BLOCK.min(n - q0);
+                let mut s = vec![0.0f32; m * n];
+                matmul(&keys, &q[q0 * hd..(q0 + m) * hd], m, &mut s);
+                s.chunks_exact_mut(n).for_each(|row| softmax(row, scale));
+                let mut o = vec![0.0f32; m * hd];
+                matmul(&values_t, &s, m, &mut o);
+                for (r, row) in o.chunks_exact(hd).enumerate() {
+                    out[(q0 + r) * d + h * hd..][..hd].copy_from_slice(row);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `x[i] += y[i]`.
+fn add(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// `[rows, cols]` → `[cols, rows]`.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+/// `softmax(scale · row)` in place.
+fn softmax(row: &mut [f32], scale: f32) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v * scale - max).exp();
+        sum += *v;
+    }
+    row.iter_mut().for_each(|v| *v /= sum);
+}
