@@ -59,6 +59,7 @@ fn engram_tables_are_not_loaded() {
         tokens: &prompt,
         num_logits: 1,
         history: &[],
+        images: &[],
     };
     let logits = runner.step(&mut cache, &[work]).unwrap();
     assert!(logits.row(0).iter().all(|v| v.is_finite()));

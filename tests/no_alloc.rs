@@ -108,6 +108,7 @@ fn steady_steps_allocate_nothing(
             prompt_ids: prompt,
             params,
             arrival: Instant::now(),
+            images: Vec::new(),
         };
         core.add_request(req, Box::new(CountingSink(tokens[s as usize].clone())));
     }

@@ -332,6 +332,7 @@ fn serve(core: &mut EngineCore, prompts: &[Vec<u32>], first_id: u64) -> Vec<Outc
                 prompt_ids: p.clone(),
                 params,
                 arrival: Instant::now(),
+                images: Vec::new(),
             };
             core.add_request(req, Box::new(tx));
             rx

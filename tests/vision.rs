@@ -95,7 +95,12 @@ fn tower(name: &str) -> VisionTower {
         .as_ref()
         .expect("the fixture declares a tower");
     let ck = Checkpoint::open(&model).unwrap();
-    VisionTower::load(&ck, vc, config.hidden_size).unwrap()
+    let image_id = config
+        .v41
+        .as_ref()
+        .and_then(|v| v.image_token_id)
+        .unwrap_or(0);
+    VisionTower::load(&ck, vc, config.hidden_size, image_id).unwrap()
 }
 
 /// The role number the reference writes for a slot.

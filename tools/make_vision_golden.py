@@ -13,6 +13,10 @@ goldens were made with Pillow 13.0.0); the maker checks golden/vision.py's numpy
 Pillow's BICUBIC resample and ImageOps.pad against it byte for byte, on the fixture images and
 on a sweep of sizes, and fails if they differ.
 
+tiny-v4 sits on tiny-c; tiny-v41 on tiny-v41-b (image token 299 inside its vocabulary, so a
+span's positions are real token ids). tools/make_vision_decoder_golden.py, run after this
+maker, adds tiny-v41's decoder goldens with images (decoder_golden.{json,safetensors}).
+
 Per config, tests/fixtures/vision/<name>/ holds:
   - model/config.json: the base text checkpoint's config plus the vision fields (flat `vision_*` for
     V4, a nested `vision_config` for V4.1); the base checkpoint's shards as relative links;
@@ -68,8 +72,10 @@ SIZES = dict(n_layers=2, dim=32, n_heads=2, inter_dim=48, patch_size=14, rope_th
 CONFIGS = {
     "tiny-v4": dict(version="v4", base="tiny-c", max_wh_ratio=None, seed=404,
                     links=["model.safetensors", "mtp.safetensors"]),
-    "tiny-v41": dict(version="v41", base="tiny-v41-a", max_wh_ratio=3.0, seed=414,
-                     links=["model.safetensors", "dspark.safetensors", "tokenizer.json"]),
+    # tiny-v41-b keeps its image token (299) inside the vocabulary, so a span's positions hold
+    # a real token id (bias_vl routing, dead Engram positions) for the decoder goldens.
+    "tiny-v41": dict(version="v41", base="tiny-v41-b", max_wh_ratio=3.0, seed=414,
+                     links=["model.safetensors", "tokenizer.json"]),
 }
 
 TYPE_NAMES = {
@@ -261,6 +267,9 @@ def make(name, spec, images, png_names):
     assert V.read_config(cfg, vc.version) == vc
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
+    for stale in os.listdir(model_dir):  # links to a former base (a loader reads them all)
+        if os.path.islink(os.path.join(model_dir, stale)) and stale not in spec["links"]:
+            os.remove(os.path.join(model_dir, stale))
     for shard in spec["links"]:
         assert os.path.exists(os.path.join(base_dir, shard)), shard
         link(model_dir, base_dir, shard)

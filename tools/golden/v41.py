@@ -46,6 +46,8 @@ V4.1 port. Image positions are the image token's (vLLM's `image_sentinel_mask` i
 `token_ids == image_token_id`): they route with `gate.bias_vl`, are dead for the Engram
 hashing and get a shut Engram gate. `tiny-v41-b` puts its image token inside the vocabulary
 and into every prompt; `tiny-v41-a` keeps V4.1's id, outside its vocabulary (gating off).
+`V41.forward`'s `embeds` replaces chosen positions' input embeddings (an image span's, vLLM's
+inputs_embeds path; its docstring cites the lines); the ids still do the above.
 """
 
 import functools
@@ -458,10 +460,33 @@ class V41:
                 y[rows] += h @ lw["experts"][e]["w2"].T
         return y + expert(lw["shared"], x) @ lw["shared"]["w2"].T
 
-    def forward(self, ids, want_layers=False):
+    def forward(self, ids, want_layers=False, embeds=None):
+        """(logits [T, vocab], per-layer streams if `want_layers`, Gaps) for the token ids `ids`.
+
+        `embeds`, when given, is (rows, values): a LongTensor of positions and float32
+        [len(rows), hidden] that replace those positions' token embeddings before the streams
+        are expanded (every hc stream starts from the same vector) — vLLM's `inputs_embeds`
+        path for an image span (vLLM 0.33.0 wheel, paths under vllm/):
+        models/deepseek_v41/nvidia/vl_model.py 255-274 (embed_input_ids: the text model's
+        embedding of input_ids, then _merge_multimodal_embeddings), model_executor/models/
+        utils.py 717-753 (_merge_multimodal_embeddings: `inputs_embeds[is_multimodal] =
+        mm_embeds_flat`, overwriting the placeholder rows in order), vl_model.py 287-301
+        (forward hands inputs_embeds to the language model together with input_ids),
+        models/deepseek_v41/nvidia/model.py 974-987 (DeepseekV41Model.forward takes
+        inputs_embeds instead of embed_input_ids(input_ids)) and 527-531 (layer 0 expands the
+        2-D embedding to hc_mult copies). The token ids still drive everything else as without
+        `embeds`: `gate.bias_vl` at image-token positions (the MoE is built with
+        image_sentinel_lo, model.py 155, and routes on input_ids), dead Engram hashing and a
+        shut Engram gate there (model.py 1017-1018, image_sentinel_mask on input_ids). vLLM casts
+        the merged rows to the model dtype (utils.py 738); here they stay float32."""
         c, T, hc = self.c, len(ids), self.c["hc_mult"]
         gaps = Gaps()
-        X = self.w["embed"][torch.tensor(ids)].unsqueeze(1).repeat(1, hc, 1)
+        x = self.w["embed"][torch.tensor(ids)]
+        if embeds is not None:
+            rows, values = embeds
+            x = x.clone()
+            x[rows] = values.to(torch.float32)
+        X = x.unsqueeze(1).repeat(1, hc, 1)
         state = {"kv": {}, "picks": None, "candidates": None}
         pre = None
         layers = []

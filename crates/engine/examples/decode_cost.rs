@@ -80,6 +80,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 tokens: part,
                 num_logits: 1,
                 history: &tokens[..i * 512],
+                images: &[],
             };
             runner.step(&mut cache, &[work])?;
         }
@@ -90,6 +91,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             tokens: &tokens[ctx..ctx + 1],
             num_logits: 1,
             history: &tokens[..ctx],
+            images: &[],
         };
         let t0 = Instant::now();
         for _ in 0..REPS {

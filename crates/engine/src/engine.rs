@@ -7,7 +7,8 @@ use crate::cache::{CacheConfig, CacheError, CacheManager, CacheSizes};
 use crate::constraint::{Constraint, TokenMask};
 use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
-    FinishReason, OutputSink, Request, RequestId, RequestOutput, TokenIds, TokenLogprobs,
+    FinishReason, OutputSink, Prompt, PromptImage, Request, RequestId, RequestOutput, TokenIds,
+    TokenLogprobs,
 };
 use crate::runner::{ModelRunner, RunnerError, StepSeq};
 use crate::sampler::{SampleRow, Sampler};
@@ -17,6 +18,7 @@ use crate::sequence::Sequence;
 use crate::spec::{SpecMethod, SpeculativeConfig, Speculator, StepRecord, StepTiming};
 use deepinfer_model::config::ModelConfig;
 use deepinfer_model::v4::Model;
+use deepinfer_model::vision::VisionTower;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -59,6 +61,8 @@ pub enum EngineError {
     CacheTooSmall { max_model_len: usize, fits: usize },
     #[error("invalid engine setting {field}: {reason}")]
     InvalidConfig { field: &'static str, reason: String },
+    #[error("image {index}: {reason}")]
+    BadImage { index: usize, reason: String },
     #[error("the engine has stopped")]
     Stopped,
     #[error("cannot start the compute threads: {0}")]
@@ -68,7 +72,11 @@ pub enum EngineError {
 mod masks;
 
 enum Command {
-    Add(Request, Option<Box<dyn Constraint>>, Box<dyn OutputSink>),
+    Add(
+        Box<Request>,
+        Option<Box<dyn Constraint>>,
+        Box<dyn OutputSink>,
+    ),
     Abort(RequestId),
     /// Finished by a rule the engine does not see (a stop string in the text).
     Stop(RequestId),
@@ -88,7 +96,9 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     next_id: Arc<AtomicU64>,
     vocab: usize,
+    hidden: usize,
     max_model_len: usize,
+    vision: Option<Arc<VisionTower>>,
     alive: Arc<AtomicBool>,
     pub metrics: Arc<EngineMetrics>,
 }
@@ -121,12 +131,16 @@ impl EngineHandle {
     /// (structured outputs).
     pub fn add_constrained_request_to(
         &self,
-        prompt_ids: Vec<u32>,
+        prompt: impl Into<Prompt>,
         params: SamplingParams,
         constraint: Option<Box<dyn Constraint>>,
         sink: Box<dyn OutputSink>,
     ) -> Result<RequestId, EngineError> {
         let arrival = Instant::now();
+        let Prompt {
+            ids: prompt_ids,
+            images,
+        } = prompt.into();
         if !self.is_running() {
             return Err(EngineError::Stopped);
         }
@@ -146,20 +160,51 @@ impl EngineHandle {
             });
         }
         params.validate(self.vocab)?;
+        self.check_images(prompt_ids.len(), &images)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.tx
             .send(Command::Add(
-                Request {
+                Box::new(Request {
                     id,
                     prompt_ids,
                     params,
                     arrival,
-                },
+                    images,
+                }),
                 constraint,
                 sink,
             ))
             .map_err(|_| EngineError::Stopped)?;
         Ok(id)
+    }
+
+    /// Images in prompt order, each span inside the prompt and apart from the others, with
+    /// one embedding of the model's width per position.
+    fn check_images(&self, len: usize, images: &[PromptImage]) -> Result<(), EngineError> {
+        let mut end = 0;
+        for (i, im) in images.iter().enumerate() {
+            let reason = if im.offset < end || im.offset + im.len > len {
+                Some(format!(
+                    "its span {}..{} overlaps the previous image's or leaves the {len}-token prompt",
+                    im.offset,
+                    im.offset + im.len
+                ))
+            } else if im.embeds.len() != im.len * self.hidden {
+                Some(format!(
+                    "{} embedding values for {} positions of width {}",
+                    im.embeds.len(),
+                    im.len,
+                    self.hidden
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(EngineError::BadImage { index: i, reason });
+            }
+            end = im.offset + im.len;
+        }
+        Ok(())
     }
 
     /// Stops a request; its stream ends with `FinishReason::Abort` and its cache is freed in
@@ -208,6 +253,12 @@ impl EngineHandle {
         self.vocab
     }
 
+    /// The model's vision tower, shared: callers turn images into [`PromptImage`]s with it
+    /// before they submit (`None`: the model takes text only).
+    pub fn vision(&self) -> Option<&Arc<VisionTower>> {
+        self.vision.as_ref()
+    }
+
     /// Longest sequence (prompt + output) a request may reach.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
@@ -253,7 +304,9 @@ pub fn start(
         tx,
         next_id: Arc::new(AtomicU64::new(0)),
         vocab: core.vocab(),
+        hidden: core.runner.model().config.hidden_size,
         max_model_len: core.cfg.max_model_len,
+        vision: core.runner.model().vision.clone(),
         alive: alive.clone(),
         metrics,
     };
@@ -350,7 +403,7 @@ impl EngineLoop {
     /// Applies a command; false means shut down.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add(req, constraint, out) => self.core.add_constrained(req, constraint, out),
+            Command::Add(req, constraint, out) => self.core.add_constrained(*req, constraint, out),
             Command::Abort(id) => self
                 .core
                 .finish(id, FinishReason::Abort, TokenIds::new(), None),
@@ -600,8 +653,9 @@ impl EngineCore {
     ) {
         let id = req.id;
         // While it waits, what it will resume from is read ahead from the disk tier.
-        let prompt = &req.prompt_ids;
-        let read_ahead = self.cache.prefetch(prompt.len(), &|i| prompt[i]);
+        let read_ahead = self
+            .cache
+            .prefetch(req.prompt_ids.len(), &|i| req.key_token(i));
         let mut seq = Sequence::new(req, out);
         seq.read_ahead = read_ahead;
         seq.constraint = constraint;
@@ -688,6 +742,7 @@ impl EngineCore {
                     .chain(seq.spec.draft_ids[..s.num_draft].iter().copied()),
                 num_logits: s.num_logits,
                 history: back.map(|i| seq.token(i)),
+                images: &seq.request.images,
             }
         });
         let keep_hidden = self.spec.as_ref().is_some_and(Speculator::needs_hidden);
@@ -715,7 +770,7 @@ impl EngineCore {
             // in `emit` did so as it was freed).
             if let Some(seq) = self.seqs.get(&s.id) {
                 let cache = seq.cache.expect("scheduled sequences hold a cache");
-                let token = |i: usize| seq.token(i);
+                let token = |i: usize| seq.key_token(i);
                 self.cache.commit_prefix(cache, seq.num_computed, &token)?;
             }
             self.records.push(StepRecord {
@@ -890,7 +945,7 @@ impl EngineCore {
         self.scheduler.remove(id);
         if let Some(cache) = seq.cache {
             // Its completed blocks stay for later requests (a chat's next turn).
-            let token = |i: usize| seq.token(i);
+            let token = |i: usize| seq.key_token(i);
             if let Err(e) = self.cache.commit_prefix(cache, seq.num_computed, &token) {
                 tracing::error!(request = id, "caching its prefix failed: {e}");
             }

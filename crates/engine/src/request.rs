@@ -1,6 +1,7 @@
 //! What a client asks for and what it gets back, in vLLM's terms.
 
 use crate::sampling_params::SamplingParams;
+use std::sync::Arc;
 use std::time::Instant;
 
 pub type RequestId = u64;
@@ -13,6 +14,74 @@ pub struct Request {
     pub params: SamplingParams,
     /// When the request reached the engine's handle: queue time and TTFT count from here.
     pub arrival: Instant,
+    /// The prompt's images, in prompt order, their spans apart.
+    pub images: Vec<PromptImage>,
+}
+
+/// A prompt as the engine takes it: token ids, and the images whose spans they hold.
+#[derive(Clone, Debug, Default)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub images: Vec<PromptImage>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Self {
+        Self {
+            ids,
+            images: Vec::new(),
+        }
+    }
+}
+
+/// An image's span of a prompt: the input embeddings the model reads there instead of its
+/// tokens' (the vision tower's output), and what tells this image's pixels from another's.
+#[derive(Clone, Debug)]
+pub struct PromptImage {
+    /// The span's first position in the prompt.
+    pub offset: usize,
+    /// Positions the span covers.
+    pub len: usize,
+    /// `[len, hidden]`.
+    pub embeds: Arc<[f32]>,
+    /// A digest of the pixels (and their size): two images' spans hit the same prefix
+    /// cache entries only if their digests agree, as vLLM's multimodal hashes decide.
+    pub digest: [u8; 32],
+}
+
+impl PromptImage {
+    /// The token the prefix cache keys position `i` of the span by: one of 2³¹ values above
+    /// the vocabulary's, drawn from the digest and `i`, so that a block holding any image
+    /// position also holds bits of which image it is.
+    pub fn key_token(&self, i: usize) -> u32 {
+        let mut h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for word in self.digest.chunks_exact(8) {
+            h = mix(h ^ u64::from_le_bytes(word.try_into().expect("8 bytes")));
+        }
+        (h >> 33) as u32 | 1 << 31
+    }
+}
+
+/// SplitMix64's finaliser: every input bit moves every output bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Request {
+    /// What the prefix cache keys prompt position `i` by: its token, or inside an image's
+    /// span, [`PromptImage::key_token`].
+    pub fn key_token(&self, i: usize) -> u32 {
+        match self
+            .images
+            .iter()
+            .find(|im| (im.offset..im.offset + im.len).contains(&i))
+        {
+            Some(im) => im.key_token(i - im.offset),
+            None => self.prompt_ids[i],
+        }
+    }
 }
 
 /// Why a request stopped generating.

@@ -6,6 +6,7 @@
 //! room for them first (the scheduler does, through its allocator).
 
 use crate::cache::{CacheError, CacheManager, SeqId};
+use crate::request::PromptImage;
 use deepinfer_model::batch::{ForwardBatch, Logits};
 use deepinfer_model::v4::dspark::{Draft, DraftContext};
 use deepinfer_model::v4::model::ForwardExtras;
@@ -23,23 +24,26 @@ pub enum RunnerError {
 
 /// One sequence's part of a step: `tokens` appended at positions `start..`, logits for the
 /// last `num_logits` of them; `history`: the sequence's tokens before `start` (the last few
-/// suffice, see [`ModelRunner::add_lookback`]).
+/// suffice, see [`ModelRunner::add_lookback`]); `images`: its prompt's images (those
+/// whose spans the tokens reach give their embeddings, see [`ModelRunner::add_images`]).
 pub struct SeqWork<'a> {
     pub seq: SeqId,
     pub start: usize,
     pub tokens: &'a [u32],
     pub num_logits: usize,
     pub history: &'a [u32],
+    pub images: &'a [PromptImage],
 }
 
 /// One sequence's part of a step being built: [`SeqWork`] with the tokens and the history as
 /// iterators (a sequence's known tokens then its drafts, read in place).
-pub struct StepSeq<T, H> {
+pub struct StepSeq<'a, T, H> {
     pub seq: SeqId,
     pub start: usize,
     pub tokens: T,
     pub num_logits: usize,
     pub history: H,
+    pub images: &'a [PromptImage],
 }
 
 pub struct ModelRunner {
@@ -108,6 +112,20 @@ impl ModelRunner {
         self.batch.push_lookback(history);
     }
 
+    /// Gives the sequence just added the embeddings of `images` at the positions its tokens
+    /// (from `start`) reach: a chunk that cuts an image's span takes its part of it.
+    pub fn add_images(&mut self, start: usize, images: &[PromptImage]) {
+        let len = self.batch.spans.last().map_or(0, |s| s.len);
+        let d = self.model.config.hidden_size;
+        for im in images {
+            let (lo, hi) = (im.offset.max(start), (im.offset + im.len).min(start + len));
+            if lo < hi {
+                let values = &im.embeds[(lo - im.offset) * d..(hi - im.offset) * d];
+                self.batch.push_embeds(lo - start, values, d);
+            }
+        }
+    }
+
     /// Runs the batch built since [`Self::clear`] and returns the logits asked for, in
     /// batch order (valid until the next step). `keep_hidden`: also keep every row's final
     /// streams (see [`Self::hidden`]). On error no cache row is trusted to have been written.
@@ -128,10 +146,10 @@ impl ModelRunner {
 
     /// Builds one step's flat batch from its sequences ([`Self::clear`], then
     /// [`Self::add`] and [`Self::add_lookback`] for each) and runs it ([`Self::run`]).
-    pub fn run_step<T, H>(
+    pub fn run_step<'a, T, H>(
         &mut self,
         cache: &mut CacheManager,
-        seqs: impl IntoIterator<Item = StepSeq<T, H>>,
+        seqs: impl IntoIterator<Item = StepSeq<'a, T, H>>,
         keep_hidden: bool,
     ) -> Result<&Logits, RunnerError>
     where
@@ -142,6 +160,7 @@ impl ModelRunner {
         for w in seqs {
             self.add(w.seq, w.start, w.tokens, w.num_logits);
             self.add_lookback(w.history);
+            self.add_images(w.start, w.images);
         }
         self.run(cache, keep_hidden)
     }
@@ -158,6 +177,7 @@ impl ModelRunner {
             tokens: w.tokens.iter().copied(),
             num_logits: w.num_logits,
             history: w.history.iter().copied(),
+            images: w.images,
         });
         self.run_step(cache, seqs, false)
     }

@@ -247,7 +247,7 @@ fn admit(
     };
     let seq = seqs.get_mut(&id).expect("waiting sequences exist");
     let len = seq.num_tokens();
-    let cached = alloc.attach_prefix(cache, len, &|i| seq.token(i))?;
+    let cached = alloc.attach_prefix(cache, len, &|i| seq.key_token(i))?;
     let n = (len - cached).min(cap).min(budget);
     if let Err(e) = alloc.ensure_capacity(cache, cached + n) {
         alloc.free_seq(cache)?;

@@ -76,6 +76,15 @@ impl Sequence {
         }
     }
 
+    /// What the prefix cache keys position `i` by: [`Request::key_token`] in the prompt,
+    /// the token itself after it.
+    pub fn key_token(&self, i: usize) -> u32 {
+        match i < self.request.prompt_ids.len() {
+            true => self.request.key_token(i),
+            false => self.token(i),
+        }
+    }
+
     /// Tokens not yet in the cache: the rest of the prompt (or, after a preemption, of
     /// prompt + output), else the one just sampled.
     pub fn num_uncomputed(&self) -> usize {
@@ -135,6 +144,7 @@ mod tests {
                 prompt_ids: vec![5, 6, 7],
                 params,
                 arrival: Instant::now(),
+                images: Vec::new(),
             },
             Box::new(tx),
         );

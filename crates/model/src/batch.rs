@@ -26,6 +26,11 @@ pub struct ForwardBatch {
     /// that hashes n-grams across chunk boundaries (V4.1's Engram) reads.
     pub lookback: Vec<u32>,
     pub lookback_ends: Vec<usize>,
+    /// Rows whose input embedding is given instead of looked up (an image's span): flat row
+    /// `embed_rows[i]` takes `embed_values[i · hidden..(i + 1) · hidden]`. Their token ids
+    /// still route and hash as the model reads them.
+    pub embed_rows: Vec<usize>,
+    pub embed_values: Vec<f32>,
 }
 
 /// Tokens before a span that [`ForwardBatch::push_lookback`] keeps: V4.1's longest n-gram
@@ -74,6 +79,17 @@ impl ForwardBatch {
         }
     }
 
+    /// Gives `values.len() / hidden` consecutive rows of the span just pushed, from its
+    /// offset `first`, their input embeddings.
+    pub fn push_embeds(&mut self, first: usize, values: &[f32], hidden: usize) {
+        let span = self.spans.last().expect("a span to give embeddings to");
+        let rows = values.len() / hidden;
+        debug_assert!(first + rows <= span.len);
+        self.embed_rows
+            .extend(span.start + first..span.start + first + rows);
+        self.embed_values.extend_from_slice(values);
+    }
+
     /// The tokens before span `s` given with [`Self::push_lookback`] (empty when none were).
     pub fn lookback(&self, s: usize) -> &[u32] {
         let start = if s == 0 {
@@ -94,6 +110,8 @@ impl ForwardBatch {
         self.window_floor.clear();
         self.lookback.clear();
         self.lookback_ends.clear();
+        self.embed_rows.clear();
+        self.embed_values.clear();
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -49,6 +49,7 @@ pub(super) fn dspark_row(
             tokens: &ids[start..p0.min(start + 512)],
             num_logits: 1,
             history: &ids[..start],
+            images: &[],
         };
         bench.runner.step(&mut cache, &[work])?;
     }

@@ -168,6 +168,7 @@ impl Bench {
                 tokens: part,
                 num_logits: 1,
                 history: &ids[..start],
+                images: &[],
             };
             self.runner.step(&mut self.cache, &[work])?;
         }

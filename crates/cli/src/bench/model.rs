@@ -81,6 +81,7 @@ fn decode_row(
             tokens: ids,
             num_logits: t,
             history,
+            images: &[],
         })
         .collect();
     let step = |bench: &mut Bench| -> Result<(f64, Snapshot)> {

@@ -100,6 +100,7 @@ pub fn decode_run(
                 tokens: ids,
                 num_logits: 1,
                 history,
+                images: &[],
             })
             .collect();
         for &s in &seqs {

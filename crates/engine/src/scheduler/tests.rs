@@ -95,6 +95,7 @@ impl Harness {
                 ..SamplingParams::default()
             },
             arrival: std::time::Instant::now(),
+            images: Vec::new(),
         };
         self.seqs.insert(id, Sequence::new(req, Box::new(tx)));
         self.sched.add(id);

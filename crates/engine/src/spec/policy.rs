@@ -337,6 +337,7 @@ mod tests {
                         ..SamplingParams::default()
                     },
                     arrival: std::time::Instant::now(),
+                    images: Vec::new(),
                 };
                 let mut s = Sequence::new(req, Box::new(tx));
                 s.output_ids.push(5); // decoding: one sampled token to feed

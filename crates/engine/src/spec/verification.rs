@@ -98,6 +98,7 @@ mod tests {
             prompt_ids: vec![3; 8],
             params: Default::default(),
             arrival: std::time::Instant::now(),
+            images: Vec::new(),
         };
         let mut s = Sequence::new(req, Box::new(tx));
         s.spec.draft_ids = drafts.to_vec();

@@ -23,6 +23,9 @@ pub enum Slot {
 /// order start, pad, image, newline, end.
 pub const V4_SENTINEL_BASE: u32 = 129_257;
 
+/// V4.1-Flash's `image_token_id` (`<｜deepseek_image｜>`), for a config that leaves it out.
+pub const V41_IMAGE_TOKEN: u32 = 129_264;
+
 /// V4's compressor groups the block is aligned to.
 const V4_PAD_TO: usize = 4;
 

@@ -28,6 +28,19 @@ pub struct Pixels {
     pub rgb: Vec<u8>,
 }
 
+impl Pixels {
+    /// SHA-256 of the size and the pixels: what tells one image from another (the prefix
+    /// cache keys image spans by it, as vLLM's multimodal hashing does).
+    pub fn digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update((self.width as u64).to_le_bytes());
+        h.update((self.height as u64).to_le_bytes());
+        h.update(&self.rgb);
+        h.finalize().into()
+    }
+}
+
 /// Why an image cannot become embeddings.
 #[derive(Debug, thiserror::Error)]
 pub enum VisionError {
@@ -48,6 +61,8 @@ pub struct VisionTower {
     /// V4's filler slot; V4.1 has none.
     pad: Option<Vec<f32>>,
     hidden: usize,
+    /// The id V4.1's spans carry at every position (the text config's `image_token_id`).
+    image_token_id: u32,
 }
 
 /// One image through the tower: its plan and the aligner's rows (`[plan.rows(), hidden]`,
@@ -58,11 +73,13 @@ pub struct EncodedImage {
 }
 
 impl VisionTower {
-    /// Loads the tower `config` describes for a decoder `hidden` wide.
+    /// Loads the tower `config` describes for a decoder `hidden` wide whose image token (the
+    /// id V4.1's spans carry) is `image_token_id`.
     pub fn load(
         ck: &Checkpoint,
         config: &VisionConfig,
         hidden: usize,
+        image_token_id: u32,
     ) -> Result<Self, VisionError> {
         let vector = |name: &str| ck.vector(name, hidden);
         Ok(Self {
@@ -77,6 +94,7 @@ impl VisionTower {
             },
             config: config.clone(),
             hidden,
+            image_token_id,
         })
     }
 
@@ -130,6 +148,20 @@ impl VisionTower {
             });
         }
         out
+    }
+
+    /// The decoder's width: the values per span position.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The token ids the prompt carries at `slots`.
+    pub fn span_ids(&self, slots: &[Slot]) -> Vec<u32> {
+        let family = self.config.family;
+        slots
+            .iter()
+            .map(|s| s.token_id(family, self.image_token_id))
+            .collect()
     }
 
     /// The slots of `image`'s span when its first slot lands at prompt position `start`.

@@ -9,7 +9,7 @@ pub use weights::ModelWeights;
 use super::block::block_forward;
 use super::carry::Carry;
 use super::dspark::{Draft, DraftContext, DraftTarget, DsparkWeights};
-use super::embed::embed_streams;
+use super::embed::{embed_streams, override_streams};
 use super::engram::{engram, EngramHashing};
 use super::head::{FinalCollapse, Head};
 use super::pass::BlockCtx;
@@ -25,8 +25,10 @@ use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
 use crate::v4::moe::Routing;
+use crate::vision::{VisionError, VisionTower};
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -40,6 +42,8 @@ pub enum ModelError {
     Experts(#[from] ExpertError),
     #[error(transparent)]
     Engram(#[from] EngramError),
+    #[error(transparent)]
+    Vision(#[from] VisionError),
     #[error(transparent)]
     Memory(#[from] BudgetTooSmall),
     #[error("{0}")]
@@ -70,6 +74,13 @@ pub enum ModelError {
     RingTooSmall { slots: usize, needed: usize },
     #[error("logits row {row} is outside the batch of {tokens} tokens")]
     BadLogitsRow { row: usize, tokens: usize },
+    #[error("{rows} input embeddings of {values} values for a width of {hidden}, or a row outside the batch of {tokens} tokens")]
+    BadEmbeds {
+        rows: usize,
+        values: usize,
+        hidden: usize,
+        tokens: usize,
+    },
     #[error("a span [{start}, {start}+{len}) does not fit the batch of {tokens} tokens")]
     BadSpan {
         start: usize,
@@ -131,6 +142,9 @@ pub struct Model {
     engram: Option<EngramHashing>,
     /// The DSpark drafter, when the checkpoint ships one (and the model runs in one process).
     pub dspark: Option<DsparkWeights>,
+    /// The vision tower, when the config declares one and the checkpoint ships it: images
+    /// become input embeddings ([`ForwardBatch::embed_rows`]) on the process that runs it.
+    pub vision: Option<Arc<VisionTower>>,
 }
 
 fn rope_table(c: &ModelConfig, p: &RopeParams) -> Rope {
@@ -158,6 +172,7 @@ impl Model {
             split_tensor: false,
             engram: None,
             dspark: None,
+            vision: None,
         }
     }
 
@@ -234,9 +249,23 @@ impl Model {
             }
             _ => None,
         };
+        let vision = match &config.vision {
+            Some(vc) if ck.contains("vision.patch_embed.proj.weight") => {
+                let image_id = config.v41.as_ref().and_then(|v| v.image_token_id);
+                let image_id = image_id.unwrap_or(crate::vision::layout::V41_IMAGE_TOKEN);
+                Some(Arc::new(VisionTower::load(
+                    &ck,
+                    vc,
+                    config.hidden_size,
+                    image_id,
+                )?))
+            }
+            _ => None,
+        };
         let mut model = Self::new(config, weights);
         model.engram = engram;
         model.dspark = dspark;
+        model.vision = vision;
         model.memory_plan = why;
         model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
@@ -369,6 +398,16 @@ impl Model {
         if let Some(&row) = batch.logits_rows.iter().find(|&&r| r >= n) {
             return Err(ModelError::BadLogitsRow { row, tokens: n });
         }
+        let d = self.config.hidden_size;
+        let given = batch.embed_rows.len();
+        if batch.embed_values.len() != given * d || batch.embed_rows.iter().any(|&r| r >= n) {
+            return Err(ModelError::BadEmbeds {
+                rows: given,
+                values: batch.embed_values.len(),
+                hidden: d,
+                tokens: n,
+            });
+        }
         if cache.window_slots() < self.config.sliding_window {
             return Err(ModelError::RingTooSmall {
                 slots: cache.window_slots(),
@@ -489,6 +528,7 @@ impl Model {
         prefetch_hash_routed(w, c.num_experts_per_tok, &batch.token_ids);
         let mut x = ws.take(n * hc * d);
         embed_streams(&w.embed, &batch.token_ids, hc, d, &mut x);
+        override_streams(batch, hc, d, &mut x);
         // The drafter's context rings, where the cache keeps them: every row's aux streams.
         let dspark = dspark.filter(|ds| ds.has_rings(c, &*cache));
         let mut aux = dspark.map(|ds| ws.take(n * ds.aux_width()));

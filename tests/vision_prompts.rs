@@ -1,0 +1,221 @@
+//! Prompts with images through the whole model: V4.1 (tiny-v41-b's decoder with a tiny
+//! tower) against our float32 ports of vLLM 0.33's vision path and V4.1 text model
+//! (tools/make_vision_decoder_golden.py). Our tower encodes the images from their pixels;
+//! the spans' embeddings replace the image token's at their positions. Then: every
+//! position's logits, greedy tokens on the cache, and chunked prefill cutting the image spans
+//! at every size equal to the whole prefill bit for bit.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{cache_for, relative_diff};
+use deepinfer_engine::cache::CacheManager;
+use deepinfer_engine::request::PromptImage;
+use deepinfer_engine::runner::{ModelRunner, SeqWork};
+use deepinfer_model::kernels::topk::argmax;
+use deepinfer_model::v4::Model;
+use deepinfer_model::vision::Pixels;
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+/// Relative to the largest |logit| of the row: the tower's and the decoder's f32 sums in
+/// other orders (seen: under 1.4e-6).
+const LOGIT_TOL: f32 = 2e-5;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision/tiny-v41")
+}
+
+struct Files {
+    meta: Value,
+    decoder: Vec<u8>,
+    vision: Vec<u8>,
+}
+
+impl Files {
+    fn load() -> Self {
+        let read = |name: &str| std::fs::read(dir().join(name)).unwrap();
+        Self {
+            meta: serde_json::from_slice(&read("decoder_golden.json")).unwrap(),
+            decoder: read("decoder_golden.safetensors"),
+            vision: read("vision_golden.safetensors"),
+        }
+    }
+
+    fn tensor(bytes: &[u8], name: &str) -> (Vec<usize>, Vec<u8>) {
+        let st = SafeTensors::deserialize(bytes).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (t.shape().to_vec(), t.data().to_vec())
+    }
+
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        let (_, b) = Self::tensor(&self.decoder, name);
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Source image `k` of the vision golden.
+    fn image(&self, k: usize) -> Pixels {
+        let (shape, rgb) = Self::tensor(&self.vision, &format!("image{k}.rgb"));
+        Pixels {
+            width: shape[1],
+            height: shape[0],
+            rgb,
+        }
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The prompt's images through our tower, checked to sit where the prompt's ids say.
+fn prompt_images(model: &Model, f: &Files, p: &Value) -> Vec<PromptImage> {
+    let tower = model.vision.as_ref().expect("the fixture ships a tower");
+    let prompt = ids(&p["ids"]);
+    let mut out = Vec::new();
+    for im in p["images"].as_array().unwrap() {
+        let (k, offset) = (
+            im["image"].as_u64().unwrap() as usize,
+            im["offset"].as_u64().unwrap() as usize,
+        );
+        let px = f.image(k);
+        let enc = tower.encode(&px).unwrap();
+        let slots = tower.span(&enc.plan, offset);
+        assert_eq!(
+            tower.span_ids(&slots),
+            prompt[offset..offset + slots.len()],
+            "image {k}'s span ids"
+        );
+        out.push(PromptImage {
+            offset,
+            len: slots.len(),
+            embeds: tower.span_embeddings(&slots, &enc).into(),
+            digest: px.digest(),
+        });
+    }
+    out
+}
+
+/// Feeds `tokens` to a fresh sequence in chunks of `chunk`; every position's logits.
+fn run_chunks(
+    r: &mut ModelRunner,
+    cache: &mut CacheManager,
+    tokens: &[u32],
+    images: &[PromptImage],
+    chunk: usize,
+) -> Vec<Vec<f32>> {
+    let seq = cache.add_seq().unwrap();
+    let mut out = Vec::new();
+    for start in (0..tokens.len()).step_by(chunk) {
+        let part = &tokens[start..(start + chunk).min(tokens.len())];
+        cache.ensure_capacity(seq, start + part.len()).unwrap();
+        let work = SeqWork {
+            seq,
+            start,
+            tokens: part,
+            num_logits: part.len(),
+            history: &tokens[..start],
+            images,
+        };
+        let l = r.step(cache, &[work]).unwrap();
+        out.extend((0..l.rows()).map(|i| l.row(i).to_vec()));
+    }
+    cache.free_seq(seq).unwrap();
+    out
+}
+
+fn prompts(f: &Files) -> &Vec<Value> {
+    f.meta["prompts"].as_array().unwrap()
+}
+
+#[test]
+fn image_prompts_match_the_reference() {
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let mut cache = cache_for(&model, 1);
+    let images: Vec<_> = prompts(&f)
+        .iter()
+        .map(|p| prompt_images(&model, &f, p))
+        .collect();
+    let mut r = ModelRunner::new(model);
+    for (i, p) in prompts(&f).iter().enumerate() {
+        let tokens = ids(&p["ids"]);
+        let got = run_chunks(&mut r, &mut cache, &tokens, &images[i], tokens.len());
+        let want = f.f32s(&format!("p{i}.logits"));
+        let vocab = want.len() / tokens.len();
+        for (t, row) in got.iter().enumerate() {
+            let d = relative_diff(row, &want[t * vocab..(t + 1) * vocab]);
+            assert!(
+                d <= LOGIT_TOL,
+                "prompt {i} position {t}: relative logit difference {d:e}"
+            );
+        }
+        assert!(
+            p["tie_safe"].as_bool().unwrap(),
+            "prompt {i} is not tie-safe"
+        );
+        let greedy = ids(&p["greedy"]);
+        let mut seq_tokens = tokens.clone();
+        let seq = cache.add_seq().unwrap();
+        let mut last = got.last().unwrap().clone();
+        // The prompt again through the cache, then one token per step on our own argmax.
+        let mut start = 0;
+        for step in 0..greedy.len() {
+            if step > 0 {
+                seq_tokens.push(argmax(&last) as u32);
+            }
+            let part = &seq_tokens[start..];
+            cache.ensure_capacity(seq, seq_tokens.len()).unwrap();
+            let work = SeqWork {
+                seq,
+                start,
+                tokens: part,
+                num_logits: 1,
+                history: &seq_tokens[..start],
+                images: &images[i],
+            };
+            last = r.step(&mut cache, &[work]).unwrap().row(0).to_vec();
+            start = seq_tokens.len();
+        }
+        seq_tokens.push(argmax(&last) as u32);
+        assert_eq!(
+            seq_tokens[tokens.len()..],
+            greedy[..],
+            "prompt {i}: greedy tokens"
+        );
+        cache.free_seq(seq).unwrap();
+    }
+}
+
+/// Prefill in chunks that cut the image spans anywhere (one token = decode) gives the
+/// whole prefill's logits at every position, bit for bit.
+#[test]
+fn chunked_prefill_through_image_spans_equals_the_whole() {
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let mut cache = cache_for(&model, 1);
+    let p = &prompts(&f)[1];
+    let images = prompt_images(&model, &f, p);
+    let tokens = ids(&p["ids"]);
+    let mut r = ModelRunner::new(model);
+    let whole = run_chunks(&mut r, &mut cache, &tokens, &images, tokens.len());
+    for chunk in [1, 3, 5, 16] {
+        let got = run_chunks(&mut r, &mut cache, &tokens, &images, chunk);
+        for (t, (a, b)) in got.iter().zip(&whole).enumerate() {
+            assert!(
+                common::same_bits(a, b),
+                "chunks of {chunk}: position {t} differs"
+            );
+        }
+    }
+    // Without the images' embeddings the logits move: the spans are read.
+    let plain = run_chunks(&mut r, &mut cache, &tokens, &[], tokens.len());
+    assert!(relative_diff(plain.last().unwrap(), whole.last().unwrap()) > 1e-3);
+}
