@@ -219,3 +219,112 @@ fn chunked_prefill_through_image_spans_equals_the_whole() {
     let plain = run_chunks(&mut r, &mut cache, &tokens, &[], tokens.len());
     assert!(relative_diff(plain.last().unwrap(), whole.last().unwrap()) > 1e-3);
 }
+
+/// Tokens per prefix-cache block here: small, so that the spans cross block boundaries.
+const BLOCK: usize = 16;
+
+fn engine(prefix: bool) -> deepinfer_engine::engine::EngineCore {
+    use deepinfer_engine::cache::CacheConfig;
+    use deepinfer_engine::engine::{EngineConfig, EngineCore};
+    use deepinfer_engine::scheduler::SchedulerConfig;
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 2,
+            max_num_batched_tokens: 64,
+            prefill_chunk: Some(12),
+            max_model_len: 128,
+        },
+        cache: CacheConfig {
+            prefix_caching: prefix,
+            block_tokens: BLOCK,
+            ..common::cache_config(32 << 20, 2, 0)
+        },
+        model_name: "vision".into(),
+        forced_output: None,
+        speculative: None,
+        prefix_disk: None,
+    };
+    let metrics = std::sync::Arc::new(deepinfer_engine::metrics::EngineMetrics::new("vision"));
+    EngineCore::new(Model::load(&dir().join("model")).unwrap(), config, metrics).unwrap()
+}
+
+/// Greedy tokens, their top-5 logprobs as bits, and the cached prompt tokens of one request.
+fn serve(
+    core: &mut deepinfer_engine::engine::EngineCore,
+    id: u64,
+    prompt: &[u32],
+    images: &[PromptImage],
+) -> (Vec<u32>, Vec<u32>, usize) {
+    use deepinfer_engine::request::Request;
+    use deepinfer_engine::sampling_params::SamplingParams;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let params = SamplingParams {
+        logprobs: Some(5),
+        ..common::greedy(8)
+    };
+    let req = Request {
+        id,
+        prompt_ids: prompt.to_vec(),
+        params,
+        arrival: std::time::Instant::now(),
+        images: images.to_vec(),
+    };
+    core.add_request(req, Box::new(tx));
+    while core.has_work() {
+        core.step().unwrap();
+    }
+    let (mut tokens, mut bits, mut cached) = (Vec::new(), Vec::new(), 0);
+    for out in rx.try_iter() {
+        tokens.extend(&out.new_token_ids);
+        for lp in out.logprobs.iter().flatten() {
+            bits.push(lp.logprob.to_bits());
+            bits.extend(lp.top.iter().map(|t| t.1.to_bits()));
+        }
+        cached = out.num_cached_tokens;
+    }
+    (tokens, bits, cached)
+}
+
+/// The same image again hits the prefix cache and answers as a cold run does, bit for bit;
+/// another image of the same size (one pixel changed) misses from its span on and answers
+/// as its own cold run.
+#[test]
+fn prefix_cache_tells_images_apart_and_hits_are_bit_exact() {
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let p = &prompts(&f)[1];
+    let tokens = ids(&p["ids"]);
+    let images = prompt_images(&model, &f, p);
+    // Image 0 (at offset 4, in the first block) with one pixel changed.
+    let mut other = f.image(p["images"][0]["image"].as_u64().unwrap() as usize);
+    other.rgb[0] ^= 0x40;
+    let tower = model.vision.clone().unwrap();
+    let enc = tower.encode(&other).unwrap();
+    let slots = tower.span(&enc.plan, images[0].offset);
+    let mut changed = images.clone();
+    changed[0].embeds = tower.span_embeddings(&slots, &enc).into();
+    changed[0].digest = other.digest();
+    assert_ne!(changed[0].embeds, images[0].embeds);
+
+    let (mut warm, mut cold) = (engine(true), engine(false));
+    let want = serve(&mut cold, 0, &tokens, &images);
+    let want_changed = serve(&mut cold, 1, &tokens, &changed);
+    assert_ne!(want.1, want_changed.1, "the changed pixel changes nothing");
+    let first = serve(&mut warm, 0, &tokens, &images);
+    let again = serve(&mut warm, 1, &tokens, &images);
+    let moved = serve(&mut warm, 2, &tokens, &changed);
+    assert_eq!((&first.0, &first.1), (&want.0, &want.1), "first run");
+    assert_eq!((&again.0, &again.1), (&want.0, &want.1), "cached run");
+    assert_eq!(
+        (&moved.0, &moved.1),
+        (&want_changed.0, &want_changed.1),
+        "other image"
+    );
+    assert_eq!(first.2, 0);
+    assert!(
+        again.2 >= tokens.len() / BLOCK * BLOCK,
+        "the same image reused {} tokens",
+        again.2
+    );
+    assert_eq!(moved.2, 0, "another image's span must not hit the cache");
+}
