@@ -2,7 +2,9 @@
 # The official clients against `deepinfer serve` on loopback (no internet needed):
 #  1. the `openai` and `anthropic` Python packages (tools/openai_e2e.py, tools/anthropic_e2e.py)
 #     against the default model and against a second server whose output is scripted to a
-#     DSML tool call (the hidden test hook --debug-force-output);
+#     DSML tool call (the hidden test hook --debug-force-output); `openai` with images
+#     (tools/openai_vision_e2e.py) against a checkpoint with a vision tower (synth preset
+#     `tiny-v41-vision`) and the text-only default model;
 #  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
 #     Responses API) each completing a turn (`claude -p`, `codex exec`) against a server
 #     scripted to think, then answer.
@@ -57,7 +59,11 @@ tool_url=$url tool_pid=$pid
 model=$("$venv/bin/python" -c 'import json, sys, urllib.request
 print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["id"])' "$main_url")
 "$venv/bin/python" tools/anthropic_e2e.py "$model" "$main_url" "$tool_url"
-stop_servers "$main_pid" "$tool_pid"
+target/debug/deepinfer synth --preset tiny-v41-vision --out "$scratch/vision"
+start_server --model "$scratch/vision"
+vision_pid=$pid
+"$venv/bin/python" tools/openai_vision_e2e.py "$url" "$main_url"
+stop_servers "$main_pid" "$tool_pid" "$vision_pid"
 echo "servers stopped cleanly"
 
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the

@@ -17,8 +17,10 @@ pub struct SynthArgs {
     /// `bench-bf16` (`bench` with BF16 dense weights, for llama.cpp), `big` (bench's width
     /// with 256 experts over 16 layers, about 12.5 GB: for streaming experts from disk),
     /// `flash-slice` (V4-Flash's exact per-layer shapes over 6 layers of 16 experts, about
-    /// 4.7 GB), `tiny-v41` (DeepSeek-V4.1 at toy width) or `bench-v41` (V4.1-Flash's
-    /// proportions at bench's width, with its DSpark drafter).
+    /// 4.7 GB), `tiny-v41` (DeepSeek-V4.1 at toy width), `bench-v41` (V4.1-Flash's
+    /// proportions at bench's width, with its DSpark drafter), `tiny-v41-vision` (`tiny-v41`
+    /// with a toy vision tower: images through the server) or `vision-v41` (`tiny-v41` with
+    /// V4.1-Flash's vision tower at its real widths, about 0.9 GB: `bench vision`).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESETS))]
     preset: String,
     /// Output directory, created if missing.

@@ -17,7 +17,7 @@ use crate::structured::Grammar;
 use crate::tokenizer::{IncrementalDetokenizer, StopSet, StopStrings, Tokenizer};
 use deepinfer_engine::engine::EngineHandle;
 use deepinfer_engine::request::{
-    FinishReason, OutputSink, RequestId, RequestOutput, TokenLogprobs,
+    FinishReason, OutputSink, Prompt, RequestId, RequestOutput, TokenLogprobs,
 };
 use deepinfer_engine::sampling_params::SamplingParams;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -166,7 +166,7 @@ impl Generation {
         engine: &EngineHandle,
         tokenizer: &Tokenizer,
         permit: OwnedSemaphorePermit,
-        choices: Vec<(Vec<u32>, SamplingParams)>,
+        choices: Vec<(Prompt, SamplingParams)>,
         opts: &OutputOptions,
     ) -> Result<Self, ApiError> {
         Self::start_constrained(engine, tokenizer, permit, choices, opts, None)
@@ -178,7 +178,7 @@ impl Generation {
         engine: &EngineHandle,
         tokenizer: &Tokenizer,
         permit: OwnedSemaphorePermit,
-        choices: Vec<(Vec<u32>, SamplingParams)>,
+        choices: Vec<(Prompt, SamplingParams)>,
         opts: &OutputOptions,
         grammar: Option<(&Grammar, bool)>,
     ) -> Result<Self, ApiError> {
@@ -190,12 +190,12 @@ impl Generation {
             choices: Vec::with_capacity(choices.len()),
             _permit: permit,
         };
-        for (index, (prompt_ids, p)) in choices.into_iter().enumerate() {
+        for (index, (prompt, p)) in choices.into_iter().enumerate() {
             let stop_token_ids = p.stop_token_ids.clone();
-            let prompt_tokens = prompt_ids.len();
+            let prompt_tokens = prompt.ids.len();
             let detok = IncrementalDetokenizer::with_prompt(
                 tokenizer.clone(),
-                &prompt_ids,
+                &prompt.ids,
                 opts.skip_special_tokens,
             );
             let stopped = Arc::new(AtomicBool::new(false));
@@ -208,7 +208,7 @@ impl Generation {
             });
             // On an error the choices already submitted are aborted by `Drop`.
             let constraint = grammar.map(|(g, thinking)| g.constraint(thinking));
-            let request_id = engine.add_constrained_request_to(prompt_ids, p, constraint, sink)?;
+            let request_id = engine.add_constrained_request_to(prompt, p, constraint, sink)?;
             gen.choices.push(ChoiceText {
                 request_id,
                 detok,

@@ -7,6 +7,7 @@ pub mod body;
 pub mod chat;
 mod connection;
 pub mod generation;
+pub mod images;
 pub mod openai;
 mod routes;
 pub mod serve;

@@ -10,6 +10,7 @@ mod multi_turn;
 mod passes;
 mod streamed;
 mod structured;
+mod vision;
 
 use crate::engine_args::EngineArgs;
 use crate::generate::random_prompts;
@@ -103,6 +104,8 @@ enum BenchWhat {
     /// Cache bytes per token of context under each numerics, and the longest context a
     /// budget holds (from config.json alone).
     Cache(cache::CacheArgs),
+    /// The vision tower's time per image size against the f32 FMA roof.
+    Vision(vision::VisionArgs),
 }
 
 /// Where this process's products leave the fused kernels for the GEMM
@@ -263,6 +266,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Some(BenchWhat::Model(m)) => return model::run(m),
         Some(BenchWhat::Cache(c)) => return cache::run(c),
+        Some(BenchWhat::Vision(v)) => return vision::run(v),
         None => {}
     }
     let Some(dir) = &args.model else {

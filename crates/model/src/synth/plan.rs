@@ -388,5 +388,55 @@ pub fn tensor_plan(spec: &super::SynthSpec) -> Vec<PlannedTensor> {
         None if s.num_nextn_predict_layers > 0 => p.mtp(s),
         None => {}
     }
+    if let Some(vc) = &s.vision {
+        p.vision(vc, d);
+    }
     p.out
+}
+
+/// A bias or another small additive vector.
+const SMALL: Init = Init::Normal {
+    mean: 0.0,
+    std: 0.02,
+};
+
+impl Planner {
+    /// The vision tower as the checkpoints name it (BF16; the delimiter vectors F32):
+    /// ViT, aligner to the decoder's width `d`, and the span's learned vectors.
+    fn vision(&mut self, vc: &crate::config::VisionConfig, d: usize) {
+        let (w, i, r2) = (vc.dim, vc.inter_dim, vc.downsample_ratio.pow(2));
+        let patch = vc.patch_values();
+        self.bf16(
+            "vision.patch_embed.proj.weight".into(),
+            &[w, patch],
+            fan_in(patch),
+        );
+        self.bf16("vision.patch_embed.proj.bias".into(), &[w], SMALL);
+        for b in 0..vc.n_layers {
+            let n = |x: &str| format!("vision.blocks.{b}.{x}");
+            self.bf16(n("norm1.weight"), &[w], NORM);
+            self.bf16(n("attn.wqkv.weight"), &[3 * w, w], fan_in(w));
+            self.bf16(n("attn.wqkv.bias"), &[3 * w], SMALL);
+            self.bf16(n("attn.wo.weight"), &[w, w], fan_in(w));
+            self.bf16(n("attn.wo.bias"), &[w], SMALL);
+            self.bf16(n("norm2.weight"), &[w], NORM);
+            self.bf16(n("mlp.w1.weight"), &[2 * i, w], fan_in(w));
+            self.bf16(n("mlp.w2.weight"), &[w, i], fan_in(i));
+        }
+        self.bf16("vision.norm.weight".into(), &[w], NORM);
+        self.bf16("aligner.w1.weight".into(), &[d, w * r2], fan_in(w * r2));
+        self.bf16("aligner.w1.bias".into(), &[d], SMALL);
+        self.bf16("aligner.w2.weight".into(), &[d, d], fan_in(d));
+        self.bf16("aligner.w2.bias".into(), &[d], SMALL);
+        let unit = Init::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        for v in ["image_start", "image_end", "image_newline"] {
+            self.f32(v.into(), &[d], unit);
+        }
+        if vc.family == crate::config::VisionFamily::V4 {
+            self.f32("image_pad".into(), &[d], unit);
+        }
+    }
 }

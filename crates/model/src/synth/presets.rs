@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::SynthError;
 use crate::config::{
     AttnKind, Candidates, DsparkConfig, EngramConfig, MlpKind, ModelConfig, RopeParams,
-    ScoringFunc, Yarn, V41,
+    ScoringFunc, VisionConfig, VisionFamily, Yarn, V41,
 };
 use crate::engram::{EngramLayout, EngramParams};
 
@@ -18,6 +18,8 @@ pub const PRESETS: &[&str] = &[
     "flash-slice",
     "tiny-v41",
     "bench-v41",
+    "tiny-v41-vision",
+    "vision-v41",
 ];
 
 /// A named model shape. The shape is a [`ModelConfig`], the same type a loaded checkpoint
@@ -257,6 +259,10 @@ fn v41_like(
 ///   window-only, four at ratio 2, six at ratio 1; kv sources 2 and 6, index sources 2, 6, 8,
 ///   10, candidates from 6), Engram on layers 1 and 5 with 8 heads × 256 and tables of 4.1 M
 ///   rows (~1.1 GB each: like the real ~100 GB tables, larger than the rest of a layer).
+/// * `tiny-v41-vision`: `tiny-v41` with a tiny V4.1 vision tower (2 blocks of 64, patch 14,
+///   3×3 aligner, 64 tokens an image): images through the server on the real vocabulary.
+/// * `vision-v41`: `tiny-v41` with V4.1-Flash's tower at its real widths (32 blocks of 1024,
+///   16 heads, MLP 2816; ~0.85 GB): what `bench vision` times.
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let dense = if name == "bench-bf16" {
         DenseFormat::Bf16
@@ -267,6 +273,8 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         "tiny" => tiny(),
         "bench" | "bench-bf16" | "big" => bench(name == "big"),
         "tiny-v41" => tiny_v41(),
+        "tiny-v41-vision" => with_tower(tiny_v41(), tiny_tower()),
+        "vision-v41" => with_tower(tiny_v41(), v41_flash_tower()),
         "bench-v41" => bench_v41(),
         "flash-slice" => flash_slice(),
         other => {
@@ -312,6 +320,45 @@ fn bench(big: bool) -> ModelConfig {
         mlp_layer_types: mlp_kinds(ratios.len(), 3),
         n_routed_experts: if big { 256 } else { 64 },
         ..bench_widths()
+    }
+}
+
+/// The tiny presets' tower: two blocks of 64 (4 heads), V4.1's patch and downsampling, a
+/// budget of 64 tokens an image.
+fn tiny_tower() -> VisionConfig {
+    VisionConfig {
+        n_layers: 2,
+        dim: 64,
+        n_heads: 4,
+        inter_dim: 96,
+        max_n_token: 64,
+        min_pixels: 3136,
+        ..v41_flash_tower()
+    }
+}
+
+/// V4.1-Flash's `vision_config` (docs/MODEL.md §8.9).
+fn v41_flash_tower() -> VisionConfig {
+    VisionConfig {
+        family: VisionFamily::V41,
+        n_layers: 32,
+        dim: 1024,
+        n_heads: 16,
+        inter_dim: 2816,
+        patch_size: 14,
+        rope_theta: 10_000.0,
+        downsample_ratio: 3,
+        max_n_token: 1024,
+        min_pixels: 295_936,
+        max_wh_ratio: None,
+    }
+}
+
+/// `c` with the vision tower `v` beside it.
+fn with_tower(c: ModelConfig, v: VisionConfig) -> ModelConfig {
+    ModelConfig {
+        vision: Some(v),
+        ..c
     }
 }
 
@@ -509,7 +556,7 @@ fn v41_config_json(v4_pairs: Vec<(&str, Value)>, c: &ModelConfig, v: &V41) -> Va
         });
         text.insert("rope_scaling".into(), scaling);
     }
-    json!({
+    let mut top = json!({
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
         "text_config": Value::Object(text),
@@ -521,7 +568,22 @@ fn v41_config_json(v4_pairs: Vec<(&str, Value)>, c: &ModelConfig, v: &V41) -> Va
             "weight_block_size": [32, 32],
             "expert_dtype": "fp4",
         },
-    })
+    });
+    if let Some(vc) = &c.vision {
+        top["vision_config"] = json!({
+            "num_hidden_layers": vc.n_layers,
+            "hidden_size": vc.dim,
+            "num_attention_heads": vc.n_heads,
+            "intermediate_size": vc.inter_dim,
+            "patch_size": vc.patch_size,
+            "rope_theta": vc.rope_theta,
+            "downsample_ratio": vc.downsample_ratio,
+            "max_image_tokens": vc.max_n_token,
+            "min_pixels": vc.min_pixels,
+            "max_wh_ratio": vc.max_wh_ratio,
+        });
+    }
+    top
 }
 
 /// An f32 setting as the shortest decimal that reads back to it (1e-6, not 9.99e-7).
@@ -560,6 +622,11 @@ impl SynthSpec {
             return Err(invalid(
                 "the layer schedule does not survive config.json (a CSA ratio other than 4?)"
                     .into(),
+            ));
+        }
+        if reread.vision != c.vision {
+            return Err(invalid(
+                "the vision tower does not survive config.json".into(),
             ));
         }
         if reread.dspark != c.dspark {

@@ -330,6 +330,7 @@ fn text_part(text: &str) -> ContentPart {
     ContentPart::Typed(TypedPart {
         kind: "text".into(),
         text: Some(text.to_owned()),
+        image_url: None,
     })
 }
 

@@ -15,6 +15,7 @@
 use super::error::ChatError;
 use super::json::Json;
 use super::messages::{ChatMessage, ContentPart, MessageContent, ToolCall};
+use super::tokens::IMAGE_PLACEHOLDER;
 use std::collections::HashMap;
 
 /// A block of a user turn.
@@ -87,7 +88,7 @@ pub(crate) fn build_turns(
                 turns.push(Turn::Developer { content });
             }
             "user" => {
-                let block = Block::Text(content_text(index, &msg.content, "\n\n")?);
+                let block = Block::Text(user_text(index, &msg.content)?);
                 push_user_block(&mut turns, block);
             }
             "tool" => {
@@ -128,11 +129,35 @@ fn push_user_block(turns: &mut Vec<Turn>, block: Block) {
     }
 }
 
+/// A user message's text: its images' placeholders first, each on its own line, then its
+/// text parts joined with a blank line (vLLM's default for a text-only chat template: the
+/// placeholders of images the text does not place go in front, joined with "\n").
+fn user_text(index: usize, content: &Option<MessageContent>) -> Result<String, ChatError> {
+    let mut images = 0;
+    let text = parts_text(index, content, "\n\n", Some(&mut images))?;
+    let mut lines = vec![IMAGE_PLACEHOLDER; images];
+    if !text.is_empty() || images == 0 {
+        lines.push(&text);
+    }
+    Ok(lines.join("\n"))
+}
+
 /// The text of a message's content; array parts are joined with `sep`.
 fn content_text(
     index: usize,
     content: &Option<MessageContent>,
     sep: &str,
+) -> Result<String, ChatError> {
+    parts_text(index, content, sep, None)
+}
+
+/// [`content_text`], counting image parts into `images` where the message may hold them
+/// (refusing them where `images` is `None`).
+fn parts_text(
+    index: usize,
+    content: &Option<MessageContent>,
+    sep: &str,
+    mut images: Option<&mut usize>,
 ) -> Result<String, ChatError> {
     let parts = match content {
         None => return Ok(String::new()),
@@ -149,6 +174,11 @@ fn content_text(
                 // vLLM skips a text part whose text is null.
                 if let Some(s) = &t.text {
                     texts.push(s);
+                }
+            }
+            ContentPart::Typed(t) if t.kind == "image_url" && images.is_some() => {
+                if let Some(n) = images.as_deref_mut() {
+                    *n += 1;
                 }
             }
             ContentPart::Typed(t) => {

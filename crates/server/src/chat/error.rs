@@ -13,7 +13,7 @@ pub enum ChatError {
     UnknownRole { index: usize, role: String },
     #[error(
         "messages[{index}].content[{part}]: content part type {kind:?} is not supported \
-         (only text parts)"
+         (only text parts, and image_url parts in user messages)"
     )]
     UnsupportedContentPart {
         index: usize,

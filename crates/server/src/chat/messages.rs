@@ -61,14 +61,51 @@ pub enum ContentPart {
     Typed(TypedPart),
 }
 
-/// `{"type": "text", "text": "..."}` and friends. Non-text types (images, audio, …) are kept
-/// here only so the renderer can reject them with a precise error.
+/// `{"type": "text", "text": "..."}`, `{"type": "image_url", "image_url": {"url": "..."}}`
+/// and friends. Other types (audio, files, …) are kept here only so the renderer can reject
+/// them with a precise error.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TypedPart {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// OpenAI's `{"url": ..., "detail": ...}`, or the bare URL string vLLM also takes.
+    #[serde(default)]
+    pub image_url: Option<serde_json::Value>,
+}
+
+impl TypedPart {
+    /// The URL of an image part (`None`: not an image part, or no URL in it).
+    pub fn image_url(&self) -> Option<&str> {
+        match self.image_url.as_ref()? {
+            serde_json::Value::String(s) => Some(s),
+            v => v.get("url")?.as_str(),
+        }
+    }
+}
+
+/// Every image URL of `messages`, in the order their placeholders render, each with the
+/// field it came from (`messages[i].content[j]`). Only user messages take images (the
+/// renderer refuses them elsewhere).
+pub fn image_urls(messages: &[ChatMessage]) -> Vec<(String, Option<&str>)> {
+    let mut out = Vec::new();
+    for (i, m) in messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "user")
+    {
+        if let Some(MessageContent::Parts(parts)) = &m.content {
+            for (j, p) in parts.iter().enumerate() {
+                if let ContentPart::Typed(t) = p {
+                    if t.kind == "image_url" {
+                        out.push((format!("messages[{i}].content[{j}]"), t.image_url()));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// An assistant tool call, OpenAI shape.

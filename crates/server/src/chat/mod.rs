@@ -31,8 +31,8 @@ mod tools_prompt;
 pub use error::ChatError;
 pub use json::Json;
 pub use messages::{
-    ChatMessage, ContentPart, FunctionCall, FunctionDef, MessageContent, ToolCall, ToolDef,
-    TypedPart,
+    image_urls, ChatMessage, ContentPart, FunctionCall, FunctionDef, MessageContent, ToolCall,
+    ToolDef, TypedPart,
 };
 pub use options::{EncoderEffort, ReasoningEffort, RenderOptions};
 pub use parser::{

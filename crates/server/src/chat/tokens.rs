@@ -20,3 +20,7 @@ pub const DSML: &str = "｜DSML｜";
 pub const TOOL_CALLS_BLOCK: &str = "tool_calls";
 pub const TOOL_RESULT_START: &str = "<tool_result>";
 pub const TOOL_RESULT_END: &str = "</tool_result>";
+/// Where an image part's span goes (vLLM's `IMAGE_PLACEHOLDER` for DeepSeek's vision
+/// models). Never tokenized: the prompt text is cut at it and the image's span put between
+/// the pieces, so a tokenizer without this token works too.
+pub const IMAGE_PLACEHOLDER: &str = "<｜deepseek_image｜>";

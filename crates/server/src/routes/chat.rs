@@ -2,10 +2,12 @@
 //! into `reasoning_content`, `content` and `tool_calls`, streamed or whole.
 
 use super::{blocking, body_bytes, sse, Shared};
+use crate::chat::image_urls;
 use crate::chat::{
     render_chat, ChatDelta, ChatMessage, ChatOutputParser, ReasoningEffort, RenderOptions, ToolDef,
 };
 use crate::generation::{ChoiceDelta, Generation};
+use crate::images::{self, ImageLimits, PlacedImage};
 use crate::openai::{
     check_sequences, fields, n_samples, resolve_max_tokens, ApiError, ChatChoice,
     ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
@@ -18,13 +20,17 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use deepinfer_engine::request::TokenLogprobs;
+use deepinfer_engine::request::{Prompt, TokenLogprobs};
 use deepinfer_engine::sampling_params::MAX_LOGPROBS;
+use deepinfer_model::vision::VisionTower;
 use serde_json::{json, Map, Value};
 
 /// A chat request made ready for the engine.
 pub(crate) struct ChatPrompt {
+    /// Image spans included.
     pub ids: Vec<u32>,
+    /// The prompt's images, decoded and placed (not yet through the tower).
+    pub images: Vec<PlacedImage>,
     pub thinking: bool,
     /// `None` when tool calls are not parsed (no tools, or `tool_choice: "none"`).
     pub tool_names: Option<Vec<String>>,
@@ -43,6 +49,8 @@ pub(crate) struct ChatRequest<'a> {
     /// A call the answer must make (`tool_choice` forcing one).
     pub forced: Option<Forced>,
     pub prefill: &'a str,
+    /// The model's vision tower, for requests with images (`None`: images are refused).
+    pub vision: Option<&'a VisionTower>,
 }
 
 /// Renders and tokenizes a conversation; a rendering too long for the context is refused
@@ -57,20 +65,94 @@ pub(crate) fn encode_chat(
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     text.push_str(req.prefill);
     limits.check_text("messages", &text)?;
-    let ids = tok
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let (ids, images) = prompt_ids(tok, &text, req)?;
     let forced = match &req.forced {
         Some(f) => Some(forced_call(req.tools, f, "tool_choice")?),
         None => None,
     };
     Ok(ChatPrompt {
         ids,
+        images,
         thinking: req.opts.thinking_mode(),
         tool_names: (req.parse_tools && !req.tools.is_empty())
             .then(|| req.tools.iter().map(|t| t.function.name.clone()).collect()),
         forced,
     })
+}
+
+/// The rendered `text` tokenized, with the spans of the request's images where their
+/// placeholders are: each image decoded (within [`ImageLimits`]) and planned by the tower.
+fn prompt_ids(
+    tok: &Tokenizer,
+    text: &str,
+    req: &ChatRequest,
+) -> Result<(Vec<u32>, Vec<PlacedImage>), ApiError> {
+    let urls = image_urls(req.messages);
+    if urls.is_empty() {
+        let ids = tok
+            .encode(text, false)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        return Ok((ids, Vec::new()));
+    }
+    let field = &urls[0].0;
+    let tower = req.vision.ok_or_else(|| {
+        ApiError::invalid(
+            field,
+            format!("`{field}`: this model takes no images (its checkpoint has no vision tower)"),
+        )
+    })?;
+    let limits = ImageLimits::default();
+    if urls.len() > limits.max_images {
+        let n = urls.len();
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the request has {n} images; at most {} are accepted",
+                limits.max_images
+            ),
+        ));
+    }
+    let mut images = Vec::with_capacity(urls.len());
+    for (field, url) in urls {
+        let pixels = images::decode_url(url, &field, &limits)?;
+        images.push((field, pixels));
+    }
+    images::splice(tok, text, images, tower)
+}
+
+/// 400 naming the model when `messages` hold images and the model has no vision tower.
+pub(crate) fn check_takes_images(st: &Shared, messages: &[ChatMessage]) -> Result<(), ApiError> {
+    match image_urls(messages).first() {
+        Some((field, _)) if st.engine.vision().is_none() => Err(ApiError::invalid(
+            field,
+            format!(
+                "`{field}`: the model `{}` takes no images (its checkpoint has no vision tower)",
+                st.model_name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `ids` and their images through the model's vision tower, on the blocking pool (the
+/// tower's work is a prefill's; the request's images are encoded once for all its choices).
+async fn encode_images(
+    st: &Shared,
+    ids: Vec<u32>,
+    placed: Vec<PlacedImage>,
+) -> Result<Prompt, ApiError> {
+    if placed.is_empty() {
+        return Ok(ids.into());
+    }
+    let state = st.clone();
+    blocking(st, move || {
+        let tower = state
+            .engine
+            .vision()
+            .expect("images were placed by the tower");
+        Ok(images::encode(ids, placed, tower))
+    })
+    .await
 }
 
 /// The conversation of an OpenAI chat request, rendered and tokenized (shared with
@@ -79,6 +161,7 @@ pub(crate) fn chat_prompt(
     tok: &Tokenizer,
     f: &ChatFields,
     limits: &PromptLimits,
+    vision: Option<&VisionTower>,
 ) -> Result<ChatPrompt, ApiError> {
     if f.messages.is_empty() {
         return Err(ApiError::invalid(
@@ -135,6 +218,7 @@ pub(crate) fn chat_prompt(
         parse_tools,
         forced,
         prefill: "",
+        vision,
     };
     encode_chat(tok, &req, limits)
 }
@@ -167,6 +251,7 @@ pub async fn chat_completions(
     let requested = constraint_of(&bytes, &sf)?;
     drop(bytes);
     st.check_model(sf.model.as_deref())?;
+    check_takes_images(&st, &cf.messages)?;
     let opts = sf.output_options()?;
     let logprobs = match (cf.logprobs.unwrap_or(false), cf.top_logprobs) {
         (false, Some(_)) => {
@@ -196,8 +281,9 @@ pub async fn chat_completions(
     let tok = st.tokenizer.clone();
     let limits = st.prompt_limits;
     let state = st.clone();
-    let (prompt, cf, grammar) = blocking(&st, move || {
-        let prompt = chat_prompt(&tok, &cf, &limits)?;
+    let (mut prompt, cf, grammar) = blocking(&st, move || {
+        let vision = state.engine.vision().map(|v| &**v);
+        let prompt = chat_prompt(&tok, &cf, &limits, vision)?;
         let requested = one_of(requested.into_iter().chain(prompt.forced.clone()).collect())?;
         let grammar = state.grammar(requested.as_ref())?;
         Ok((prompt, cf, grammar))
@@ -216,8 +302,10 @@ pub async fn chat_completions(
         st.engine.max_model_len(),
     )?;
     let params = sf.sampling_params(max_tokens, logprobs)?;
+    let engine_prompt =
+        encode_images(&st, prompt.ids.clone(), std::mem::take(&mut prompt.images)).await?;
     let choices = n_samples(&params, opts.n)
-        .map(|p| (prompt.ids.clone(), p))
+        .map(|p| (engine_prompt.clone(), p))
         .collect();
     let gen = Generation::start_constrained(
         &st.engine,

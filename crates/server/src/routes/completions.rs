@@ -47,6 +47,10 @@ pub async fn completions(
         .iter()
         .flat_map(|p| std::iter::repeat_n(p.1.clone(), opts.n))
         .collect();
+    let choices = choices
+        .into_iter()
+        .map(|(ids, p)| (ids.into(), p))
+        .collect();
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,

@@ -69,7 +69,7 @@ pub async fn messages(
         &st.engine,
         &st.tokenizer,
         permit,
-        vec![(prompt.ids, params)],
+        vec![(prompt.ids.into(), params)],
         &opts,
         grammar.as_ref().map(|g| (g, thinking)),
     )?;
@@ -124,6 +124,7 @@ fn prepare(
         parse_tools: conv.parse_tools,
         forced: conv.forced.clone(),
         prefill: conv.prefill.as_deref().unwrap_or_default(),
+        vision: None,
     };
     Ok((encode_chat(tok, &chat, limits)?, conv.single_tool_call))
 }

@@ -68,6 +68,7 @@ pub async fn create(
             parse_tools: conv.parse_tools,
             forced: conv.forced.clone(),
             prefill: "",
+            vision: None,
         };
         let prompt = encode_chat(&tok, &chat, &limits)?;
         let requested = one_of(format.into_iter().chain(prompt.forced.clone()).collect())?;
@@ -100,7 +101,7 @@ pub async fn create(
         &st.engine,
         &st.tokenizer,
         permit,
-        vec![(prompt.ids, params)],
+        vec![(prompt.ids.into(), params)],
         &opts,
         grammar.as_ref().map(|g| (g, thinking)),
     )?;

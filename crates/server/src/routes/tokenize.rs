@@ -45,9 +45,15 @@ pub async fn tokenize(
         (None, Some(_)) => {
             let cf: ChatFields = fields(&bytes)?;
             drop(bytes);
-            blocking(&st, move || super::chat::chat_prompt(&tok, &cf, &limits))
-                .await?
-                .ids
+            super::chat::check_takes_images(&st, &cf.messages)?;
+            // Image spans counted: each image decoded and planned, not encoded.
+            let state = st.clone();
+            blocking(&st, move || {
+                let vision = state.engine.vision().map(|v| &**v);
+                super::chat::chat_prompt(&tok, &cf, &limits, vision)
+            })
+            .await?
+            .ids
         }
         (None, None) => {
             return Err(ApiError::invalid(

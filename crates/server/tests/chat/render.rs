@@ -132,11 +132,19 @@ fn rejections_name_the_offending_field() {
             },
         ),
         (
-            r#"[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]"#,
+            r#"[{"role":"system","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]"#,
             ChatError::UnsupportedContentPart {
                 index: 0,
                 part: 1,
                 kind: "image_url".into(),
+            },
+        ),
+        (
+            r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}},{"type":"input_audio"}]}]"#,
+            ChatError::UnsupportedContentPart {
+                index: 0,
+                part: 1,
+                kind: "input_audio".into(),
             },
         ),
         (
@@ -211,4 +219,31 @@ fn lenient_message_shapes() {
     };
     let p = render_chat(&m, &[], &opts).unwrap();
     assert!(p.ends_with("<｜User｜>q2<｜Assistant｜></think>"), "{p}");
+}
+
+/// A user message's images become placeholders in front of its text, one a line, as vLLM
+/// places images its text does not; the server cuts the prompt there for their spans.
+#[test]
+fn user_images_render_as_placeholders_before_the_text() {
+    let opts = RenderOptions::default();
+    let json = r#"[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"},{"type":"image_url","image_url":"y"}]},{"role":"user","content":[{"type":"image_url","image_url":{"url":"z"}}]}]"#;
+    let messages = msgs(json);
+    let text = render_chat(&messages, &[], &opts).unwrap();
+    let ph = "<｜deepseek_image｜>";
+    assert!(
+        text.contains(&format!(
+            "<｜User｜>{ph}\n{ph}\na\n\nb\n\n{ph}<｜Assistant｜>"
+        )),
+        "{text}"
+    );
+    let urls = deepinfer_server::chat::image_urls(&messages);
+    let urls: Vec<_> = urls.iter().map(|(f, u)| (f.as_str(), *u)).collect();
+    assert_eq!(
+        urls,
+        [
+            ("messages[0].content[1]", Some("x")),
+            ("messages[0].content[3]", Some("y")),
+            ("messages[1].content[0]", Some("z"))
+        ]
+    );
 }

@@ -1,0 +1,215 @@
+//! Images in requests: their bytes (data URIs; fetching http(s) URLs is off), their decoding
+//! (the `image` crate, limits set before any pixel is decoded), and the prompt they make:
+//! the rendered text is cut at each image's placeholder and the image's span of tokens put
+//! between the pieces, its embeddings from the model's vision tower.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use deepinfer_engine::request::{Prompt, PromptImage};
+use deepinfer_model::config::VisionFamily;
+use deepinfer_model::vision::{ImagePlan, Pixels, VisionTower};
+use image::{ImageFormat, ImageReader, Limits};
+
+use crate::chat::tokens::IMAGE_PLACEHOLDER;
+use crate::openai::ApiError;
+use crate::tokenizer::Tokenizer;
+
+/// What one request's images may cost.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageLimits {
+    pub max_images: usize,
+    /// Encoded bytes of one image (after base64).
+    pub max_bytes: usize,
+    /// Pixels of one decoded image: its memory is three bytes each.
+    pub max_pixels: u64,
+    /// Longer side over shorter side.
+    pub max_aspect: u32,
+}
+
+impl Default for ImageLimits {
+    fn default() -> Self {
+        Self {
+            max_images: 8,
+            max_bytes: 20 << 20,
+            max_pixels: 32 << 20,
+            max_aspect: 200,
+        }
+    }
+}
+
+/// The formats decoded (GIF: its first frame).
+const FORMATS: [ImageFormat; 4] = [
+    ImageFormat::Png,
+    ImageFormat::Jpeg,
+    ImageFormat::WebP,
+    ImageFormat::Gif,
+];
+
+/// The pixels `url` carries; `field` names the request field in errors.
+pub fn decode_url(
+    url: Option<&str>,
+    field: &str,
+    limits: &ImageLimits,
+) -> Result<Pixels, ApiError> {
+    let bad = |why: String| ApiError::invalid(field, format!("`{field}`: {why}"));
+    let url = url.ok_or_else(|| bad("an image part needs `image_url.url`".into()))?;
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(bad(
+            "fetching images from http(s) URLs is off; send the image inline as a data URL \
+             (data:image/png;base64,…)"
+                .into(),
+        ));
+    }
+    let payload = url
+        .strip_prefix("data:")
+        .and_then(|rest| rest.split_once(','))
+        .filter(|(meta, _)| meta.ends_with(";base64"))
+        .map(|(_, data)| data)
+        .ok_or_else(|| {
+            bad("expected a data URL with base64 content (data:image/png;base64,…)".into())
+        })?;
+    if payload.len() / 4 * 3 > limits.max_bytes {
+        return Err(bad(format!(
+            "the image is larger than {} bytes",
+            limits.max_bytes
+        )));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(payload.trim_end())
+        .map_err(|e| bad(format!("the data URL is not valid base64: {e}")))?;
+    decode_bytes(&bytes, limits).map_err(bad)
+}
+
+/// Decodes `bytes` within `limits`: dimensions are read from the header and checked before
+/// the decoder allocates, so a small file declaring a huge canvas costs nothing.
+pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> Result<Pixels, String> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("cannot read the image: {e}"))?;
+    match reader.format() {
+        Some(f) if FORMATS.contains(&f) => {}
+        Some(f) => {
+            return Err(format!(
+                "{f:?} images are not supported (PNG, JPEG, WebP or GIF)"
+            ))
+        }
+        None => return Err("not an image in a known format (PNG, JPEG, WebP or GIF)".into()),
+    }
+    let (w, h) = reader
+        .into_dimensions()
+        .map_err(|e| format!("cannot read the image's size: {e}"))?;
+    check_size(w, h, limits)?;
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("cannot read the image: {e}"))?;
+    let mut lim = Limits::default();
+    lim.max_image_width = Some(w);
+    lim.max_image_height = Some(h);
+    lim.max_alloc = Some(limits.max_pixels * 4 + (16 << 20));
+    reader.limits(lim);
+    let rgb = reader
+        .decode()
+        .map_err(|e| format!("cannot decode the image: {e}"))?
+        .into_rgb8();
+    Ok(Pixels {
+        width: rgb.width() as usize,
+        height: rgb.height() as usize,
+        rgb: rgb.into_raw(),
+    })
+}
+
+fn check_size(w: u32, h: u32, limits: &ImageLimits) -> Result<(), String> {
+    if w == 0 || h == 0 {
+        return Err(format!("the image is {w}×{h} pixels: empty"));
+    }
+    if u64::from(w) * u64::from(h) > limits.max_pixels {
+        return Err(format!(
+            "the image is {w}×{h} pixels, more than the {} this server decodes",
+            limits.max_pixels
+        ));
+    }
+    if w.max(h) / w.min(h) > limits.max_aspect {
+        return Err(format!(
+            "the image is {w}×{h} pixels: sides further apart than {}:1",
+            limits.max_aspect
+        ));
+    }
+    Ok(())
+}
+
+/// One image of a prompt, decoded and planned, with its span's place.
+pub struct PlacedImage {
+    pub pixels: Pixels,
+    pub plan: ImagePlan,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// `text` (the rendered prompt, one placeholder per image) tokenized with each image's span
+/// at its placeholder; the images are planned, not yet encoded ([`encode`]).
+pub fn splice(
+    tok: &Tokenizer,
+    text: &str,
+    images: Vec<(String, Pixels)>,
+    tower: &VisionTower,
+) -> Result<(Vec<u32>, Vec<PlacedImage>), ApiError> {
+    if tower.config.family == VisionFamily::V4 {
+        return Err(ApiError::invalid(
+            "messages",
+            "this DeepSeek-V4-Flash-Vision-Exp checkpoint's image positions (their bidirectional \
+             window and routing) are not served yet; DeepSeek-V4.1 checkpoints take images",
+        ));
+    }
+    let pieces: Vec<&str> = text.split(IMAGE_PLACEHOLDER).collect();
+    if pieces.len() != images.len() + 1 {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("message text must not contain the reserved image placeholder {IMAGE_PLACEHOLDER:?}"),
+        ));
+    }
+    let mut ids = Vec::new();
+    let mut placed = Vec::with_capacity(images.len());
+    for (piece, image) in pieces
+        .iter()
+        .zip(images.into_iter().map(Some).chain([None]))
+    {
+        ids.extend(
+            tok.encode(piece, false)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
+        );
+        let Some((field, pixels)) = image else { break };
+        let plan = ImagePlan::new(&tower.config, pixels.width, pixels.height)
+            .map_err(|e| ApiError::invalid(&field, format!("`{field}`: {e}")))?;
+        let slots = tower.span(&plan, ids.len());
+        let offset = ids.len();
+        ids.extend(tower.span_ids(&slots));
+        placed.push(PlacedImage {
+            pixels,
+            plan,
+            offset,
+            len: slots.len(),
+        });
+    }
+    Ok((ids, placed))
+}
+
+/// The prompt for the engine: `ids` with each placed image through the tower.
+pub fn encode(ids: Vec<u32>, placed: Vec<PlacedImage>, tower: &VisionTower) -> Prompt {
+    let images = placed
+        .into_iter()
+        .map(|p| {
+            let (_, patches) = tower.prepare(&p.pixels).expect("planned above");
+            let enc = tower.encode_patches(p.plan, &patches);
+            let slots = tower.span(&p.plan, p.offset);
+            PromptImage {
+                offset: p.offset,
+                len: p.len,
+                embeds: Arc::from(tower.span_embeddings(&slots, &enc)),
+                digest: p.pixels.digest(),
+            }
+        })
+        .collect();
+    Prompt { ids, images }
+}
