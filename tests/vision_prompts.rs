@@ -328,3 +328,56 @@ fn prefix_cache_tells_images_apart_and_hits_are_bit_exact() {
     );
     assert_eq!(moved.2, 0, "another image's span must not hit the cache");
 }
+
+/// Two image prompts (three images of different sizes) in the same steps, beside each
+/// other: every position's logits those of each prompt alone, bit for bit.
+#[test]
+fn image_prompts_batched_together_equal_each_alone() {
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let mut cache = cache_for(&model, 2);
+    let ps: Vec<(Vec<u32>, Vec<PromptImage>)> = prompts(&f)[..2]
+        .iter()
+        .map(|p| (ids(&p["ids"]), prompt_images(&model, &f, p)))
+        .collect();
+    let mut r = ModelRunner::new(model);
+    let alone: Vec<_> = ps
+        .iter()
+        .map(|(t, im)| run_chunks(&mut r, &mut cache, t, im, t.len()))
+        .collect();
+    let seqs = [cache.add_seq().unwrap(), cache.add_seq().unwrap()];
+    let chunk = 7;
+    let mut got = vec![Vec::new(), Vec::new()];
+    let longest = ps.iter().map(|p| p.0.len()).max().unwrap();
+    for start in (0..longest).step_by(chunk) {
+        let mut work = Vec::new();
+        let mut who = Vec::new();
+        for (k, (t, im)) in ps.iter().enumerate().filter(|(_, p)| start < p.0.len()) {
+            let part = &t[start..(start + chunk).min(t.len())];
+            cache.ensure_capacity(seqs[k], start + part.len()).unwrap();
+            work.push(SeqWork {
+                seq: seqs[k],
+                start,
+                tokens: part,
+                num_logits: part.len(),
+                history: &t[..start],
+                images: im,
+            });
+            who.push((k, part.len()));
+        }
+        let l = r.step(&mut cache, &work).unwrap();
+        let mut row = 0;
+        for (k, n) in who {
+            got[k].extend((row..row + n).map(|i| l.row(i).to_vec()));
+            row += n;
+        }
+    }
+    for k in 0..2 {
+        for (t, (a, b)) in got[k].iter().zip(&alone[k]).enumerate() {
+            assert!(
+                common::same_bits(a, b),
+                "prompt {k} position {t} differs when batched"
+            );
+        }
+    }
+}

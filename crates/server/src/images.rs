@@ -213,3 +213,83 @@ pub fn encode(ids: Vec<u32>, placed: Vec<PlacedImage>, tower: &VisionTower) -> P
         .collect();
     Prompt { ids, images }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{DynamicImage, RgbImage};
+
+    fn encoded(w: u32, h: u32, format: ImageFormat) -> Vec<u8> {
+        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, (x ^ y) as u8]));
+        let mut out = Cursor::new(Vec::new());
+        DynamicImage::ImageRgb8(img)
+            .write_to(&mut out, format)
+            .unwrap();
+        out.into_inner()
+    }
+
+    /// A PNG whose header declares `w × h` but whose data is a few bytes.
+    fn declared_png(w: u32, h: u32) -> Vec<u8> {
+        let mut png = encoded(4, 4, ImageFormat::Png);
+        // IHDR: its type at 12..16, width and height at 16..24, its CRC at 29..33.
+        png[16..20].copy_from_slice(&w.to_be_bytes());
+        png[20..24].copy_from_slice(&h.to_be_bytes());
+        let crc = crc32(&png[12..29]);
+        png[29..33].copy_from_slice(&crc.to_be_bytes());
+        png
+    }
+
+    /// PNG's CRC-32 (reflected, polynomial 0xEDB88320), bit by bit.
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            }
+        }
+        !c
+    }
+
+    #[test]
+    fn every_accepted_format_decodes_to_its_size() {
+        let limits = ImageLimits::default();
+        for format in FORMATS {
+            let px = decode_bytes(&encoded(37, 21, format), &limits).unwrap();
+            assert_eq!(
+                (px.width, px.height, px.rgb.len()),
+                (37, 21, 37 * 21 * 3),
+                "{format:?}"
+            );
+        }
+        let png = decode_bytes(&encoded(37, 21, ImageFormat::Png), &limits).unwrap();
+        assert_eq!(&png.rgb[..6], &[0, 0, 0, 1, 0, 1], "pixels as encoded");
+    }
+
+    #[test]
+    fn bad_images_are_refused_before_decoding() {
+        let limits = ImageLimits::default();
+        let err = |bytes: &[u8]| decode_bytes(bytes, &limits).unwrap_err();
+        assert!(err(b"not an image").contains("known format"));
+        let bmp = [b"BM".as_slice(), &[0u8; 60]].concat();
+        assert!(err(&bmp).contains("not supported"));
+        assert!(err(&declared_png(60_000, 60_000)).contains("more than"));
+        assert!(err(&encoded(1, 400, ImageFormat::Png)).contains("200:1"));
+        let mut cut = encoded(64, 64, ImageFormat::Png);
+        cut.truncate(cut.len() / 2);
+        assert!(err(&cut).contains("cannot decode"));
+    }
+
+    #[test]
+    fn data_urls_only() {
+        let limits = ImageLimits::default();
+        let field = "messages[0].content[0]";
+        let msg = |url: &str| decode_url(Some(url), field, &limits).unwrap_err().message;
+        assert!(msg("https://example.com/a.png").contains("data URL"));
+        assert!(msg("data:image/png,rawbytes").contains("base64"));
+        assert!(msg("data:image/png;base64,@@").contains("base64"));
+        let ok = base64::engine::general_purpose::STANDARD.encode(encoded(5, 3, ImageFormat::Png));
+        let px = decode_url(Some(&format!("data:image/png;base64,{ok}")), field, &limits).unwrap();
+        assert_eq!((px.width, px.height), (5, 3));
+    }
+}

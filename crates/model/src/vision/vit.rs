@@ -6,6 +6,8 @@
 use deepinfer_kernels::linear::matmul;
 use deepinfer_kernels::matrix::QMatrix;
 use deepinfer_kernels::norm::rms_norm_rows;
+use deepinfer_kernels::vector;
+use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::VisionConfig;
@@ -16,7 +18,7 @@ use super::affine::Affine;
 const EPS: f32 = 1e-6;
 
 /// Queries per attention pass: bounds the score block at this many rows of every key.
-const QUERY_BLOCK: usize = 256;
+const QUERY_BLOCK: usize = 1024;
 
 struct Block {
     norm1: Vec<f32>,
@@ -74,24 +76,23 @@ impl Vit {
     }
 
     /// Runs block `b` over one image's `x` (`[n_h · n_w, dim]`, rows in reading order).
-    pub fn block(&self, b: usize, x: &mut [f32], (n_h, n_w): (usize, usize)) {
-        let (blk, n, d) = (&self.blocks[b], n_h * n_w, self.dim);
+    pub fn block(&self, b: usize, x: &mut [f32], grid: (usize, usize)) {
+        self.block_with(b, x, &self.rope_table(grid));
+    }
+
+    /// [`Self::block`] with the image's rotary table ([`Self::rope_table`]).
+    fn block_with(&self, b: usize, x: &mut [f32], rope: &[(f32, f32)]) {
+        let (blk, d) = (&self.blocks[b], self.dim);
+        let n = x.len() / d;
         let mut h = x.to_vec();
         rms_norm_rows(&mut h, &blk.norm1, EPS);
         let mut qkv = blk.wqkv.forward(&h, n);
-        self.rotate(&mut qkv, n_w);
+        self.rotate(&mut qkv, rope);
         let o = self.attention(&qkv, n);
         add(x, &blk.wo.forward(&o, n));
         h.copy_from_slice(x);
         rms_norm_rows(&mut h, &blk.norm2, EPS);
-        let gu = blk.w1.forward(&h, n);
-        let act: Vec<f32> = gu
-            .chunks_exact(2 * self.inter)
-            .flat_map(|r| {
-                let (g, u) = r.split_at(self.inter);
-                g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-            })
-            .collect();
+        let act = swiglu(&blk.w1.forward(&h, n), self.inter);
         add(x, &blk.w2.forward(&act, n));
         debug_assert_eq!(x.len(), n * d);
     }
@@ -99,31 +100,46 @@ impl Vit {
     /// The whole tower over one image's patches: `[n_h · n_w, dim]`.
     pub fn forward(&self, patches: &[f32], grid: (usize, usize)) -> Vec<f32> {
         let mut x = self.embed(patches, grid.0 * grid.1);
+        let rope = self.rope_table(grid);
         for b in 0..self.blocks.len() {
-            self.block(b, &mut x, grid);
+            self.block_with(b, &mut x, &rope);
         }
         rms_norm_rows(&mut x, &self.norm, EPS);
         x
     }
 
-    /// 2-D rotary positions on every head of the queries and keys in `qkv` (`[n, 3 · dim]`):
-    /// a head's first half pairs with its second, the first quarter of the pairs turning by
-    /// the patch's row, the rest by its column (`get_vision_cos_sin`, `apply_rotary`).
-    fn rotate(&self, qkv: &mut [f32], n_w: usize) {
-        let (hd, quarter) = (self.dim / self.heads, self.inv_freq.len());
-        for (t, row) in qkv.chunks_exact_mut(3 * self.dim).enumerate() {
-            let pos = [(t / n_w) as f32, (t % n_w) as f32];
-            for head in row[..2 * self.dim].chunks_exact_mut(hd) {
-                let (x1, x2) = head.split_at_mut(hd / 2);
-                for j in 0..hd / 2 {
-                    let angle = pos[j / quarter] * self.inv_freq[j % quarter];
-                    let (sin, cos) = angle.sin_cos();
-                    let (a, b) = (x1[j], x2[j]);
-                    x1[j] = a * cos - b * sin;
-                    x2[j] = b * cos + a * sin;
-                }
+    /// Each patch's `(cos, sin)` per rotary pair (`[n_h · n_w, head_dim / 2]`): the first
+    /// quarter of a head's pairs turn by the patch's row, the rest by its column
+    /// (`get_vision_cos_sin`).
+    fn rope_table(&self, (n_h, n_w): (usize, usize)) -> Vec<(f32, f32)> {
+        let quarter = self.inv_freq.len();
+        let mut t = Vec::with_capacity(n_h * n_w * 2 * quarter);
+        for (r, c) in (0..n_h).flat_map(|r| (0..n_w).map(move |c| (r as f32, c as f32))) {
+            for j in 0..2 * quarter {
+                let angle = [r, c][j / quarter] * self.inv_freq[j % quarter];
+                let (sin, cos) = angle.sin_cos();
+                t.push((cos, sin));
             }
         }
+        t
+    }
+
+    /// 2-D rotary positions on every head of the queries and keys in `qkv` (`[n, 3 · dim]`):
+    /// a head's first half pairs with its second (`apply_rotary`).
+    fn rotate(&self, qkv: &mut [f32], rope: &[(f32, f32)]) {
+        let hd = self.dim / self.heads;
+        qkv.par_chunks_mut(3 * self.dim)
+            .zip(rope.par_chunks(hd / 2))
+            .for_each(|(row, turns)| {
+                for head in row[..2 * self.dim].chunks_exact_mut(hd) {
+                    let (x1, x2) = head.split_at_mut(hd / 2);
+                    for (j, &(cos, sin)) in turns.iter().enumerate() {
+                        let (a, b) = (x1[j], x2[j]);
+                        x1[j] = a * cos - b * sin;
+                        x2[j] = b * cos + a * sin;
+                    }
+                }
+            });
     }
 
     /// Softmax attention of every patch to every patch, per head: `[n, dim]`.
@@ -146,7 +162,7 @@ impl Vit {
                 let m = QUERY_BLOCK.min(n - q0);
                 let mut s = vec![0.0f32; m * n];
                 matmul(&keys, &q[q0 * hd..(q0 + m) * hd], m, &mut s);
-                s.chunks_exact_mut(n).for_each(|row| softmax(row, scale));
+                s.par_chunks_mut(n).for_each(|row| softmax(row, scale));
                 let mut o = vec![0.0f32; m * hd];
                 matmul(&values_t, &s, m, &mut o);
                 for (r, row) in o.chunks_exact(hd).enumerate() {
@@ -176,11 +192,25 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// `softmax(scale · row)` in place.
 fn softmax(row: &mut [f32], scale: f32) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-    let mut sum = 0.0f32;
-    for v in row.iter_mut() {
-        *v = (*v * scale - max).exp();
-        sum += *v;
-    }
-    row.iter_mut().for_each(|v| *v /= sum);
+    let max = vector::max(row) * scale;
+    row.iter_mut().for_each(|v| *v = *v * scale - max);
+    vector::exp_in_place(row);
+    let sum = vector::sum(row);
+    vector::scale(row, 1.0 / sum);
+}
+
+/// `silu(g) · u` of each row's gate and up halves (`[n, 2 · inter]` → `[n, inter]`).
+fn swiglu(gu: &[f32], inter: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; gu.len() / 2];
+    out.par_chunks_mut(inter)
+        .zip(gu.par_chunks(2 * inter))
+        .for_each(|(o, r)| {
+            let (g, u) = r.split_at(inter);
+            o.iter_mut().zip(g).for_each(|(o, &g)| *o = -g);
+            vector::exp_in_place(o);
+            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                *o = g / (1.0 + *o) * u;
+            }
+        });
+    out
 }
