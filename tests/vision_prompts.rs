@@ -347,7 +347,7 @@ fn image_prompts_batched_together_equal_each_alone() {
         .collect();
     let seqs = [cache.add_seq().unwrap(), cache.add_seq().unwrap()];
     let chunk = 7;
-    let mut got = vec![Vec::new(), Vec::new()];
+    let mut got = [Vec::new(), Vec::new()];
     let longest = ps.iter().map(|p| p.0.len()).max().unwrap();
     for start in (0..longest).step_by(chunk) {
         let mut work = Vec::new();
