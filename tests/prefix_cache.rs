@@ -13,11 +13,11 @@ use deepinfer_engine::cache::{
 };
 use deepinfer_engine::engine::{EngineConfig, EngineCore};
 use deepinfer_engine::metrics::EngineMetrics;
-use deepinfer_engine::request::{Request, RequestOutput};
+use deepinfer_engine::request::Request;
 use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -298,22 +298,6 @@ fn engine_config(
         speculative: None,
         prefix_disk: None,
     }
-}
-
-/// Every delta of one request: tokens, their top-5 logprobs as bits, cached tokens.
-type Outcome = (Vec<u32>, Vec<u32>, usize);
-
-fn outcome(rx: Receiver<RequestOutput>) -> Outcome {
-    let (mut tokens, mut bits, mut cached) = (Vec::new(), Vec::new(), 0);
-    for out in rx.try_iter() {
-        tokens.extend(&out.new_token_ids);
-        for lp in out.logprobs.iter().flatten() {
-            bits.push(lp.logprob.to_bits());
-            bits.extend(lp.top.iter().map(|t| t.1.to_bits()));
-        }
-        cached = out.num_cached_tokens;
-    }
-    (tokens, bits, cached)
 }
 
 /// Runs `prompts` (all queued at once) to the end on `core`.

@@ -273,16 +273,7 @@ fn serve(
     while core.has_work() {
         core.step().unwrap();
     }
-    let (mut tokens, mut bits, mut cached) = (Vec::new(), Vec::new(), 0);
-    for out in rx.try_iter() {
-        tokens.extend(&out.new_token_ids);
-        for lp in out.logprobs.iter().flatten() {
-            bits.push(lp.logprob.to_bits());
-            bits.extend(lp.top.iter().map(|t| t.1.to_bits()));
-        }
-        cached = out.num_cached_tokens;
-    }
-    (tokens, bits, cached)
+    common::outcome(rx)
 }
 
 /// The same image again hits the prefix cache and answers as a cold run does, bit for bit;

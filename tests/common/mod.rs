@@ -351,6 +351,23 @@ pub fn chunked_logits(r: &mut TestRunner, tokens: &[u32], chunk: usize) -> Vec<V
     out
 }
 
+/// Every delta of one request: tokens, their top logprobs as bits, cached tokens.
+pub type Outcome = (Vec<u32>, Vec<u32>, usize);
+
+/// The [`Outcome`] of a finished request's deltas.
+pub fn outcome(rx: Receiver<RequestOutput>) -> Outcome {
+    let (mut tokens, mut bits, mut cached) = (Vec::new(), Vec::new(), 0);
+    for out in rx.try_iter() {
+        tokens.extend(&out.new_token_ids);
+        for lp in out.logprobs.iter().flatten() {
+            bits.push(lp.logprob.to_bits());
+            bits.extend(lp.top.iter().map(|t| t.1.to_bits()));
+        }
+        cached = out.num_cached_tokens;
+    }
+    (tokens, bits, cached)
+}
+
 /// Greedy decoding of exactly `max_tokens` tokens (EOS ignored).
 pub fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {
