@@ -157,11 +157,16 @@ def v41_span_len(n_llm_h, n_llm_w):
     return n_llm_h * (n_llm_w + 1) + 2
 
 
-def v4_solve(height, width, p, r, budget, trace):
-    """v4 mm_preprocess.py 102-133; returns (best_h, best_w)."""
+def grid_bounds(height, width, budget):
+    """solve_resize_ratio's max_w_float, max_h_float (both versions compute them alike)."""
     aspect = height / width
     mw = math.sqrt((budget - 2) / aspect + 0.25) - 0.5
-    mh = mw * aspect
+    return mw, mw * aspect
+
+
+def v4_solve(height, width, p, r, budget, trace):
+    """v4 mm_preprocess.py 102-133; returns (best_h, best_w)."""
+    mw, mh = grid_bounds(height, width, budget)
     cell = p * r
     if mw < 1.0:
         trace.append("single_column")
@@ -192,9 +197,7 @@ def v4_safe_resize(height, width, best_h, best_w, p, r, max_n_token, trace):
 
 def v41_solve(height, width, p, r, budget, trace):
     """v41 mm_preprocess.py 83-101; returns (best_h, best_w)."""
-    aspect = height / width
-    mw = math.sqrt((budget - 2) / aspect + 0.25) - 0.5
-    mh = mw * aspect
+    mw, mh = grid_bounds(height, width, budget)
     cell = p * r
     if mw < 1.0:
         trace.append("single_column")

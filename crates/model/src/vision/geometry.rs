@@ -121,9 +121,7 @@ fn v4_solve(
     budget: usize,
 ) -> Result<(usize, usize), VisionError> {
     let (p, cell) = (c.patch_size, c.patch_size * c.downsample_ratio);
-    let r = h / w;
-    let max_w = ((budget - 2) as f64 / r + 0.25).sqrt() - 0.5;
-    let max_h = max_w * r;
+    let (max_w, max_h) = grid_bounds((h, w), budget);
     if max_w < 1.0 {
         let rows = (budget - 2) / 2;
         return Ok(((rows - rows % 2) * cell, cell));
@@ -141,7 +139,7 @@ fn v4_solve(
     let (fw, fh) = (max_w.floor(), max_h.floor());
     let fh = fh - fh.rem_euclid(2.0);
     let beta = (fw * cell as f64 / w).min(fh * cell as f64 / h);
-    Ok((patch_floor(h * beta, p), patch_floor(w * beta, p)))
+    Ok(scaled((h, w), beta, p))
 }
 
 /// V4.1: one solve at the full budget (`safe_resize`, `solve_resize_ratio`).
@@ -168,7 +166,7 @@ fn v41_fit(
         (cell, (max - 3) * cell)
     } else {
         let beta = (max_w.floor() * cell as f64 / w).min(max_h.floor() * cell as f64 / h);
-        (patch_floor(h * beta, p), patch_floor(w * beta, p))
+        scaled((h, w), beta, p)
     };
     if tokens(llm_grid(c, fitted)) > max {
         return Err(VisionError::Shape(format!(
@@ -176,6 +174,20 @@ fn v41_fit(
         )));
     }
     Ok(fitted)
+}
+
+/// The widest and tallest token grid (in cells, fractional) an image of aspect `h / w` may
+/// take within `budget` tokens, a newline per row and two delimiters counted
+/// (`solve_resize_ratio`'s `max_w_float`, `max_h_float`).
+fn grid_bounds((h, w): (f64, f64), budget: usize) -> (f64, f64) {
+    let r = h / w;
+    let max_w = ((budget - 2) as f64 / r + 0.25).sqrt() - 0.5;
+    (max_w, max_w * r)
+}
+
+/// `(h, w)` scaled by `beta`, each side floored to whole patches.
+fn scaled((h, w): (f64, f64), beta: f64, p: usize) -> (usize, usize) {
+    (patch_floor(h * beta, p), patch_floor(w * beta, p))
 }
 
 /// `math.floor(x / p) * p` for a non-negative `x`.
