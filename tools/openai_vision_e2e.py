@@ -10,7 +10,10 @@ included) is /tokenize's; the same image again reports cached tokens and gives t
 tokens and logprobs; another image of the same size does not hit past the text before it;
 bad images (undecodable, unsupported format, a small file declaring a huge canvas, an absurd
 aspect ratio, too many, an http URL, bad base64) are 400s naming the field, each answered
-quickly; an image to the text-only model is a 400 naming the model.
+quickly; an image to the text-only model is a 400 naming the model. The same image through
+the official `anthropic` client (an `image` block, and one in a `tool_result`) and the
+Responses API (`input_image`) gives the tokens Chat Completions gives for the same
+conversation, counts its image tokens, and names the Anthropic or Responses field when bad.
 """
 
 import base64
@@ -21,6 +24,7 @@ import time
 import urllib.request
 import zlib
 
+import anthropic
 import openai
 
 FIXTURES = "tests/fixtures/vision/images"
@@ -132,7 +136,98 @@ def main():
     expect_400(v, messages("https://example.com/cat.png"), "messages[0].content[0]", "data URL")
     expect_400(v, messages("data:image/png;base64,@@@@"), "messages[0].content[0]", "base64")
     expect_400(t, msgs, "messages[0].content[0]", f"`{t.model}` takes no images")
+    other_apis(vision_url, text_url, v, image)
     print("vision e2e: ok")
+
+
+def chat_mode(client, msgs):
+    """Greedy Chat Completions in chat mode (the Messages API's default)."""
+    return client.chat.completions.create(
+        model=client.model, messages=msgs, max_tokens=6, temperature=0,
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+    )
+
+
+def other_apis(vision_url, text_url, v, image):
+    """The image through the Messages and Responses APIs: the same prompt as Chat
+    Completions' for the same conversation, hence the same greedy answer."""
+    url = data_url(image)
+    reference = chat_mode(v, messages(url))
+    a = anthropic.Anthropic(base_url=vision_url, api_key="unused")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": url.split(",", 1)[1]}}
+    content = [block, {"type": "text", "text": "Describe the picture."}]
+    m = a.messages.create(model=v.model, max_tokens=6, temperature=0,
+                          messages=[{"role": "user", "content": content}])
+    assert m.content[0].text == reference.choices[0].message.content, (m, reference)
+    assert m.usage.input_tokens == reference.usage.prompt_tokens, m.usage
+    counted = a.messages.count_tokens(model=v.model, messages=[{"role": "user", "content": content}])
+    assert counted.input_tokens == m.usage.input_tokens, counted
+    print(f"Messages API image: {m.usage.input_tokens} input tokens "
+          f"({m.usage.cache_read_input_tokens} read from the cache), Chat Completions' answer")
+
+    # A tool result's image goes in a user message after the tool message (vLLM's order).
+    turn = [
+        {"role": "user", "content": "Take a screenshot."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "taken"}, block]}]},
+    ]
+    tools = [{"name": "shot", "input_schema": {"type": "object"}}]
+    m = a.messages.create(model=v.model, max_tokens=6, temperature=0, messages=turn, tools=tools)
+    same = v.chat.completions.create(
+        model=v.model, max_tokens=6, temperature=0,
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+        tools=[{"type": "function", "function": {"name": "shot", "parameters": {"type": "object"}}}],
+        messages=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "taken"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+        ])
+    assert m.usage.input_tokens == same.usage.prompt_tokens, (m.usage, same.usage)
+    print(f"Messages API tool_result image: {m.usage.input_tokens} input tokens, as Chat Completions")
+
+    for content, field, words in [
+        ([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                       "data": base64.b64encode(b"junk").decode()}}],
+         "messages[0].content[0]", "known format"),
+        ([{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}],
+         "messages[0].content[0]", "data URL"),
+        ([{"type": "image", "source": {"type": "file", "file_id": "f"}}],
+         "messages[0].content[0].source.type", "not supported"),
+    ]:
+        try:
+            a.messages.create(model=v.model, max_tokens=4, messages=[{"role": "user", "content": content}])
+            raise AssertionError(f"no 400 for {field}")
+        except anthropic.BadRequestError as e:
+            msg = e.body["error"]["message"]
+            assert msg.count(field) == 1 and words.lower() in msg.lower(), msg
+            print(f"Messages 400: {msg[:110]}")
+    t = anthropic.Anthropic(base_url=text_url, api_key="unused")
+    try:
+        t.messages.create(model=t.models.list().data[0].id, max_tokens=4,
+                          messages=[{"role": "user", "content": [block]}])
+        raise AssertionError("no 400 from the text-only model")
+    except anthropic.BadRequestError as e:
+        assert "takes no images" in e.body["error"]["message"], e.body
+
+    r = v.responses.create(model=v.model, max_output_tokens=6, temperature=0,
+                           reasoning={"effort": "none"},
+                           input=[{"role": "user", "content": [
+                               {"type": "input_image", "image_url": url, "detail": "auto"},
+                               {"type": "input_text", "text": "Describe the picture."}]}])
+    assert r.output_text == reference.choices[0].message.content, (r.output_text, reference)
+    assert r.usage.input_tokens == reference.usage.prompt_tokens, r.usage
+    print(f"Responses API image: {r.usage.input_tokens} input tokens, Chat Completions' answer")
+    try:
+        v.responses.create(model=v.model, max_output_tokens=4, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,@@@@"}]}])
+        raise AssertionError("no 400 for bad base64")
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "input[0].content[0]", e.body
+        print(f"Responses 400: {e.body['message'][:110]}")
 
 
 if __name__ == "__main__":

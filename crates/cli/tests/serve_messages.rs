@@ -315,7 +315,13 @@ async fn errors_take_anthropics_shape_and_x_api_key_is_read() {
             json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 2}),
             400,
             "invalid_request_error",
-            "messages[0].content[0].type",
+            "messages[0].content[0].source.type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}], "max_tokens": 2}),
+            400,
+            "invalid_request_error",
+            "takes no images",
         ),
         (
             json!({"messages": "hi", "max_tokens": 2}),

@@ -2,7 +2,9 @@
 //! tools and options an OpenAI request is read into), validated here with Anthropic's field
 //! paths. Follows vLLM's translation (`entrypoints/anthropic/serving.py`) where it has one:
 //! system blocks joined, `tool_result` blocks as tool messages ahead of the user's text,
-//! `thinking` blocks as the assistant's reasoning, `redacted_thinking` skipped. Beyond it:
+//! `thinking` blocks as the assistant's reasoning, `redacted_thinking` skipped, `image` blocks
+//! as image parts of the user's message (a tool result's images as a user message right after
+//! its tool message, since only user messages hold images). Beyond it:
 //! the `thinking` field chooses V4's thinking mode, and a trailing assistant message is a
 //! prefill the answer continues (chat mode only, as Anthropic allows).
 
@@ -273,7 +275,8 @@ fn content_text(content: &Content, path: &str) -> Result<String, ApiError> {
 
 fn unsupported_block(b: &Block, path: &str) -> ApiError {
     let why = match b.kind.as_str() {
-        "image" | "document" => "this server takes no images or documents yet",
+        "document" => "this server takes no documents",
+        "image" => "images go in user messages and tool results",
         _ => "it is not a block this message can hold here",
     };
     ApiError::invalid(
@@ -282,8 +285,9 @@ fn unsupported_block(b: &Block, path: &str) -> ApiError {
     )
 }
 
-/// A user message: its `tool_result` blocks become tool messages (first, in their order),
-/// its text blocks one user message after them.
+/// A user message: its `tool_result` blocks become tool messages (first, in their order, each
+/// followed by a user message of its images), its text and image blocks one user message
+/// after them.
 fn user_message(content: &Content, path: &str, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
     let blocks = match content {
         Content::Text(s) => {
@@ -292,46 +296,108 @@ fn user_message(content: &Content, path: &str, out: &mut Vec<ChatMessage>) -> Re
         }
         Content::Blocks(blocks) => blocks,
     };
-    let mut texts = Vec::new();
+    let mut parts = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let bpath = format!("{path}.content[{j}]");
         match b.kind.as_str() {
-            "text" => texts.push(text_part(text_block(b, &bpath)?)),
-            "tool_result" => {
-                let id = b.tool_use_id.clone().ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("{bpath}.tool_use_id"),
-                        "a tool_result block needs `tool_use_id`",
-                    )
-                })?;
-                let text = match &b.content {
-                    None => String::new(),
-                    Some(c) => content_text(c, &format!("{bpath}.content"))?,
-                };
-                out.push(ChatMessage {
-                    tool_call_id: Some(id),
-                    ..plain("tool", text)
-                });
-            }
+            "text" => parts.push(text_part(text_block(b, &bpath)?)),
+            "image" => parts.push(image_part(b, &bpath)?),
+            "tool_result" => tool_result(b, &bpath, out)?,
             _ => return Err(unsupported_block(b, &bpath)),
         }
     }
-    if !texts.is_empty() {
-        out.push(ChatMessage {
-            role: "user".into(),
-            content: Some(MessageContent::Parts(texts)),
-            ..Default::default()
-        });
+    if !parts.is_empty() {
+        out.push(user_parts(parts));
     }
     Ok(())
 }
 
+/// A `tool_result` block: a tool message of its text, and its images in a user message after
+/// it (vLLM's `_convert_user_tool_result`).
+fn tool_result(b: &Block, path: &str, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    let id = b.tool_use_id.clone().ok_or_else(|| {
+        ApiError::invalid(
+            format!("{path}.tool_use_id"),
+            "a tool_result block needs `tool_use_id`",
+        )
+    })?;
+    let cpath = format!("{path}.content");
+    let (text, images) = match &b.content {
+        None => (String::new(), Vec::new()),
+        Some(Content::Text(s)) => (s.clone(), Vec::new()),
+        Some(Content::Blocks(blocks)) => {
+            let (mut texts, mut images) = (Vec::new(), Vec::new());
+            for (k, inner) in blocks.iter().enumerate() {
+                let ipath = format!("{cpath}[{k}]");
+                match inner.kind.as_str() {
+                    "image" => images.push(image_part(inner, &ipath)?),
+                    _ => texts.push(text_block(inner, &ipath)?),
+                }
+            }
+            (texts.join("\n"), images)
+        }
+    };
+    out.push(ChatMessage {
+        tool_call_id: Some(id),
+        ..plain("tool", text)
+    });
+    if !images.is_empty() {
+        out.push(user_parts(images));
+    }
+    Ok(())
+}
+
+fn user_parts(parts: Vec<ContentPart>) -> ChatMessage {
+    ChatMessage {
+        role: "user".into(),
+        content: Some(MessageContent::Parts(parts)),
+        ..Default::default()
+    }
+}
+
+/// An `image` block as an image part: a base64 source as a data URL, a URL source as its URL
+/// (vLLM's `_convert_image_source_to_url`); the image is read where the prompt is built.
+fn image_part(b: &Block, path: &str) -> Result<ContentPart, ApiError> {
+    let source = b.source.as_ref().filter(|s| s.is_object()).ok_or_else(|| {
+        ApiError::invalid(
+            format!("{path}.source"),
+            "an image block needs a `source` object",
+        )
+    })?;
+    let field = |name: &str| source.get(name).and_then(Value::as_str);
+    let url = match field("type") {
+        Some("base64") => match (field("media_type"), field("data")) {
+            (Some(media), Some(data)) => format!("data:{media};base64,{data}"),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("{path}.source"),
+                    "a base64 image source needs `media_type` and `data`",
+                ))
+            }
+        },
+        Some("url") => field("url")
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("{path}.source.url"),
+                    "a url image source needs `url`",
+                )
+            })?
+            .to_owned(),
+        _ => {
+            return Err(ApiError::invalid(
+                format!("{path}.source.type"),
+                format!(
+                    "image source type {} is not supported (\"base64\" or \"url\")",
+                    source.get("type").unwrap_or(&Value::Null)
+                ),
+            ))
+        }
+    };
+    Ok(ContentPart::Typed(TypedPart::image(url, path.to_owned())))
+}
+
 fn text_part(text: &str) -> ContentPart {
-    ContentPart::Typed(TypedPart {
-        kind: "text".into(),
-        text: Some(text.to_owned()),
-        image_url: None,
-    })
+    ContentPart::Typed(TypedPart::text(text))
 }
 
 /// An assistant message: text blocks as content, thinking blocks as its reasoning, tool_use
@@ -491,6 +557,47 @@ mod tests {
         assert!(c.parse_tools && !c.single_tool_call && c.prefill.is_none());
     }
 
+    /// Image blocks: a user message's beside its text, a tool result's after its tool
+    /// message (vLLM's order); each keeps its Anthropic path for errors.
+    #[test]
+    fn images_render_as_the_openai_conversation_and_keep_their_paths() {
+        let anthropic = r#"{"messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "taken"},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]},
+                {"type": "text", "text": "And now?"}]}
+        ]}"#;
+        let openai = r#"{"chat_template_kwargs": {"thinking": false}, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "taken"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": "https://example.com/a.png"}]},
+            {"role": "user", "content": "And now?"}
+        ]}"#;
+        assert_eq!(rendered(anthropic), rendered_openai(openai));
+        let c = conversation(&request(anthropic)).unwrap();
+        let urls = crate::chat::image_urls(&c.messages);
+        assert_eq!(
+            urls,
+            [
+                (
+                    "messages[0].content[1]".to_owned(),
+                    Some("data:image/png;base64,AAAA")
+                ),
+                (
+                    "messages[2].content[0].content[1]".to_owned(),
+                    Some("https://example.com/a.png")
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn thinking_is_off_unless_asked_for_and_a_prefill_is_continued() {
         let body = r#"{"messages": [{"role": "user", "content": "Hi"},
@@ -530,6 +637,18 @@ mod tests {
             ),
             (
                 r#"{"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}"#,
+                "messages[0].content[0].source.type",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image"}]}]}"#,
+                "messages[0].content[0].source",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]}"#,
+                "messages[0].content[0].source",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}"#,
                 "messages[0].content[0].type",
             ),
             (

@@ -33,7 +33,9 @@ fn error_type(status: StatusCode) -> &'static str {
 /// The body for `e`. Anthropic's errors carry no `param`: the field leads the message.
 pub fn error_body(e: &ApiError) -> Value {
     let message = match e.param.as_deref().map(anthropic_param) {
-        Some(p) if !e.message.starts_with(p) => format!("{p}: {}", e.message),
+        Some(p) if !e.message.starts_with(p) && !e.message.starts_with(&format!("`{p}`")) => {
+            format!("{p}: {}", e.message)
+        }
         _ => e.message.clone(),
     };
     json!({
@@ -55,6 +57,11 @@ mod tests {
                 "type": "invalid_request_error",
                 "message": "stop_sequences: stop strings must not be empty",
             }})
+        );
+        let e = ApiError::invalid("messages[0].content[1]", "`messages[0].content[1]`: bad");
+        assert_eq!(
+            error_body(&e)["error"]["message"],
+            "`messages[0].content[1]`: bad"
         );
         let e = ApiError::invalid("max_tokens", "max_tokens: required");
         assert_eq!(error_body(&e)["error"]["message"], "max_tokens: required");

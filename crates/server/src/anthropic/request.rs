@@ -84,6 +84,9 @@ pub struct Block {
     pub tool_use_id: Option<String>,
     #[serde(default)]
     pub content: Option<Content>,
+    /// `image`: `{"type": "base64", "media_type": …, "data": …}` or `{"type": "url", "url": …}`.
+    #[serde(default)]
+    pub source: Option<Value>,
 }
 
 /// A tool the model may call. Anthropic's server tools (`web_search_…`, `bash_…`) carry a

@@ -73,9 +73,32 @@ pub struct TypedPart {
     /// OpenAI's `{"url": ..., "detail": ...}`, or the bare URL string vLLM also takes.
     #[serde(default)]
     pub image_url: Option<serde_json::Value>,
+    /// The request field a part converted from another API came from (an Anthropic `image`
+    /// block, a Responses `input_image`): what errors about it name.
+    #[serde(skip)]
+    pub origin: Option<String>,
 }
 
 impl TypedPart {
+    pub fn text(text: &str) -> Self {
+        Self {
+            kind: "text".into(),
+            text: Some(text.to_owned()),
+            image_url: None,
+            origin: None,
+        }
+    }
+
+    /// An `image_url` part converted from the request field `origin`.
+    pub fn image(url: String, origin: String) -> Self {
+        Self {
+            kind: "image_url".into(),
+            text: None,
+            image_url: Some(serde_json::Value::String(url)),
+            origin: Some(origin),
+        }
+    }
+
     /// The URL of an image part (`None`: not an image part, or no URL in it).
     pub fn image_url(&self) -> Option<&str> {
         match self.image_url.as_ref()? {
@@ -99,7 +122,11 @@ pub fn image_urls(messages: &[ChatMessage]) -> Vec<(String, Option<&str>)> {
             for (j, p) in parts.iter().enumerate() {
                 if let ContentPart::Typed(t) = p {
                     if t.kind == "image_url" {
-                        out.push((format!("messages[{i}].content[{j}]"), t.image_url()));
+                        let field = t
+                            .origin
+                            .clone()
+                            .unwrap_or_else(|| format!("messages[{i}].content[{j}]"));
+                        out.push((field, t.image_url()));
                     }
                 }
             }

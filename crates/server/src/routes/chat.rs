@@ -136,7 +136,7 @@ pub(crate) fn check_takes_images(st: &Shared, messages: &[ChatMessage]) -> Resul
 
 /// `ids` and their images through the model's vision tower, on the blocking pool (the
 /// tower's work is a prefill's; the request's images are encoded once for all its choices).
-async fn encode_images(
+pub(crate) async fn encode_images(
     st: &Shared,
     ids: Vec<u32>,
     placed: Vec<PlacedImage>,

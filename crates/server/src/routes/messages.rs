@@ -3,7 +3,7 @@
 //! OpenAI's shape and are reshaped for Anthropic clients by the router (see
 //! `crate::anthropic::error_body`).
 
-use super::chat::{encode_chat, ChatPrompt, ChatRequest};
+use super::chat::{check_takes_images, encode_chat, encode_images, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::anthropic::{
     conversation, output_format, stop_reason, BlockEvent, Blocks, MessageResponse, MessageUsage,
@@ -12,9 +12,8 @@ use crate::anthropic::{
 use crate::chat::ChatOutputParser;
 use crate::generation::{ChoiceDelta, Generation};
 use crate::openai::{fields, resolve_max_tokens, ApiError, SamplingFields, StopField};
-use crate::state::{response_id, PromptLimits};
+use crate::state::response_id;
 use crate::structured::one_of;
-use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -35,9 +34,9 @@ pub async fn messages(
     let format = output_format(&req)?;
     let opts = sf.output_options()?;
     let permit = st.admit(1)?;
-    let (tok, limits, state) = (st.tokenizer.clone(), st.prompt_limits, st.clone());
-    let (prompt, single_tool_call, grammar) = blocking(&st, move || {
-        let (prompt, single) = prepare(&tok, &req, &limits)?;
+    let state = st.clone();
+    let (mut prompt, single_tool_call, grammar) = blocking(&st, move || {
+        let (prompt, single) = prepare(&state, &req)?;
         let requested = one_of(format.into_iter().chain(prompt.forced.clone()).collect())?;
         Ok((prompt, single, state.grammar(requested.as_ref())?))
     })
@@ -65,11 +64,13 @@ pub async fn messages(
         cut_to_context: requested as usize > max_tokens,
     };
     let thinking = prompt.thinking;
+    let images = std::mem::take(&mut prompt.images);
+    let engine_prompt = encode_images(&st, prompt.ids, images).await?;
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
         permit,
-        vec![(prompt.ids.into(), params)],
+        vec![(engine_prompt, params)],
         &opts,
         grammar.as_ref().map(|g| (g, thinking)),
     )?;
@@ -88,8 +89,8 @@ pub async fn count_tokens(
     let req: MessagesRequest = fields(&bytes)?;
     drop(bytes);
     st.check_model(req.model.as_deref())?;
-    let (tok, limits) = (st.tokenizer.clone(), st.prompt_limits);
-    let (prompt, _) = blocking(&st, move || prepare(&tok, &req, &limits)).await?;
+    let state = st.clone();
+    let (prompt, _) = blocking(&st, move || prepare(&state, &req)).await?;
     Ok(Json(json!({"input_tokens": prompt.ids.len()})))
 }
 
@@ -110,13 +111,11 @@ fn sampling_fields(req: &MessagesRequest) -> Result<SamplingFields, ApiError> {
     })
 }
 
-/// The request rendered and tokenized, and whether only its first tool call is kept.
-fn prepare(
-    tok: &Tokenizer,
-    req: &MessagesRequest,
-    limits: &PromptLimits,
-) -> Result<(ChatPrompt, bool), ApiError> {
+/// The request rendered and tokenized (its images decoded and their spans counted), and
+/// whether only its first tool call is kept.
+fn prepare(st: &Shared, req: &MessagesRequest) -> Result<(ChatPrompt, bool), ApiError> {
     let conv = conversation(req)?;
+    check_takes_images(st, &conv.messages)?;
     let chat = ChatRequest {
         messages: &conv.messages,
         tools: &conv.tools,
@@ -124,9 +123,10 @@ fn prepare(
         parse_tools: conv.parse_tools,
         forced: conv.forced.clone(),
         prefill: conv.prefill.as_deref().unwrap_or_default(),
-        vision: None,
+        vision: st.engine.vision().map(|v| &**v),
     };
-    Ok((encode_chat(tok, &chat, limits)?, conv.single_tool_call))
+    let prompt = encode_chat(&st.tokenizer, &chat, &st.prompt_limits)?;
+    Ok((prompt, conv.single_tool_call))
 }
 
 /// One answer in flight: the parser and the content blocks it feeds.

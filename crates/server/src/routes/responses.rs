@@ -2,7 +2,7 @@
 //! same rendering, engine and output parser as Chat Completions, with the bounded store that
 //! `previous_response_id` continues from.
 
-use super::chat::{encode_chat, ChatPrompt, ChatRequest};
+use super::chat::{check_takes_images, encode_chat, encode_images, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{ChatDelta, ChatMessage, ChatOutputParser};
 use crate::generation::{ChoiceDelta, Generation};
@@ -61,6 +61,7 @@ pub async fn create(
     let (prompt, conv, req, grammar) = blocking(&st, move || {
         let conv = conversation(&req, previous)?;
         let messages = conv.messages();
+        check_takes_images(&state, &messages)?;
         let chat = ChatRequest {
             messages: &messages,
             tools: &conv.tools,
@@ -68,7 +69,7 @@ pub async fn create(
             parse_tools: conv.parse_tools,
             forced: conv.forced.clone(),
             prefill: "",
-            vision: None,
+            vision: state.engine.vision().map(|v| &**v),
         };
         let prompt = encode_chat(&tok, &chat, &limits)?;
         let requested = one_of(format.into_iter().chain(prompt.forced.clone()).collect())?;
@@ -97,11 +98,12 @@ pub async fn create(
     };
     let thinking = prompt.thinking;
     let out = ResponseOutput::new(&prompt, conv, head, st.clone());
+    let engine_prompt = encode_images(&st, prompt.ids, prompt.images).await?;
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
         permit,
-        vec![(prompt.ids.into(), params)],
+        vec![(engine_prompt, params)],
         &opts,
         grammar.as_ref().map(|g| (g, thinking)),
     )?;

@@ -9,8 +9,8 @@
 
 use super::request::{Content, Input, Item, ResponsesRequest, Tool};
 use crate::chat::{
-    ChatMessage, FunctionCall, FunctionDef, MessageContent, ReasoningEffort, RenderOptions,
-    ToolCall, ToolDef,
+    ChatMessage, ContentPart, FunctionCall, FunctionDef, MessageContent, ReasoningEffort,
+    RenderOptions, ToolCall, ToolDef, TypedPart,
 };
 use crate::openai::ApiError;
 use crate::structured::Forced;
@@ -188,26 +188,51 @@ fn text_message(role: &str, text: String) -> ChatMessage {
     }
 }
 
-/// The text of content: parts of any text type joined (images and files refused).
-fn content_text(content: &Content, path: &str) -> Result<String, ApiError> {
-    match content {
-        Content::Text(s) => Ok(s.clone()),
-        Content::Parts(parts) => {
-            let mut text = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (p.kind.as_deref(), &p.text) {
-                    (Some("input_image" | "input_file" | "input_audio"), _) => {
-                        return Err(ApiError::invalid(
-                            format!("{path}[{j}].type"),
-                            "this server takes no images, files or audio yet",
-                        ))
-                    }
-                    (_, Some(t)) => text.push_str(t),
-                    (_, None) => {}
-                }
+/// The text of content (parts of any text type joined) and its `input_image` parts as image
+/// parts (files and audio refused).
+fn read_content(content: &Content, path: &str) -> Result<(String, Vec<ContentPart>), ApiError> {
+    let parts = match content {
+        Content::Text(s) => return Ok((s.clone(), Vec::new())),
+        Content::Parts(parts) => parts,
+    };
+    let (mut text, mut images) = (String::new(), Vec::new());
+    for (j, p) in parts.iter().enumerate() {
+        let ppath = format!("{path}[{j}]");
+        match (p.kind.as_deref(), &p.text) {
+            (Some("input_image"), _) => {
+                let url = p.image_url.clone().ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{ppath}.image_url"),
+                        "an input_image needs `image_url` (a data URL); `file_id` is not served",
+                    )
+                })?;
+                images.push(ContentPart::Typed(TypedPart::image(url, ppath)));
             }
-            Ok(text)
+            (Some("input_file" | "input_audio"), _) => {
+                return Err(ApiError::invalid(
+                    format!("{ppath}.type"),
+                    "this server takes no files or audio",
+                ))
+            }
+            (_, Some(t)) => text.push_str(t),
+            (_, None) => {}
         }
+    }
+    Ok((text, images))
+}
+
+/// A user message of `images` then `text` (where the renderer puts them anyway).
+fn user_message(text: String, mut images: Vec<ContentPart>) -> ChatMessage {
+    if images.is_empty() {
+        return text_message("user", text);
+    }
+    if !text.is_empty() {
+        images.push(ContentPart::Typed(TypedPart::text(&text)));
+    }
+    ChatMessage {
+        role: "user".into(),
+        content: Some(MessageContent::Parts(images)),
+        ..Default::default()
     }
 }
 
@@ -240,14 +265,19 @@ fn push_item(
             let call_id = item.call_id.clone().ok_or_else(|| {
                 ApiError::invalid(format!("{path}.call_id"), "a function_call_output needs `call_id`")
             })?;
-            let text = match &item.output {
-                None => String::new(),
-                Some(c) => content_text(c, &format!("{path}.output"))?,
+            let (text, images) = match &item.output {
+                None => Default::default(),
+                Some(c) => read_content(c, &format!("{path}.output"))?,
             };
             out.push(ChatMessage {
                 tool_call_id: Some(call_id),
                 ..text_message("tool", text)
             });
+            // Only user messages hold images: an output's follow as one (as vLLM does for
+            // Anthropic tool results).
+            if !images.is_empty() {
+                out.push(user_message(String::new(), images));
+            }
             Ok(())
         }
         "reasoning" => {
@@ -277,10 +307,23 @@ fn push_message(item: &Item, path: &str, out: &mut Vec<ChatMessage>) -> Result<(
             format!("unknown role {role:?} (expected user, system, developer or assistant)"),
         ));
     }
-    let text = match &item.content {
-        None => String::new(),
-        Some(c) => content_text(c, &format!("{path}.content"))?,
+    let cpath = format!("{path}.content");
+    let (text, images) = match &item.content {
+        None => Default::default(),
+        Some(c) => read_content(c, &cpath)?,
     };
+    if role == "user" {
+        out.push(user_message(text, images));
+        return Ok(());
+    }
+    if !images.is_empty() {
+        return Err(ApiError::invalid(
+            cpath,
+            format!(
+                "a {role} message holds no images (user messages and function call outputs do)"
+            ),
+        ));
+    }
     if role == "assistant" {
         if let Some(m) = open_assistant(out).filter(|m| m.content.is_none()) {
             m.content = Some(MessageContent::Text(text));
@@ -411,6 +454,63 @@ mod tests {
         assert!(c.parse_tools && !c.single_tool_call);
     }
 
+    /// `input_image` parts: a user message's beside its text, a function call output's as a
+    /// user message after the tool message; each keeps its Responses path for errors, and
+    /// other roles refuse them.
+    #[test]
+    fn images_render_as_the_chat_conversation_and_keep_their_paths() {
+        let responses = r#"{"reasoning": {"effort": "none"}, "input": [
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]},
+            {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "taken"},
+                {"type": "input_image", "image_url": "data:image/png;base64,BBBB"}]}
+        ]}"#;
+        let chat = r#"{"reasoning_effort": "none", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                         {"type": "text", "text": "What is this?"}]},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "taken"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}]}
+        ]}"#;
+        let c = conversation(&request(responses), Vec::new()).unwrap();
+        assert_eq!(rendered(&c), rendered_openai(chat));
+        let messages = c.messages();
+        let urls = crate::chat::image_urls(&messages);
+        assert_eq!(
+            urls,
+            [
+                (
+                    "input[0].content[1]".to_owned(),
+                    Some("data:image/png;base64,AAAA")
+                ),
+                (
+                    "input[2].output[1]".to_owned(),
+                    Some("data:image/png;base64,BBBB")
+                ),
+            ]
+        );
+        for (body, param) in [
+            (
+                r#"{"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}"#,
+                "input[0].content[0].image_url",
+            ),
+            (
+                r#"{"input": [{"role": "system", "content": [{"type": "input_image", "image_url": "data:,"}]}]}"#,
+                "input[0].content",
+            ),
+            (
+                r#"{"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}"#,
+                "input[0].content[0].type",
+            ),
+        ] {
+            let e = conversation(&request(body), Vec::new()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+
     /// A continuation renders the stored conversation, then the new input; the new request's
     /// instructions replace the old ones.
     #[test]
@@ -446,7 +546,7 @@ mod tests {
             ),
             (r#"{"input": [{"type": "computer_call"}]}"#, "input[0].type"),
             (
-                r#"{"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}"#,
+                r#"{"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}"#,
                 "input[0].content[0].type",
             ),
             (

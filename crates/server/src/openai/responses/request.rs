@@ -86,13 +86,16 @@ pub enum Content {
     Parts(Vec<Part>),
 }
 
-/// `input_text`, `output_text`, `reasoning_text`, `summary_text`, … parts.
+/// `input_text`, `output_text`, `reasoning_text`, `summary_text`, `input_image`, … parts.
 #[derive(Deserialize, Debug)]
 pub struct Part {
     #[serde(rename = "type", default)]
     pub kind: Option<String>,
     #[serde(default)]
     pub text: Option<String>,
+    /// `input_image`: the image's URL (a data URL; its `file_id` alternative is not served).
+    #[serde(default)]
+    pub image_url: Option<String>,
 }
 
 /// A tool: `function` (flat: name, description, parameters), or a `namespace` of functions
