@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{cache_for, relative_diff};
 use deepinfer_engine::cache::CacheManager;
-use deepinfer_engine::request::PromptImage;
+use deepinfer_engine::request::{ImageSource, PromptImage};
 use deepinfer_engine::runner::{ModelRunner, SeqWork};
 use deepinfer_model::kernels::topk::argmax;
 use deepinfer_model::v4::Model;
@@ -96,7 +96,7 @@ fn prompt_images(model: &Model, f: &Files, p: &Value) -> Vec<PromptImage> {
         out.push(PromptImage {
             offset,
             len: slots.len(),
-            embeds: tower.span_embeddings(&slots, &enc).into(),
+            source: ImageSource::Embeds(tower.span_embeddings(&slots, &enc).into()),
             digest: px.digest(),
         });
     }
@@ -224,10 +224,17 @@ fn chunked_prefill_through_image_spans_equals_the_whole() {
 const BLOCK: usize = 16;
 
 fn engine(prefix: bool) -> deepinfer_engine::engine::EngineCore {
+    use deepinfer_engine::engine::EngineCore;
+    let metrics = std::sync::Arc::new(deepinfer_engine::metrics::EngineMetrics::new("vision"));
+    let model = Model::load(&dir().join("model")).unwrap();
+    EngineCore::new(model, engine_config(prefix), metrics).unwrap()
+}
+
+fn engine_config(prefix: bool) -> deepinfer_engine::engine::EngineConfig {
     use deepinfer_engine::cache::CacheConfig;
-    use deepinfer_engine::engine::{EngineConfig, EngineCore};
+    use deepinfer_engine::engine::EngineConfig;
     use deepinfer_engine::scheduler::SchedulerConfig;
-    let config = EngineConfig {
+    EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 2,
             max_num_batched_tokens: 64,
@@ -243,24 +250,23 @@ fn engine(prefix: bool) -> deepinfer_engine::engine::EngineCore {
         forced_output: None,
         speculative: None,
         prefix_disk: None,
-    };
-    let metrics = std::sync::Arc::new(deepinfer_engine::metrics::EngineMetrics::new("vision"));
-    EngineCore::new(Model::load(&dir().join("model")).unwrap(), config, metrics).unwrap()
+    }
 }
 
-/// Greedy tokens, their top-5 logprobs as bits, and the cached prompt tokens of one request.
-fn serve(
+/// Queues a request for `max_tokens` greedy tokens with top-5 logprobs.
+fn add(
     core: &mut deepinfer_engine::engine::EngineCore,
     id: u64,
     prompt: &[u32],
     images: &[PromptImage],
-) -> (Vec<u32>, Vec<u32>, usize) {
+    max_tokens: usize,
+) -> std::sync::mpsc::Receiver<deepinfer_engine::request::RequestOutput> {
     use deepinfer_engine::request::Request;
     use deepinfer_engine::sampling_params::SamplingParams;
     let (tx, rx) = std::sync::mpsc::channel();
     let params = SamplingParams {
         logprobs: Some(5),
-        ..common::greedy(8)
+        ..common::greedy(max_tokens)
     };
     let req = Request {
         id,
@@ -270,10 +276,94 @@ fn serve(
         images: images.to_vec(),
     };
     core.add_request(req, Box::new(tx));
+    rx
+}
+
+/// Greedy tokens, their top-5 logprobs as bits, and the cached prompt tokens of one request.
+fn serve(
+    core: &mut deepinfer_engine::engine::EngineCore,
+    id: u64,
+    prompt: &[u32],
+    images: &[PromptImage],
+) -> (Vec<u32>, Vec<u32>, usize) {
+    let rx = add(core, id, prompt, images, 8);
     while core.has_work() {
         core.step().unwrap();
     }
     common::outcome(rx)
+}
+
+/// `images` as the server sends them: pixels, planned, for the engine's tower.
+fn as_pixels(model: &Model, f: &Files, p: &Value, images: &[PromptImage]) -> Vec<PromptImage> {
+    let tower = model.vision.as_ref().unwrap();
+    images
+        .iter()
+        .zip(p["images"].as_array().unwrap())
+        .map(|(im, spec)| {
+            let px = f.image(spec["image"].as_u64().unwrap() as usize);
+            let plan = tower.encode(&px).unwrap().plan;
+            PromptImage {
+                source: ImageSource::Pixels(std::sync::Arc::new(px), plan),
+                ..im.clone()
+            }
+        })
+        .collect()
+}
+
+/// Images sent as pixels go through the engine's tower and answer as their embeddings
+/// made beforehand do, bit for bit; the tower runs a step at a time between the engine's
+/// steps, so a request already decoding gets a token in every step while they encode.
+#[test]
+fn the_engine_encodes_pixels_between_its_steps() {
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let tower = model.vision.clone().unwrap();
+    for p in &prompts(&f)[..2] {
+        let tokens = ids(&p["ids"]);
+        let embeds = prompt_images(&model, &f, p);
+        let pixels = as_pixels(&model, &f, p, &embeds);
+        let want = serve(&mut engine(false), 0, &tokens, &embeds);
+        assert_eq!(serve(&mut engine(false), 0, &tokens, &pixels), want);
+    }
+
+    let p = &prompts(&f)[1];
+    let (tokens, embeds) = (ids(&p["ids"]), prompt_images(&model, &f, p));
+    let pixels = as_pixels(&model, &f, p, &embeds);
+    // The engine's budget (64 rows a step) holds one tower step of the first image.
+    let ImageSource::Pixels(_, plan) = &pixels[0].source else {
+        unreachable!()
+    };
+    assert!(plan.patches() > 64, "{} patches", plan.patches());
+    let tower_steps = tower.steps();
+
+    // Steps until the image request's first token, beside a decoding request; each step
+    // must give the decoding request its token.
+    let steps_to_answer = |images: &[PromptImage]| {
+        let mut core = engine(false);
+        let text = add(&mut core, 0, &tokens[..5], &[], 100);
+        while text.try_iter().count() == 0 {
+            core.step().unwrap();
+        }
+        let image = add(&mut core, 1, &tokens, images, 4);
+        let mut steps = 0;
+        loop {
+            core.step().unwrap();
+            steps += 1;
+            let decoded: usize = text.try_iter().map(|o| o.new_token_ids.len()).sum();
+            assert_eq!(
+                decoded, 1,
+                "step {steps}: the decoding request got {decoded} tokens"
+            );
+            if image.try_iter().count() > 0 {
+                return steps;
+            }
+        }
+    };
+    let (encoded, from_pixels) = (steps_to_answer(&embeds), steps_to_answer(&pixels));
+    assert!(
+        from_pixels + 1 >= encoded + tower_steps,
+        "from pixels: {from_pixels} steps, from embeddings: {encoded}; the tower takes {tower_steps}"
+    );
 }
 
 /// The same image again hits the prefix cache and answers as a cold run does, bit for bit;
@@ -293,9 +383,9 @@ fn prefix_cache_tells_images_apart_and_hits_are_bit_exact() {
     let enc = tower.encode(&other).unwrap();
     let slots = tower.span(&enc.plan, images[0].offset);
     let mut changed = images.clone();
-    changed[0].embeds = tower.span_embeddings(&slots, &enc).into();
+    changed[0].source = ImageSource::Embeds(tower.span_embeddings(&slots, &enc).into());
     changed[0].digest = other.digest();
-    assert_ne!(changed[0].embeds, images[0].embeds);
+    assert_ne!(changed[0].embeds(), images[0].embeds());
 
     let (mut warm, mut cold) = (engine(true), engine(false));
     let want = serve(&mut cold, 0, &tokens, &images);
@@ -371,4 +461,41 @@ fn image_prompts_batched_together_equal_each_alone() {
             );
         }
     }
+}
+
+/// The handle refuses image spans that cannot be filled, naming the image: overlapping
+/// spans, embeddings of the wrong width, pixels whose plan makes another span length.
+#[test]
+fn the_handle_refuses_spans_it_cannot_fill() {
+    use deepinfer_engine::engine::{start, EngineError};
+    use deepinfer_engine::request::Prompt;
+    let f = Files::load();
+    let model = Model::load(&dir().join("model")).unwrap();
+    let p = &prompts(&f)[1];
+    let (tokens, embeds) = (ids(&p["ids"]), prompt_images(&model, &f, p));
+    let pixels = as_pixels(&model, &f, p, &embeds);
+    let (handle, join) = start(model, engine_config(false)).unwrap();
+    let refused = |images: Vec<PromptImage>| {
+        let prompt = Prompt {
+            ids: tokens.clone(),
+            images,
+        };
+        let (tx, _rx) = std::sync::mpsc::channel();
+        match handle.add_constrained_request_to(prompt, common::greedy(1), None, Box::new(tx)) {
+            Err(EngineError::BadImage { index, reason }) => (index, reason),
+            other => panic!("not refused: {other:?}"),
+        }
+    };
+    let mut overlap = embeds.clone();
+    overlap[1].offset = overlap[0].offset + 1;
+    assert_eq!(refused(overlap).0, 1);
+    let mut narrow = embeds.clone();
+    narrow[0].source = ImageSource::Embeds(vec![0.0; narrow[0].len].into());
+    assert!(refused(narrow).1.contains("embedding values"));
+    let mut short = pixels.clone();
+    short[1].len -= 1;
+    let (index, reason) = refused(short);
+    assert!(index == 1 && reason.contains("positions"), "{reason}");
+    handle.shutdown();
+    join.join().unwrap().unwrap();
 }

@@ -5,10 +5,11 @@
 use crate::cache::disk::DiskConfig;
 use crate::cache::{CacheConfig, CacheError, CacheManager, CacheSizes};
 use crate::constraint::{Constraint, TokenMask};
+use crate::encoder::ImageEncoder;
 use crate::metrics::{secs, EngineMetrics};
 use crate::request::{
-    FinishReason, OutputSink, Prompt, PromptImage, Request, RequestId, RequestOutput, TokenIds,
-    TokenLogprobs,
+    FinishReason, ImageSource, OutputSink, Prompt, PromptImage, Request, RequestId, RequestOutput,
+    TokenIds, TokenLogprobs,
 };
 use crate::runner::{ModelRunner, RunnerError, StepSeq};
 use crate::sampler::{SampleRow, Sampler};
@@ -189,15 +190,8 @@ impl EngineHandle {
                     im.offset,
                     im.offset + im.len
                 ))
-            } else if im.embeds.len() != im.len * self.hidden {
-                Some(format!(
-                    "{} embedding values for {} positions of width {}",
-                    im.embeds.len(),
-                    im.len,
-                    self.hidden
-                ))
             } else {
-                None
+                self.check_source(im)
             };
             if let Some(reason) = reason {
                 return Err(EngineError::BadImage { index: i, reason });
@@ -205,6 +199,26 @@ impl EngineHandle {
             end = im.offset + im.len;
         }
         Ok(())
+    }
+
+    /// Why `im`'s embeddings or pixels cannot fill its span, if they cannot.
+    fn check_source(&self, im: &PromptImage) -> Option<String> {
+        match (&im.source, &self.vision) {
+            (ImageSource::Embeds(e), _) if e.len() != im.len * self.hidden => Some(format!(
+                "{} embedding values for {} positions of width {}",
+                e.len(),
+                im.len,
+                self.hidden
+            )),
+            (ImageSource::Embeds(_), _) => None,
+            (ImageSource::Pixels(..), None) => {
+                Some("the model has no vision tower to encode its pixels".into())
+            }
+            (ImageSource::Pixels(_, plan), Some(tower)) => {
+                let n = tower.span(plan, im.offset).len();
+                (n != im.len).then(|| format!("its plan makes {n} positions, not {}", im.len))
+            }
+        }
     }
 
     /// Stops a request; its stream ends with `FinishReason::Abort` and its cache is freed in
@@ -443,6 +457,8 @@ pub struct EngineCore {
     draft_s: f64,
     /// This step's structured-output masks, per constrained sequence (see `masks.rs`).
     masks: HashMap<RequestId, Vec<TokenMask>>,
+    /// The vision tower's queued work, when the model has one.
+    encoder: Option<ImageEncoder>,
 }
 
 /// Refuses engine settings that cannot work, naming the field.
@@ -581,6 +597,7 @@ impl EngineCore {
         };
         Ok(Self {
             eos: model.config.eos_token_ids.clone(),
+            encoder: model.vision.clone().map(ImageEncoder::new),
             runner: ModelRunner::new(model),
             cache,
             scheduler: Scheduler::default(),
@@ -630,13 +647,18 @@ impl EngineCore {
     }
 
     pub fn has_work(&self) -> bool {
-        self.scheduler.has_work()
+        self.scheduler.has_work() || self.encoding()
+    }
+
+    /// Whether images wait for the tower.
+    fn encoding(&self) -> bool {
+        self.encoder.as_ref().is_some_and(ImageEncoder::has_work)
     }
 
     /// Whether the last step ran nothing although there is work: every running sequence
     /// waits for its reader to catch up.
     pub fn stalled(&self) -> bool {
-        self.plan.scheduled.is_empty() && self.has_work()
+        self.plan.scheduled.is_empty() && self.scheduler.has_work() && !self.encoding()
     }
 
     /// Queues an already validated request (see [`EngineHandle::add_request_to`]).
@@ -659,8 +681,50 @@ impl EngineCore {
         let mut seq = Sequence::new(req, out);
         seq.read_ahead = read_ahead;
         seq.constraint = constraint;
+        let mut encoding = false;
+        for im in &seq.request.images {
+            if let ImageSource::Pixels(pixels, plan) = &im.source {
+                let encoder = self
+                    .encoder
+                    .as_mut()
+                    .expect("the handle refuses pixels without a tower");
+                encoder.submit(id, im.digest, pixels, *plan);
+                encoding = true;
+            }
+        }
         self.seqs.insert(id, seq);
-        self.scheduler.add(id);
+        // A request with pixels joins the scheduler once the tower has encoded them.
+        if !encoding {
+            self.scheduler.add(id);
+        }
+    }
+
+    /// Runs this step's share of the vision tower's work (see `crate::encoder`); a request
+    /// whose last image it finished joins the scheduler.
+    fn encode_images(&mut self) {
+        let Some(encoder) = self.encoder.as_mut().filter(|e| e.has_work()) else {
+            return;
+        };
+        for done in encoder.step(self.cfg.max_num_batched_tokens) {
+            let tower = encoder.tower();
+            for id in done.waiters {
+                let Some(seq) = self.seqs.get_mut(&id) else {
+                    continue;
+                };
+                for im in &mut seq.request.images {
+                    if let (ImageSource::Pixels(_, plan), true) =
+                        (&im.source, im.digest == done.digest)
+                    {
+                        let slots = tower.span(plan, im.offset);
+                        let embeds = tower.span_embeddings(&slots, &done.image);
+                        im.source = ImageSource::Embeds(embeds.into());
+                    }
+                }
+                if seq.request.images.iter().all(|im| im.embeds().is_some()) {
+                    self.scheduler.add(id);
+                }
+            }
+        }
     }
 
     /// Ends every request as aborted (shutdown).
@@ -674,6 +738,7 @@ impl EngineCore {
     /// One engine step: schedule, run the target model, sample or verify, send the deltas,
     /// then let the drafter propose the next step's drafts.
     pub fn step(&mut self) -> Result<(), EngineError> {
+        self.encode_images();
         self.scheduler
             .schedule(&self.cfg, &mut self.seqs, &mut self.cache, &mut self.plan)?;
         self.metrics
@@ -922,7 +987,9 @@ impl EngineCore {
     }
 
     fn update_gauges(&self) {
-        let (running, waiting) = (self.scheduler.running.len(), self.scheduler.waiting.len());
+        // Waiting: queued, and waiting for the tower (outside the scheduler until encoded).
+        let running = self.scheduler.running.len();
+        let waiting = self.seqs.len() - running;
         self.metrics.num_requests_running.set(running as i64);
         self.metrics.num_requests_waiting.set(waiting as i64);
         self.metrics.set_cache_usage(self.cache.pool_usage());
@@ -943,6 +1010,9 @@ impl EngineCore {
             return;
         };
         self.scheduler.remove(id);
+        if let Some(encoder) = &mut self.encoder {
+            encoder.cancel(id);
+        }
         if let Some(cache) = seq.cache {
             // Its completed blocks stay for later requests (a chat's next turn).
             let token = |i: usize| seq.key_token(i);

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod constraint;
 pub mod dist;
+pub mod encoder;
 pub mod engine;
 pub mod metrics;
 pub mod request;

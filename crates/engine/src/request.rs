@@ -1,6 +1,7 @@
 //! What a client asks for and what it gets back, in vLLM's terms.
 
 use crate::sampling_params::SamplingParams;
+use deepinfer_model::vision::{ImagePlan, Pixels};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,21 +36,39 @@ impl From<Vec<u32>> for Prompt {
 }
 
 /// An image's span of a prompt: the input embeddings the model reads there instead of its
-/// tokens' (the vision tower's output), and what tells this image's pixels from another's.
+/// tokens' (the vision tower's output, or the pixels the engine makes it from), and what
+/// tells this image's pixels from another's.
 #[derive(Clone, Debug)]
 pub struct PromptImage {
     /// The span's first position in the prompt.
     pub offset: usize,
     /// Positions the span covers.
     pub len: usize,
-    /// `[len, hidden]`.
-    pub embeds: Arc<[f32]>,
+    pub source: ImageSource,
     /// A digest of the pixels (and their size): two images' spans hit the same prefix
     /// cache entries only if their digests agree, as vLLM's multimodal hashes decide.
     pub digest: [u8; 32],
 }
 
+/// Where a span's embeddings come from.
+#[derive(Clone, Debug)]
+pub enum ImageSource {
+    /// `[len, hidden]`: the tower's output.
+    Embeds(Arc<[f32]>),
+    /// Pixels, planned, that the engine puts through the model's tower before the span is
+    /// prefilled, a tower step at a time between its model steps (see `crate::encoder`).
+    Pixels(Arc<Pixels>, ImagePlan),
+}
+
 impl PromptImage {
+    /// The span's embeddings, once the tower has made them.
+    pub fn embeds(&self) -> Option<&[f32]> {
+        match &self.source {
+            ImageSource::Embeds(e) => Some(e),
+            ImageSource::Pixels(..) => None,
+        }
+    }
+
     /// The token the prefix cache keys position `i` of the span by: one of 2³¹ values above
     /// the vocabulary's, drawn from the digest and `i`, so that a block holding any image
     /// position also holds bits of which image it is.

@@ -120,7 +120,10 @@ impl ModelRunner {
         for im in images {
             let (lo, hi) = (im.offset.max(start), (im.offset + im.len).min(start + len));
             if lo < hi {
-                let values = &im.embeds[(lo - im.offset) * d..(hi - im.offset) * d];
+                let embeds = im
+                    .embeds()
+                    .expect("a request is scheduled only once its images are encoded");
+                let values = &embeds[(lo - im.offset) * d..(hi - im.offset) * d];
                 self.batch.push_embeds(lo - start, values, d);
             }
         }

@@ -1,13 +1,13 @@
 //! Images in requests: their bytes (data URIs; fetching http(s) URLs is off), their decoding
 //! (the `image` crate, limits set before any pixel is decoded), and the prompt they make:
 //! the rendered text is cut at each image's placeholder and the image's span of tokens put
-//! between the pieces, its embeddings from the model's vision tower.
+//! between the pieces, its pixels for the engine to put through the model's vision tower.
 
 use std::io::Cursor;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use deepinfer_engine::request::{Prompt, PromptImage};
+use deepinfer_engine::request::{ImageSource, Prompt, PromptImage};
 use deepinfer_model::config::VisionFamily;
 use deepinfer_model::vision::{ImagePlan, Pixels, VisionTower};
 use image::{ImageFormat, ImageReader, Limits};
@@ -195,20 +195,16 @@ pub fn splice(
     Ok((ids, placed))
 }
 
-/// The prompt for the engine: `ids` with each placed image through the tower.
-pub fn encode(ids: Vec<u32>, placed: Vec<PlacedImage>, tower: &VisionTower) -> Prompt {
+/// The prompt for the engine: `ids` with each placed image's pixels, which the engine puts
+/// through the tower between its steps (its cost scheduled like a prefill chunk's).
+pub fn prompt(ids: Vec<u32>, placed: Vec<PlacedImage>) -> Prompt {
     let images = placed
         .into_iter()
-        .map(|p| {
-            let (_, patches) = tower.prepare(&p.pixels).expect("planned above");
-            let enc = tower.encode_patches(p.plan, &patches);
-            let slots = tower.span(&p.plan, p.offset);
-            PromptImage {
-                offset: p.offset,
-                len: p.len,
-                embeds: Arc::from(tower.span_embeddings(&slots, &enc)),
-                digest: p.pixels.digest(),
-            }
+        .map(|p| PromptImage {
+            offset: p.offset,
+            len: p.len,
+            digest: p.pixels.digest(),
+            source: ImageSource::Pixels(Arc::new(p.pixels), p.plan),
         })
         .collect();
     Prompt { ids, images }

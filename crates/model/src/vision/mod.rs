@@ -8,6 +8,7 @@
 mod affine;
 pub mod aligner;
 pub mod canvas;
+mod encoding;
 pub mod geometry;
 pub mod layout;
 pub mod resample;
@@ -16,6 +17,7 @@ pub mod vit;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{VisionConfig, VisionFamily};
 
+pub use encoding::Encoding;
 pub use geometry::ImagePlan;
 pub use layout::Slot;
 
@@ -114,10 +116,14 @@ impl VisionTower {
         Ok(self.encode_patches(plan, &patches))
     }
 
-    /// Prepared patches through the ViT and the aligner.
+    /// Prepared patches through the ViT and the aligner: every step of
+    /// [`Self::begin_patches`] at once.
     pub fn encode_patches(&self, plan: ImagePlan, patches: &[f32]) -> EncodedImage {
-        let x = self.vit.forward(patches, (plan.n_vit_h, plan.n_vit_w));
-        self.align(&x, plan)
+        let mut e = self.begin_patches(plan, patches.to_vec());
+        while !e.is_done() {
+            self.advance(&mut e);
+        }
+        e.into_encoded().expect("every step ran")
     }
 
     /// The ViT's output for an image (`[plan.patches(), dim]`) through the aligner.

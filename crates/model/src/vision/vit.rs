@@ -81,7 +81,7 @@ impl Vit {
     }
 
     /// [`Self::block`] with the image's rotary table ([`Self::rope_table`]).
-    fn block_with(&self, b: usize, x: &mut [f32], rope: &[(f32, f32)]) {
+    pub(crate) fn block_with(&self, b: usize, x: &mut [f32], rope: &[(f32, f32)]) {
         let (blk, d) = (&self.blocks[b], self.dim);
         let n = x.len() / d;
         let mut h = x.to_vec();
@@ -104,14 +104,23 @@ impl Vit {
         for b in 0..self.blocks.len() {
             self.block_with(b, &mut x, &rope);
         }
-        rms_norm_rows(&mut x, &self.norm, EPS);
+        self.final_norm(&mut x);
         x
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The norm after the last block.
+    pub(crate) fn final_norm(&self, x: &mut [f32]) {
+        rms_norm_rows(x, &self.norm, EPS);
     }
 
     /// Each patch's `(cos, sin)` per rotary pair (`[n_h · n_w, head_dim / 2]`): the first
     /// quarter of a head's pairs turn by the patch's row, the rest by its column
     /// (`get_vision_cos_sin`).
-    fn rope_table(&self, (n_h, n_w): (usize, usize)) -> Vec<(f32, f32)> {
+    pub(crate) fn rope_table(&self, (n_h, n_w): (usize, usize)) -> Vec<(f32, f32)> {
         let quarter = self.inv_freq.len();
         let mut t = Vec::with_capacity(n_h * n_w * 2 * quarter);
         for (r, c) in (0..n_h).flat_map(|r| (0..n_w).map(move |c| (r as f32, c as f32))) {

@@ -20,7 +20,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use deepinfer_engine::request::{Prompt, TokenLogprobs};
+use deepinfer_engine::request::TokenLogprobs;
 use deepinfer_engine::sampling_params::MAX_LOGPROBS;
 use deepinfer_model::vision::VisionTower;
 use serde_json::{json, Map, Value};
@@ -132,27 +132,6 @@ pub(crate) fn check_takes_images(st: &Shared, messages: &[ChatMessage]) -> Resul
         )),
         _ => Ok(()),
     }
-}
-
-/// `ids` and their images through the model's vision tower, on the blocking pool (the
-/// tower's work is a prefill's; the request's images are encoded once for all its choices).
-pub(crate) async fn encode_images(
-    st: &Shared,
-    ids: Vec<u32>,
-    placed: Vec<PlacedImage>,
-) -> Result<Prompt, ApiError> {
-    if placed.is_empty() {
-        return Ok(ids.into());
-    }
-    let state = st.clone();
-    blocking(st, move || {
-        let tower = state
-            .engine
-            .vision()
-            .expect("images were placed by the tower");
-        Ok(images::encode(ids, placed, tower))
-    })
-    .await
 }
 
 /// The conversation of an OpenAI chat request, rendered and tokenized (shared with
@@ -302,8 +281,7 @@ pub async fn chat_completions(
         st.engine.max_model_len(),
     )?;
     let params = sf.sampling_params(max_tokens, logprobs)?;
-    let engine_prompt =
-        encode_images(&st, prompt.ids.clone(), std::mem::take(&mut prompt.images)).await?;
+    let engine_prompt = images::prompt(prompt.ids.clone(), std::mem::take(&mut prompt.images));
     let choices = n_samples(&params, opts.n)
         .map(|p| (engine_prompt.clone(), p))
         .collect();

@@ -3,7 +3,7 @@
 //! OpenAI's shape and are reshaped for Anthropic clients by the router (see
 //! `crate::anthropic::error_body`).
 
-use super::chat::{check_takes_images, encode_chat, encode_images, ChatPrompt, ChatRequest};
+use super::chat::{check_takes_images, encode_chat, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::anthropic::{
     conversation, output_format, stop_reason, BlockEvent, Blocks, MessageResponse, MessageUsage,
@@ -65,7 +65,7 @@ pub async fn messages(
     };
     let thinking = prompt.thinking;
     let images = std::mem::take(&mut prompt.images);
-    let engine_prompt = encode_images(&st, prompt.ids, images).await?;
+    let engine_prompt = crate::images::prompt(prompt.ids, images);
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,

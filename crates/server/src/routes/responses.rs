@@ -2,7 +2,7 @@
 //! same rendering, engine and output parser as Chat Completions, with the bounded store that
 //! `previous_response_id` continues from.
 
-use super::chat::{check_takes_images, encode_chat, encode_images, ChatPrompt, ChatRequest};
+use super::chat::{check_takes_images, encode_chat, ChatPrompt, ChatRequest};
 use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::{ChatDelta, ChatMessage, ChatOutputParser};
 use crate::generation::{ChoiceDelta, Generation};
@@ -98,7 +98,7 @@ pub async fn create(
     };
     let thinking = prompt.thinking;
     let out = ResponseOutput::new(&prompt, conv, head, st.clone());
-    let engine_prompt = encode_images(&st, prompt.ids, prompt.images).await?;
+    let engine_prompt = crate::images::prompt(prompt.ids, prompt.images);
     let gen = Generation::start_constrained(
         &st.engine,
         &st.tokenizer,
