@@ -43,16 +43,19 @@ struct ChoiceSink {
 
 impl OutputSink for ChoiceSink {
     fn send(&mut self, out: RequestOutput) -> bool {
-        let stopped = self.stopped.load(Ordering::Acquire);
+        // `stopped` is read only after the delta is refused: the reader sets it before it
+        // drops the receiver, so a read taken before the send could be older than the
+        // drop it races with and turn a stop into an abort.
+        let stopped = || self.stopped.load(Ordering::Acquire);
         // An engine that sends without asking `has_room` still cannot grow the buffer
         // without bound: past twice the limit the choice is given up (the engine then
         // finishes it, and that last delta always goes through).
         let full = self.unread.load(Ordering::Acquire) >= 2 * MAX_BUFFERED_DELTAS;
         if full && out.finish_reason.is_none() {
-            return stopped;
+            return stopped();
         }
         self.unread.fetch_add(1, Ordering::AcqRel);
-        self.tx.send((self.index, out)).is_ok() || stopped
+        self.tx.send((self.index, out)).is_ok() || stopped()
     }
 
     fn has_room(&self) -> bool {
@@ -288,6 +291,45 @@ impl Drop for Generation {
     fn drop(&mut self) {
         for c in self.choices.iter().filter(|c| !c.finished) {
             self.engine.abort(c.request_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta() -> RequestOutput {
+        RequestOutput {
+            request_id: 0,
+            new_token_ids: vec![1].into(),
+            logprobs: None,
+            finish_reason: None,
+            num_prompt_tokens: 1,
+            num_cached_tokens: 0,
+        }
+    }
+
+    /// A gone reader refuses deltas (the engine then aborts the sequence), unless a stop
+    /// string ended the choice first: then the engine's late deltas are taken until its
+    /// stop lands, so the request counts as stopped.
+    #[test]
+    fn a_stopped_choice_takes_deltas_after_its_reader_is_gone() {
+        let (tx, rx) = unbounded_channel();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let mut sink = ChoiceSink {
+            index: 0,
+            tx,
+            unread: Arc::new(AtomicUsize::new(0)),
+            stopped: stopped.clone(),
+        };
+        assert!(sink.send(delta()));
+        drop(rx);
+        assert!(!sink.send(delta()), "a reader that went away refuses");
+        stopped.store(true, Ordering::Release);
+        assert!(sink.send(delta()), "a stopped choice keeps taking deltas");
+        for _ in 0..3 * MAX_BUFFERED_DELTAS {
+            assert!(sink.send(delta()));
         }
     }
 }
