@@ -89,6 +89,15 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl Request {
+    /// The image span (`start..end`) that a chunk or a cached prefix ending before
+    /// position `end_at` would cut.
+    pub fn image_cut(&self, end_at: usize) -> Option<(usize, usize)> {
+        self.images
+            .iter()
+            .map(|im| (im.offset, im.offset + im.len))
+            .find(|&(a, b)| a < end_at && end_at < b)
+    }
+
     /// What the prefix cache keys prompt position `i` by: its token, or inside an image's
     /// span, [`PromptImage::key_token`].
     pub fn key_token(&self, i: usize) -> u32 {

@@ -125,6 +125,8 @@ impl ModelRunner {
                     .expect("a request is scheduled only once its images are encoded");
                 let values = &embeds[(lo - im.offset) * d..(hi - im.offset) * d];
                 self.batch.push_embeds(lo - start, values, d);
+                self.batch
+                    .push_image_span(im.offset, im.offset + im.len - 1);
             }
         }
     }

@@ -105,7 +105,7 @@ impl Scheduler {
             let fit = (cap, budget, cfg.max_model_len);
             if let Some(s) = self.schedule_running(id, fit, seqs, alloc, out)? {
                 out.scheduled.push(s);
-                budget -= s.num_tokens;
+                budget = budget.saturating_sub(s.num_tokens);
                 i += 1;
             }
         }
@@ -140,7 +140,7 @@ impl Scheduler {
             self.waiting.remove(w);
             self.running.push(id);
             out.scheduled.push(s);
-            budget -= s.num_tokens;
+            budget = budget.saturating_sub(s.num_tokens);
         }
         Ok(())
     }
@@ -182,12 +182,16 @@ impl Scheduler {
         loop {
             let seq = &seqs[&id];
             let cache = seq.cache.expect("running sequences hold a cache");
-            let known = seq.num_uncomputed().min(cap).min(budget);
+            let known = whole_spans(
+                seq,
+                seq.num_computed,
+                seq.num_uncomputed().min(cap).min(budget),
+            );
             let drafts = if seq.num_uncomputed() == 1 {
                 seq.spec
                     .draft_ids
                     .len()
-                    .min(budget - known)
+                    .min(budget.saturating_sub(known))
                     .min(seq.max_drafts(max_model_len))
             } else {
                 0
@@ -240,15 +244,22 @@ fn admit(
     alloc: &mut dyn BlockAllocator,
     out: &mut SchedulerOutput,
 ) -> Result<Option<ScheduledSeq>, CacheError> {
-    let cache = match alloc.add_seq() {
+    let mut cache = match alloc.add_seq() {
         Ok(c) => c,
         Err(e) if is_exhausted(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
     let seq = seqs.get_mut(&id).expect("waiting sequences exist");
     let len = seq.num_tokens();
-    let cached = alloc.attach_prefix(cache, len, &|i| seq.key_token(i))?;
-    let n = (len - cached).min(cap).min(budget);
+    let mut cached = alloc.attach_prefix(cache, len, &|i| seq.key_token(i))?;
+    if let Some((a, _)) = seq.request.image_cut(cached) {
+        // A hit that ends inside an image span resumes from before it: the span's
+        // positions see one another (V4-Flash-Vision-Exp), so it is computed in one chunk.
+        alloc.free_seq(cache)?;
+        cache = alloc.add_seq()?;
+        cached = alloc.attach_prefix(cache, a, &|i| seq.key_token(i))?;
+    }
+    let n = whole_spans(seq, cached, (len - cached).min(cap).min(budget));
     if let Err(e) = alloc.ensure_capacity(cache, cached + n) {
         alloc.free_seq(cache)?;
         return if is_exhausted(&e) { Ok(None) } else { Err(e) };
@@ -261,6 +272,17 @@ fn admit(
     }
     seq.cache = Some(cache);
     Ok(Some(plan(id, seq, n, 0)))
+}
+
+/// `n` tokens from `start`, moved so that the chunk does not end inside an image span: back
+/// to the span's start, or when the span starts the chunk, on to its end (past the step's
+/// budget if need be, as vLLM schedules an image's tokens whole).
+fn whole_spans(seq: &Sequence, start: usize, n: usize) -> usize {
+    match seq.request.image_cut(start + n) {
+        Some((a, _)) if a > start => a - start,
+        Some((_, b)) => b - start,
+        None => n,
+    }
 }
 
 fn plan(id: RequestId, seq: &Sequence, known: usize, drafts: usize) -> ScheduledSeq {

@@ -31,6 +31,18 @@ pub struct ForwardBatch {
     /// still route and hash as the model reads them.
     pub embed_rows: Vec<usize>,
     pub embed_values: Vec<f32>,
+    /// Image spans the batch's sequences hold, whole even where this batch holds part of
+    /// one. What a model whose image positions see their whole span (V4-Flash-Vision-Exp)
+    /// reads.
+    pub image_spans: Vec<ImageSpan>,
+}
+
+/// Positions `first..=last` of the sequence of span `seq` hold an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageSpan {
+    pub seq: usize,
+    pub first: usize,
+    pub last: usize,
 }
 
 /// Tokens before a span that [`ForwardBatch::push_lookback`] keeps: V4.1's longest n-gram
@@ -90,6 +102,16 @@ impl ForwardBatch {
         self.embed_values.extend_from_slice(values);
     }
 
+    /// Tells the span just pushed that its positions `first..=last` hold an image.
+    pub fn push_image_span(&mut self, first: usize, last: usize) {
+        let seq = self
+            .spans
+            .len()
+            .checked_sub(1)
+            .expect("a span to give images to");
+        self.image_spans.push(ImageSpan { seq, first, last });
+    }
+
     /// The tokens before span `s` given with [`Self::push_lookback`] (empty when none were).
     pub fn lookback(&self, s: usize) -> &[u32] {
         let start = if s == 0 {
@@ -112,6 +134,7 @@ impl ForwardBatch {
         self.lookback_ends.clear();
         self.embed_rows.clear();
         self.embed_values.clear();
+        self.image_spans.clear();
     }
 
     pub fn num_tokens(&self) -> usize {

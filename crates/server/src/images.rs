@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use deepinfer_engine::request::{ImageSource, Prompt, PromptImage};
-use deepinfer_model::config::VisionFamily;
 use deepinfer_model::vision::{ImagePlan, Pixels, VisionTower};
 use image::{ImageFormat, ImageReader, Limits};
 
@@ -155,13 +154,6 @@ pub fn splice(
     images: Vec<(String, Pixels)>,
     tower: &VisionTower,
 ) -> Result<(Vec<u32>, Vec<PlacedImage>), ApiError> {
-    if tower.config.family == VisionFamily::V4 {
-        return Err(ApiError::invalid(
-            "messages",
-            "this DeepSeek-V4-Flash-Vision-Exp checkpoint's image positions (their bidirectional \
-             window and routing) are not served yet; DeepSeek-V4.1 checkpoints take images",
-        ));
-    }
     let pieces: Vec<&str> = text.split(IMAGE_PLACEHOLDER).collect();
     if pieces.len() != images.len() + 1 {
         return Err(ApiError::invalid(

@@ -380,3 +380,22 @@ fn a_request_whose_prefix_is_read_ahead_waits_while_others_run() {
     h.seqs.get_mut(&5).unwrap().read_ahead = Some(Default::default());
     assert_eq!(h.step(), [sched(5, 8, 0, 1)]);
 }
+
+/// A prefill chunk never ends inside an image span: it stops before one, or when one
+/// starts the chunk, takes it whole, past the chunk size and the budget if need be.
+#[test]
+fn chunks_keep_image_spans_whole() {
+    use crate::request::{ImageSource, PromptImage};
+    let mut h = Harness::new(cfg(4, 16, Some(8)), FakeAllocator::new(4, 10_000));
+    h.add(0, 60);
+    let image = |offset, len| PromptImage {
+        offset,
+        len,
+        source: ImageSource::Embeds(Vec::new().into()),
+        digest: [0; 32],
+    };
+    // Spans 5..25 (longer than the budget) and 30..34.
+    h.seqs.get_mut(&0).unwrap().request.images = vec![image(5, 20), image(30, 4)];
+    let chunks: Vec<usize> = (0..8).map(|_| h.step()[0].num_tokens).collect();
+    assert_eq!(chunks, [5, 20, 5, 8, 8, 8, 6, 1]);
+}

@@ -23,7 +23,7 @@ mod vision;
 pub use cache_plan::{CachePlan, EntryPool, LayerState, CSA_ENTRIES, HCA_ENTRIES, INDEXER_KEYS};
 pub use dspark::DsparkConfig;
 pub use v41::{Candidates, EngramConfig, V41};
-pub use vision::{VisionConfig, VisionFamily};
+pub use vision::{VisionConfig, VisionFamily, V4_SENTINEL_BASE};
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -176,6 +176,16 @@ fn invalid(
 }
 
 impl ModelConfig {
+    /// The token ids that mark image positions, which route with `gate.bias_vl`: V4.1's
+    /// image token, V4-Flash-Vision-Exp's five sentinels.
+    pub fn image_ids(&self) -> Option<std::ops::Range<u32>> {
+        match (&self.vision, &self.v41) {
+            (Some(v), _) if v.family == VisionFamily::V4 => Some(v.sentinels()),
+            (_, Some(v41)) => v41.image_token_id.map(|id| id..id + 1),
+            _ => None,
+        }
+    }
+
     /// Parses and validates a `config.json` body of either flavour. The flavour is chosen by
     /// `hidden_size` (HF) versus `dim`/`n_layers` (official); unknown keys are ignored because
     /// real configs carry many that do not affect the forward pass.

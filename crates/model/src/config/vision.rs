@@ -35,7 +35,15 @@ pub struct VisionConfig {
     pub min_pixels: usize,
     /// Wider images than this ratio are squeezed to it (none: any aspect).
     pub max_wh_ratio: Option<f64>,
+    /// V4: the first of the five consecutive reserved ids a span's positions carry (vLLM's
+    /// `IMAGE_SENTINEL_BASE_ID`, 129257). Published configs leave it out; the key
+    /// `image_sentinel_base_id` moves it, so that tiny test models can hold the ids in a
+    /// tiny vocabulary.
+    pub sentinel_base: u32,
 }
+
+/// vLLM's `IMAGE_SENTINEL_BASE_ID`.
+pub const V4_SENTINEL_BASE: u32 = 129_257;
 
 /// The tower `root` declares (`v41`: in its `vision_config`), if any.
 pub(super) fn parse(root: &Fields, v41: bool) -> Result<Option<VisionConfig>, ConfigError> {
@@ -70,6 +78,19 @@ pub(super) fn parse(root: &Fields, v41: bool) -> Result<Option<VisionConfig>, Co
         max_n_token: f.usize_or(names[7], 1024)?,
         min_pixels: f.usize_or(names[8], 295_936)?,
         max_wh_ratio: f.f64(names[9])?,
+        sentinel_base: match root.usize("image_sentinel_base_id")? {
+            None => V4_SENTINEL_BASE,
+            Some(b) => u32::try_from(b)
+                .ok()
+                .filter(|b| b.checked_add(5).is_some())
+                .ok_or_else(|| {
+                    invalid(
+                        root.name("image_sentinel_base_id"),
+                        b,
+                        "must fit in 32 bits",
+                    )
+                })?,
+        },
     };
     check(f, names, &c)?;
     Ok(Some(c))
@@ -146,6 +167,11 @@ fn check(f: &Fields, names: &[&str; 10], c: &VisionConfig) -> Result<(), ConfigE
 }
 
 impl VisionConfig {
+    /// V4's five sentinel ids (start, pad, image, newline, end).
+    pub fn sentinels(&self) -> std::ops::Range<u32> {
+        self.sentinel_base..self.sentinel_base + 5
+    }
+
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.dim / self.n_heads

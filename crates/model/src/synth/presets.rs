@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::SynthError;
 use crate::config::{
     AttnKind, Candidates, DsparkConfig, EngramConfig, MlpKind, ModelConfig, RopeParams,
-    ScoringFunc, VisionConfig, VisionFamily, Yarn, V41,
+    ScoringFunc, VisionConfig, VisionFamily, Yarn, V41, V4_SENTINEL_BASE,
 };
 use crate::engram::{EngramLayout, EngramParams};
 
@@ -351,6 +351,7 @@ fn v41_flash_tower() -> VisionConfig {
         max_n_token: 1024,
         min_pixels: 295_936,
         max_wh_ratio: None,
+        sentinel_base: V4_SENTINEL_BASE,
     }
 }
 

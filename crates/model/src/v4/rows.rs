@@ -3,7 +3,7 @@
 //! them once per forward; blocks, attention and the MTP block only read them.
 
 use super::workspace::Workspace;
-use crate::batch::SeqSpan;
+use crate::batch::{ImageSpan, SeqSpan};
 use deepinfer_kernels::rope::Rope;
 
 /// Where each flat row of a batch belongs: `(span index, the span's first position, the
@@ -13,6 +13,10 @@ pub struct BatchRows<'a> {
     pub spans: &'a [SeqSpan],
     pub row_seq: Vec<(usize, usize, usize)>,
     window_floor: &'a [usize],
+    /// With V4-Flash-Vision-Exp's widening: the batch's image spans (see
+    /// [`crate::batch::ForwardBatch::image_spans`]) and how far an image position sees
+    /// across its span (the tower's `max_n_token`).
+    images: Option<(&'a [ImageSpan], usize)>,
 }
 
 impl<'a> BatchRows<'a> {
@@ -28,6 +32,7 @@ impl<'a> BatchRows<'a> {
             spans,
             row_seq,
             window_floor: &[],
+            images: None,
         }
     }
 
@@ -43,7 +48,34 @@ impl<'a> BatchRows<'a> {
             spans,
             row_seq,
             window_floor,
+            images: None,
         }
+    }
+
+    /// Rows whose image positions see their whole image span in both directions, as far as
+    /// `reach` positions (vLLM 0.33 `sparse_swa.py` `_compute_image_visibility_kernel`).
+    pub fn with_image_spans(mut self, spans: &'a [ImageSpan], reach: usize) -> Self {
+        self.images = Some((spans, reach));
+        self
+    }
+
+    /// The window of span `s`'s row at position `p`: `lo..=hi`. Plain: the last `window`
+    /// positions up to `p`. Inside an image span `a..=b`, V4-Flash-Vision-Exp's prefill
+    /// widens it (vLLM's `_compute_swa_indices_and_lens_kernel`): `left = min(p − a,
+    /// reach − 1)` positions back count on top of the window, `right = min(b − p, reach)`
+    /// positions past `p` are seen too.
+    pub fn window(&self, s: usize, p: usize, window: usize) -> (usize, usize) {
+        let (left, right) = self
+            .images
+            .and_then(|(spans, reach)| {
+                let im = spans
+                    .iter()
+                    .find(|im| im.seq == s && (im.first..=im.last).contains(&p))?;
+                Some(((p - im.first).min(reach - 1), (im.last - p).min(reach)))
+            })
+            .unwrap_or((0, 0));
+        let back = window - 1 + left.saturating_sub(window - 1);
+        (p.saturating_sub(back).max(self.window_floor(s)), p + right)
     }
 
     /// The first position span `s`'s sliding window may reach back to.

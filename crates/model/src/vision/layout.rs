@@ -19,10 +19,6 @@ pub enum Slot {
     End,
 }
 
-/// V4's first sentinel id (`<|place_holder_mm_span_0431|>`); the roles follow it in the
-/// order start, pad, image, newline, end.
-pub const V4_SENTINEL_BASE: u32 = 129_257;
-
 /// V4.1-Flash's `image_token_id` (`<｜deepseek_image｜>`), for a config that leaves it out.
 pub const V41_IMAGE_TOKEN: u32 = 129_264;
 
@@ -30,8 +26,10 @@ pub const V41_IMAGE_TOKEN: u32 = 129_264;
 const V4_PAD_TO: usize = 4;
 
 impl Slot {
-    /// The token id the prompt carries at this slot (`image_token_id`: V4.1's, for every slot).
-    pub fn token_id(self, family: VisionFamily, image_token_id: u32) -> u32 {
+    /// The token id the prompt carries at this slot: V4's sentinel of its role (counted from
+    /// `sentinel_base`, `<|place_holder_mm_span_0431|>` in published checkpoints), V4.1's
+    /// `image_token_id` for every slot.
+    pub fn token_id(self, family: VisionFamily, sentinel_base: u32, image_token_id: u32) -> u32 {
         let role = match self {
             Slot::Start => 0,
             Slot::Pad => 1,
@@ -40,7 +38,7 @@ impl Slot {
             Slot::End => 4,
         };
         match family {
-            VisionFamily::V4 => V4_SENTINEL_BASE + role,
+            VisionFamily::V4 => sentinel_base + role,
             VisionFamily::V41 => image_token_id,
         }
     }

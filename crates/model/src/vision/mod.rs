@@ -166,7 +166,7 @@ impl VisionTower {
         let family = self.config.family;
         slots
             .iter()
-            .map(|s| s.token_id(family, self.image_token_id))
+            .map(|s| s.token_id(family, self.config.sentinel_base, self.image_token_id))
             .collect()
     }
 

@@ -437,8 +437,11 @@ fn attend_rows(
             let (i, g) = (t / head_groups, t % head_groups);
             let (s, p0, start) = rows.row_seq[i];
             let p = positions[i];
-            let lo = p.saturating_sub(window - 1).max(rows.window_floor(s));
-            let n_window = p + 1 - lo;
+            let (lo, hi) = rows.window(s, p, window);
+            // A widened window sees no further than this batch's rows (the scheduler keeps
+            // an image span in one chunk).
+            let hi = hi.min(p0 + rows.spans[s].len - 1);
+            let n_window = hi + 1 - lo;
             // Entry e is complete (and visible) once token (e+1)·m−1 has been seen.
             let n_comp = match (ratio, picked) {
                 (0, _) => 0,

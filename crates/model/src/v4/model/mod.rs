@@ -18,13 +18,13 @@ use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
+use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams, VisionFamily};
 use crate::engram::{CompressedTokenMap, EngramError, EngramLayout};
 use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{Placement, SplitGuard};
 use crate::profile::{scope, Op};
-use crate::v4::moe::Routing;
+use crate::v4::moe::TextRouting;
 use crate::vision::{VisionError, VisionTower};
 use deepinfer_kernels::rope::{Rope, YarnParams};
 use std::path::Path;
@@ -374,12 +374,19 @@ impl Model {
         self.check_rows(batch, cache)?;
         map_spans(batch, cache, &mut row_seq, paged)?;
         check_window_floors(batch)?;
-        Ok(BatchRows::with_window_floors(
+        let rows = BatchRows::with_window_floors(
             &batch.positions,
             &batch.spans,
             row_seq,
             &batch.window_floor,
-        ))
+        );
+        // V4-Flash-Vision-Exp's image positions see their whole span (docs/MODEL.md §8.9).
+        Ok(match &self.config.vision {
+            Some(v) if v.family == VisionFamily::V4 => {
+                rows.with_image_spans(&batch.image_spans, v.max_n_token)
+            }
+            _ => rows,
+        })
     }
 
     /// Row-wise checks: one position per token, ids inside the vocabulary, logits rows
@@ -681,12 +688,15 @@ fn prefetch_hash_routed(w: &ModelWeights, k: usize, tokens: &[u32]) {
         return;
     };
     let wanted = w.layers.iter().enumerate().flat_map(|(l, lw)| {
-        let table = match &lw.ffn.routing {
-            Routing::Hash(table) => table.as_slice(),
-            Routing::Scored { .. } => &[],
+        // Image positions route by score: their experts are not known ahead.
+        let image = lw.ffn.routing.image.as_ref();
+        let table = match &lw.ffn.routing.text {
+            TextRouting::Hash(table) => table.as_slice(),
+            TextRouting::Scored(_) => &[],
         };
         tokens
             .iter()
+            .filter(move |&&t| !image.is_some_and(|im| im.ids.contains(&t)))
             .filter_map(move |&t| table.get(t as usize * k..(t as usize + 1) * k))
             .flatten()
             .map(move |&e| (l, e as usize))

@@ -8,7 +8,7 @@
 //! routing weight scales the hidden activation before `w2`, as DeepSeek's reference does.
 
 mod weights;
-pub use weights::{MoeWeights, Routing, SharedExpert};
+pub use weights::{ImageRouting, MoeWeights, Routing, SharedExpert, TextRouting};
 
 use super::expert_pass::{experts_per_pass, pass_experts, pass_order, PassRows, SharedBufs};
 use super::swiglu::{Activation, ROWS_PER_TASK};
@@ -72,21 +72,17 @@ pub fn route(
     for i in 0..t {
         let s = &mut logits[i * e..(i + 1) * e];
         scores(c.scoring_func, s);
-        match &w.routing {
-            Routing::Hash(table) => {
+        let image = w.routing.image.as_ref();
+        match (
+            image.filter(|im| im.ids.contains(&token_ids[i])),
+            &w.routing.text,
+        ) {
+            (Some(im), _) => biased_topk(s, &im.bias, k, &mut biased, &mut chosen),
+            (None, TextRouting::Scored(bias)) => biased_topk(s, bias, k, &mut biased, &mut chosen),
+            (None, TextRouting::Hash(table)) => {
                 let tok = token_ids[i] as usize;
                 chosen.clear();
                 chosen.extend(table[tok * k..(tok + 1) * k].iter().map(|&v| v as usize));
-            }
-            Routing::Scored { bias, image } => {
-                let bias = match image {
-                    Some((id, vl)) if token_ids[i] == *id => vl,
-                    _ => bias,
-                };
-                for ((b, &v), &bb) in biased.iter_mut().zip(s.iter()).zip(bias) {
-                    *b = v + bb;
-                }
-                topk_into(&biased, k, &mut chosen);
             }
         }
         // HF always renormalises; DeepSeek's reference skips it for softmax scoring, which
@@ -104,6 +100,14 @@ pub fn route(
     ws.give(logits);
     ws.give(biased);
     ws.give_idx(chosen);
+}
+
+/// The `k` experts of highest score plus `bias` (the bias picks, it does not weigh).
+fn biased_topk(s: &[f32], bias: &[f32], k: usize, biased: &mut [f32], chosen: &mut Vec<usize>) {
+    for ((b, &v), &bb) in biased.iter_mut().zip(s).zip(bias) {
+        *b = v + bb;
+    }
+    topk_into(biased, k, chosen);
 }
 
 /// The picks sorted by expert (stable: token order within an expert), as

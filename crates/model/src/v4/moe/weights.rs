@@ -15,16 +15,28 @@ pub enum SharedExpert {
     Part(WidthPart),
 }
 
+/// How a layer picks each token's experts. Image positions (V4.1's image token,
+/// V4-Flash-Vision-Exp's five sentinels) pick by learned top-k with their own bias
+/// (`gate.bias_vl`) on every layer, hash layers included.
 #[derive(Debug)]
-pub enum Routing {
+pub struct Routing {
+    pub text: TextRouting,
+    pub image: Option<ImageRouting>,
+}
+
+#[derive(Debug)]
+pub enum TextRouting {
     /// Frozen token → experts table, `[vocab, k]`.
     Hash(Vec<u32>),
-    /// Learned top-k with a selection-only bias; V4.1 picks image positions (the image
-    /// token's) with their own bias (`gate.bias_vl`).
-    Scored {
-        bias: Vec<f32>,
-        image: Option<(u32, Vec<f32>)>,
-    },
+    /// Learned top-k with a selection-only bias.
+    Scored(Vec<f32>),
+}
+
+/// The ids that mark image positions and the selection bias they route with.
+#[derive(Debug)]
+pub struct ImageRouting {
+    pub ids: std::ops::Range<u32>,
+    pub bias: Vec<f32>,
 }
 
 #[derive(Debug)]
@@ -47,7 +59,7 @@ impl MoeWeights {
         experts: Option<RoutedExperts>,
     ) -> Result<MoeWeights, CheckpointError> {
         let (p, d, e) = (s.prefix, c.hidden_size, c.n_routed_experts);
-        let routing = match s.mlp {
+        let text = match s.mlp {
             MlpKind::Hash => {
                 let ids = ck.tensor_i64(
                     &format!("{p}.ffn.gate.tid2eid"),
@@ -63,18 +75,19 @@ impl MoeWeights {
                     }
                     table.push(v as u32);
                 }
-                Routing::Hash(table)
+                TextRouting::Hash(table)
             }
-            MlpKind::Scored => Routing::Scored {
-                bias: ck.vector(&format!("{p}.ffn.gate.bias"), e)?,
-                image: match c.v41.as_ref().and_then(|v| v.image_token_id) {
-                    Some(id) if ck.contains(&format!("{p}.ffn.gate.bias_vl")) => {
-                        Some((id, ck.vector(&format!("{p}.ffn.gate.bias_vl"), e)?))
-                    }
-                    _ => None,
-                },
-            },
+            MlpKind::Scored => TextRouting::Scored(ck.vector(&format!("{p}.ffn.gate.bias"), e)?),
         };
+        let vl = format!("{p}.ffn.gate.bias_vl");
+        let image = match c.image_ids() {
+            Some(ids) if ck.contains(&vl) => Some(ImageRouting {
+                ids,
+                bias: ck.vector(&vl, e)?,
+            }),
+            _ => None,
+        };
+        let routing = Routing { text, image };
         let inter = c.moe_intermediate_size;
         let experts = match experts {
             Some(experts) => experts,
