@@ -23,24 +23,49 @@ use serde_json::Value;
 /// other orders (seen: under 1.4e-6).
 const LOGIT_TOL: f32 = 2e-5;
 
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vision")
+        .join(name)
+}
+
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision/tiny-v41")
+    fixture("tiny-v41")
 }
 
 struct Files {
+    /// The fixture: its `model/` and its decoder goldens.
+    dir: PathBuf,
     meta: Value,
     decoder: Vec<u8>,
     vision: Vec<u8>,
 }
 
 impl Files {
+    /// tiny-v41-b's decoder with a tiny tower.
     fn load() -> Self {
-        let read = |name: &str| std::fs::read(dir().join(name)).unwrap();
+        Self::load_from(dir(), dir())
+    }
+
+    /// A V4-Flash-Vision-Exp decoder (hash layers, every layer kind, `bias_vl`) with
+    /// tiny-v4's tower, whose vision goldens hold the source images
+    /// (tools/make_vision_v4_decoder_golden.py).
+    fn load_v4() -> Self {
+        Self::load_from(fixture("tiny-v4-exp"), fixture("tiny-v4"))
+    }
+
+    fn load_from(dir: PathBuf, vision_dir: PathBuf) -> Self {
+        let read = |d: &Path, name: &str| std::fs::read(d.join(name)).unwrap();
         Self {
-            meta: serde_json::from_slice(&read("decoder_golden.json")).unwrap(),
-            decoder: read("decoder_golden.safetensors"),
-            vision: read("vision_golden.safetensors"),
+            meta: serde_json::from_slice(&read(&dir, "decoder_golden.json")).unwrap(),
+            decoder: read(&dir, "decoder_golden.safetensors"),
+            vision: read(&vision_dir, "vision_golden.safetensors"),
+            dir,
         }
+    }
+
+    fn model(&self) -> Model {
+        Model::load(&self.dir.join("model")).unwrap()
     }
 
     fn tensor(bytes: &[u8], name: &str) -> (Vec<usize>, Vec<u8>) {
@@ -137,15 +162,27 @@ fn prompts(f: &Files) -> &Vec<Value> {
 
 #[test]
 fn image_prompts_match_the_reference() {
-    let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    matches_the_reference(&Files::load());
+}
+
+/// V4-Flash-Vision-Exp: the sentinels route with `bias_vl` (hash layers too) and the image
+/// positions see their whole block in prefill.
+#[test]
+fn v4_image_prompts_match_the_reference() {
+    matches_the_reference(&Files::load_v4());
+}
+
+/// Every position's logits of each golden prompt (prefilled whole) within [`LOGIT_TOL`],
+/// then its greedy tokens decoded on the cache.
+fn matches_the_reference(f: &Files) {
+    let model = f.model();
     let mut cache = cache_for(&model, 1);
-    let images: Vec<_> = prompts(&f)
+    let images: Vec<_> = prompts(f)
         .iter()
-        .map(|p| prompt_images(&model, &f, p))
+        .map(|p| prompt_images(&model, f, p))
         .collect();
     let mut r = ModelRunner::new(model);
-    for (i, p) in prompts(&f).iter().enumerate() {
+    for (i, p) in prompts(f).iter().enumerate() {
         let tokens = ids(&p["ids"]);
         let got = run_chunks(&mut r, &mut cache, &tokens, &images[i], tokens.len());
         let want = f.f32s(&format!("p{i}.logits"));
@@ -199,7 +236,7 @@ fn image_prompts_match_the_reference() {
 #[test]
 fn chunked_prefill_through_image_spans_equals_the_whole() {
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let mut cache = cache_for(&model, 1);
     let p = &prompts(&f)[1];
     let images = prompt_images(&model, &f, p);
@@ -224,12 +261,18 @@ fn chunked_prefill_through_image_spans_equals_the_whole() {
 const BLOCK: usize = 16;
 
 fn engine(prefix: bool) -> deepinfer_engine::engine::EngineCore {
-    use deepinfer_engine::engine::EngineCore;
-    let metrics = std::sync::Arc::new(deepinfer_engine::metrics::EngineMetrics::new("vision"));
-    let model = Model::load(&dir().join("model")).unwrap();
-    EngineCore::new(model, engine_config(prefix), metrics).unwrap()
+    engine_with(Files::load().model(), engine_config(prefix))
 }
 
+fn engine_with(
+    model: Model,
+    config: deepinfer_engine::engine::EngineConfig,
+) -> deepinfer_engine::engine::EngineCore {
+    let metrics = std::sync::Arc::new(deepinfer_engine::metrics::EngineMetrics::new("vision"));
+    deepinfer_engine::engine::EngineCore::new(model, config, metrics).unwrap()
+}
+
+/// Two sequences, a 64-token step budget, prefill in chunks of 12.
 fn engine_config(prefix: bool) -> deepinfer_engine::engine::EngineConfig {
     use deepinfer_engine::cache::CacheConfig;
     use deepinfer_engine::engine::EngineConfig;
@@ -316,7 +359,7 @@ fn as_pixels(model: &Model, f: &Files, p: &Value, images: &[PromptImage]) -> Vec
 #[test]
 fn the_engine_encodes_pixels_between_its_steps() {
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let tower = model.vision.clone().unwrap();
     for p in &prompts(&f)[..2] {
         let tokens = ids(&p["ids"]);
@@ -372,7 +415,7 @@ fn the_engine_encodes_pixels_between_its_steps() {
 #[test]
 fn prefix_cache_tells_images_apart_and_hits_are_bit_exact() {
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let p = &prompts(&f)[1];
     let tokens = ids(&p["ids"]);
     let images = prompt_images(&model, &f, p);
@@ -415,7 +458,7 @@ fn prefix_cache_tells_images_apart_and_hits_are_bit_exact() {
 #[test]
 fn image_prompts_batched_together_equal_each_alone() {
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let mut cache = cache_for(&model, 2);
     let ps: Vec<(Vec<u32>, Vec<PromptImage>)> = prompts(&f)[..2]
         .iter()
@@ -470,7 +513,7 @@ fn the_handle_refuses_spans_it_cannot_fill() {
     use deepinfer_engine::engine::{start, EngineError};
     use deepinfer_engine::request::Prompt;
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let p = &prompts(&f)[1];
     let (tokens, embeds) = (ids(&p["ids"]), prompt_images(&model, &f, p));
     let pixels = as_pixels(&model, &f, p, &embeds);
@@ -506,7 +549,7 @@ fn the_handle_refuses_spans_it_cannot_fill() {
 #[test]
 fn a_hit_inside_an_image_span_resumes_before_it() {
     let f = Files::load();
-    let model = Model::load(&dir().join("model")).unwrap();
+    let model = Files::load().model();
     let p = &prompts(&f)[1];
     let (tokens, images) = (ids(&p["ids"]), prompt_images(&model, &f, p));
     let first = &images[0];
@@ -535,5 +578,54 @@ fn a_hit_inside_an_image_span_resumes_before_it() {
         got.2,
         first.offset,
         first.offset + first.len
+    );
+}
+
+/// V4-Flash-Vision-Exp through the engine from pixels, its prefill in chunks of 12 (which
+/// stop before an image block or take it whole) and whole: the reference's greedy tokens,
+/// and the same logprob bits either way.
+#[test]
+fn v4_the_engine_answers_as_the_reference() {
+    let f = Files::load_v4();
+    let model = f.model();
+    for p in prompts(&f) {
+        let tokens = ids(&p["ids"]);
+        let embeds = prompt_images(&model, &f, p);
+        let pixels = as_pixels(&model, &f, p, &embeds);
+        let mut whole = engine_config(false);
+        whole.scheduler.prefill_chunk = None;
+        let chunked = serve(
+            &mut engine_with(f.model(), engine_config(true)),
+            0,
+            &tokens,
+            &pixels,
+        );
+        let want = serve(&mut engine_with(f.model(), whole), 0, &tokens, &embeds);
+        assert_eq!(chunked.0[..], ids(&p["greedy"])[..chunked.0.len()]);
+        assert_eq!((chunked.0, chunked.1), (want.0, want.1));
+    }
+}
+
+/// Prefill cut inside an image block (one token at a time) moves the logits: its positions
+/// see the block's later slots only when it is prefilled whole.
+#[test]
+fn v4_a_block_cut_by_a_chunk_sees_less() {
+    let f = Files::load_v4();
+    let model = f.model();
+    let mut cache = cache_for(&model, 1);
+    let p = &prompts(&f)[0];
+    let (tokens, images) = (ids(&p["ids"]), prompt_images(&model, &f, p));
+    let mut r = ModelRunner::new(model);
+    let whole = run_chunks(&mut r, &mut cache, &tokens, &images, tokens.len());
+    let cut = run_chunks(&mut r, &mut cache, &tokens, &images, 1);
+    let first = images[0].offset;
+    assert!(
+        common::same_bits(&cut[first], &whole[first]),
+        "the pad slot sees as before"
+    );
+    let d = relative_diff(cut.last().unwrap(), whole.last().unwrap());
+    assert!(
+        d > 1e-3,
+        "cutting the block moved the last logits by only {d:e}"
     );
 }

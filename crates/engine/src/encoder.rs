@@ -1,6 +1,6 @@
 //! The vision tower's work, scheduled by the engine: a request with images must not stall the
 //! others' steps beyond a prefill chunk's budget. Each image goes through the tower a step
-//! at a time ([`Encoding`]: the patch embedding, one ViT block, or the aligner); every engine
+//! at a time ([`Encoding`]: the patch embedding, half a ViT block, or the aligner); every engine
 //! step first runs tower steps, oldest image first, until their rows reach the step's token
 //! budget (at least one step), then its model step. A request waits outside the scheduler
 //! until its last image is encoded. An image that several waiting requests hold (a chat

@@ -4,6 +4,7 @@
 
 use super::workspace::Workspace;
 use crate::batch::{ImageSpan, SeqSpan};
+use crate::vision::layout::v4_start_slot;
 use deepinfer_kernels::rope::Rope;
 
 /// Where each flat row of a batch belongs: `(span index, the span's first position, the
@@ -60,7 +61,8 @@ impl<'a> BatchRows<'a> {
     }
 
     /// The window of span `s`'s row at position `p`: `lo..=hi`. Plain: the last `window`
-    /// positions up to `p`. Inside an image span `a..=b`, V4-Flash-Vision-Exp's prefill
+    /// positions up to `p`. Inside an image block, from its start slot `a` (after the
+    /// compressor pad) to its last slot `b`, V4-Flash-Vision-Exp's prefill
     /// widens it (vLLM's `_compute_swa_indices_and_lens_kernel`): `left = min(p − a,
     /// reach − 1)` positions back count on top of the window, `right = min(b − p, reach)`
     /// positions past `p` are seen too.
@@ -68,10 +70,12 @@ impl<'a> BatchRows<'a> {
         let (left, right) = self
             .images
             .and_then(|(spans, reach)| {
-                let im = spans
+                let (a, b) = spans
                     .iter()
-                    .find(|im| im.seq == s && (im.first..=im.last).contains(&p))?;
-                Some(((p - im.first).min(reach - 1), (im.last - p).min(reach)))
+                    .filter(|im| im.seq == s)
+                    .map(|im| (v4_start_slot(im.first), im.last))
+                    .find(|&(a, b)| (a..=b).contains(&p))?;
+                Some(((p - a).min(reach - 1), (b - p).min(reach)))
             })
             .unwrap_or((0, 0));
         let back = window - 1 + left.saturating_sub(window - 1);

@@ -1,7 +1,8 @@
 //! One image through the tower a step at a time, so that an engine can spread an image's
 //! work over its steps (between other requests' decode steps) instead of stalling them for
-//! the whole tower. The steps: the canvas, patches and patch embedding; each ViT block; the
-//! final norm and the aligner. [`VisionTower::encode_patches`] is these steps run to the end.
+//! the whole tower. The steps: the canvas, patches and patch embedding; each ViT block's
+//! attention, then its MLP; the final norm and the aligner. [`VisionTower::encode_patches`]
+//! is these steps run to the end.
 
 use std::sync::Arc;
 
@@ -16,7 +17,8 @@ pub struct Encoding {
 enum Stage {
     Pixels(Arc<Pixels>),
     Patches(Vec<f32>),
-    /// The ViT's rows, the image's rotary table, and the next block to run.
+    /// The ViT's rows, the image's rotary table, and the next half block to run (`2b`:
+    /// block `b`'s attention, `2b + 1`: its MLP).
     Blocks {
         x: Vec<f32>,
         rope: Vec<(f32, f32)>,
@@ -60,9 +62,10 @@ impl VisionTower {
         }
     }
 
-    /// The steps an image takes: the patch embedding, every block, the aligner.
+    /// The steps an image takes: the patch embedding, every block's two halves, the
+    /// aligner.
     pub fn steps(&self) -> usize {
-        self.vit.n_blocks() + 2
+        2 * self.vit.n_blocks() + 2
     }
 
     /// Runs `e`'s next step (nothing once it is done). Every step's rows are the image's
@@ -85,8 +88,11 @@ impl VisionTower {
                 )))
             }
             Stage::Patches(patches) => Some(embedded(patches)),
-            Stage::Blocks { x, rope, next } if *next < self.vit.n_blocks() => {
-                self.vit.block_with(*next, x, rope);
+            Stage::Blocks { x, rope, next } if *next < 2 * self.vit.n_blocks() => {
+                match *next % 2 {
+                    0 => self.vit.attention_half(*next / 2, x, rope),
+                    _ => self.vit.mlp_half(*next / 2, x),
+                }
                 *next += 1;
                 None
             }

@@ -44,6 +44,13 @@ impl Slot {
     }
 }
 
+/// Where a V4 block placed at `offset` starts seeing across itself: its start slot, after
+/// the compressor pad (vLLM 0.33 `v1/attention/backends/utils.py`, the image range with
+/// `span_pad` 4); the pad slots keep the plain window.
+pub fn v4_start_slot(offset: usize) -> usize {
+    offset - offset % V4_PAD_TO + V4_PAD_TO - 1
+}
+
 /// The span of an `n_llm_h × n_llm_w` token grid whose first slot lands at prompt position
 /// `start` (V4's alignment pad depends on it; V4.1's span does not).
 pub fn span(family: VisionFamily, n_llm_h: usize, n_llm_w: usize, start: usize) -> Vec<Slot> {

@@ -82,19 +82,28 @@ impl Vit {
 
     /// [`Self::block`] with the image's rotary table ([`Self::rope_table`]).
     pub(crate) fn block_with(&self, b: usize, x: &mut [f32], rope: &[(f32, f32)]) {
-        let (blk, d) = (&self.blocks[b], self.dim);
-        let n = x.len() / d;
+        self.attention_half(b, x, rope);
+        self.mlp_half(b, x);
+    }
+
+    /// Block `b`'s attention and its residual add.
+    pub(crate) fn attention_half(&self, b: usize, x: &mut [f32], rope: &[(f32, f32)]) {
+        let (blk, n) = (&self.blocks[b], x.len() / self.dim);
         let mut h = x.to_vec();
         rms_norm_rows(&mut h, &blk.norm1, EPS);
         let mut qkv = blk.wqkv.forward(&h, n);
         self.rotate(&mut qkv, rope);
         let o = self.attention(&qkv, n);
         add(x, &blk.wo.forward(&o, n));
-        h.copy_from_slice(x);
+    }
+
+    /// Block `b`'s MLP and its residual add.
+    pub(crate) fn mlp_half(&self, b: usize, x: &mut [f32]) {
+        let (blk, n) = (&self.blocks[b], x.len() / self.dim);
+        let mut h = x.to_vec();
         rms_norm_rows(&mut h, &blk.norm2, EPS);
         let act = swiglu(&blk.w1.forward(&h, n), self.inter);
         add(x, &blk.w2.forward(&act, n));
-        debug_assert_eq!(x.len(), n * d);
     }
 
     /// The whole tower over one image's patches: `[n_h · n_w, dim]`.
