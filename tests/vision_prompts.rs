@@ -543,20 +543,20 @@ fn the_handle_refuses_spans_it_cannot_fill() {
     join.join().unwrap().unwrap();
 }
 
-/// A cached prefix that ends inside an image span is not resumed there: the request
-/// resumes from before the span (whose positions see one another in V4-Flash-Vision-Exp)
-/// and answers as a cold run does.
+/// V4-Flash-Vision-Exp: a cached prefix that ends inside an image block is not resumed there
+/// (the block's positions see one another, so its rows past the cut would miss their left
+/// side): the request resumes from before the block and answers as a cold run does.
 #[test]
-fn a_hit_inside_an_image_span_resumes_before_it() {
-    let f = Files::load();
-    let model = Files::load().model();
+fn v4_a_hit_inside_an_image_block_resumes_before_it() {
+    let f = Files::load_v4();
+    let model = f.model();
     let p = &prompts(&f)[1];
     let (tokens, images) = (ids(&p["ids"]), prompt_images(&model, &f, p));
     let first = &images[0];
-    let cut = first.offset + BLOCK; // a block boundary inside the first span
+    let cut = first.offset + BLOCK; // past a block boundary inside the first block
     assert!(
         cut < first.offset + first.len,
-        "the first span is too short"
+        "the first block is too short"
     );
     let hidden = model.config.hidden_size;
     let part = PromptImage {
@@ -566,15 +566,20 @@ fn a_hit_inside_an_image_span_resumes_before_it() {
         ),
         ..first.clone()
     };
-    let want = serve(&mut engine(false), 0, &tokens, &images);
-    let mut warm = engine(true);
-    // The prompt cut inside the span leaves its blocks up to the cut in the cache.
+    let want = serve(
+        &mut engine_with(f.model(), engine_config(false)),
+        0,
+        &tokens,
+        &images,
+    );
+    let mut warm = engine_with(f.model(), engine_config(true));
+    // A prompt cut inside the image leaves blocks up to the cut in the cache.
     serve(&mut warm, 0, &tokens[..cut + 1], &[part]);
     let got = serve(&mut warm, 1, &tokens, &images);
     assert_eq!((&got.0, &got.1), (&want.0, &want.1));
     assert!(
         got.2 <= first.offset,
-        "resumed at {} inside the span {}..{}",
+        "resumed at {} inside the block {}..{}",
         got.2,
         first.offset,
         first.offset + first.len

@@ -2,9 +2,9 @@
 # The official clients against `deepinfer serve` on loopback (no internet needed):
 #  1. the `openai` and `anthropic` Python packages (tools/openai_e2e.py, tools/anthropic_e2e.py)
 #     against the default model and against a second server whose output is scripted to a
-#     DSML tool call (the hidden test hook --debug-force-output); `openai` with images
-#     (tools/openai_vision_e2e.py) against a checkpoint with a vision tower (synth preset
-#     `tiny-v41-vision`) and the text-only default model;
+#     DSML tool call (the hidden test hook --debug-force-output); `openai` and `anthropic`
+#     with images (tools/openai_vision_e2e.py) against checkpoints with a vision tower (synth
+#     presets `tiny-v41-vision`, `tiny-v4-vision`) and the text-only default model;
 #  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
 #     Responses API) each completing a turn (`claude -p`, `codex exec`) against a server
 #     scripted to think, then answer.
@@ -60,10 +60,13 @@ model=$("$venv/bin/python" -c 'import json, sys, urllib.request
 print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["id"])' "$main_url")
 "$venv/bin/python" tools/anthropic_e2e.py "$model" "$main_url" "$tool_url"
 target/debug/deepinfer synth --preset tiny-v41-vision --out "$scratch/vision"
+target/debug/deepinfer synth --preset tiny-v4-vision --out "$scratch/vision-v4"
 start_server --model "$scratch/vision"
-vision_pid=$pid
-"$venv/bin/python" tools/openai_vision_e2e.py "$url" "$main_url"
-stop_servers "$main_pid" "$tool_pid" "$vision_pid"
+vision_url=$url vision_pid=$pid
+start_server --model "$scratch/vision-v4"
+v4_url=$url v4_pid=$pid
+"$venv/bin/python" tools/openai_vision_e2e.py "$vision_url" "$main_url" "$v4_url"
+stop_servers "$main_pid" "$tool_pid" "$vision_pid" "$v4_pid"
 echo "servers stopped cleanly"
 
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the

@@ -2,10 +2,11 @@
 """Images through `deepinfer serve` with the official `openai` client (run by
 tools/clients_e2e.sh):
 
-    openai_vision_e2e.py VISION_URL TEXT_URL
+    openai_vision_e2e.py VISION_URL TEXT_URL [V4_VISION_URL]
 
 VISION_URL serves a checkpoint with a vision tower (the `tiny-v41-vision` synth preset),
-TEXT_URL one without. Checks: an image prompt answers, its prompt token count (image span
+TEXT_URL one without, V4_VISION_URL a V4-Flash-Vision-Exp-style one (`tiny-v4-vision`:
+sentinel ids, its window widened over images). Checks: an image prompt answers, its prompt token count (image span
 included) is /tokenize's; the same image again reports cached tokens and gives the same
 tokens and logprobs; another image of the same size does not hit past the text before it;
 bad images (undecodable, unsupported format, a small file declaring a huge canvas, an absurd
@@ -137,7 +138,25 @@ def main():
     expect_400(v, messages("data:image/png;base64,@@@@"), "messages[0].content[0]", "base64")
     expect_400(t, msgs, "messages[0].content[0]", f"`{t.model}` takes no images")
     other_apis(vision_url, text_url, v, image)
+    if len(sys.argv) > 3:
+        v4_family(sys.argv[3], image)
     print("vision e2e: ok")
+
+
+def v4_family(url, image):
+    """A V4-Flash-Vision-Exp-style checkpoint: its image block counts in the prompt, the
+    same image again is served from the cache with the same tokens and logprobs."""
+    c = client_for(url)
+    # Text after the image longer than a cache block: the hit then ends past the image
+    # block (a hit inside one is not resumed: its positions see one another).
+    msgs = messages(data_url(image), text="Describe the picture in detail. " * 40)
+    first, again = chat(c, msgs), chat(c, msgs)
+    count = tokenize_count(url, msgs)
+    assert first.usage.prompt_tokens == count, (first.usage, count)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0, again.usage
+    assert tokens_and_logprobs(again) == tokens_and_logprobs(first)
+    print(f"V4 image prompt: {count} tokens, answered; again: "
+          f"{again.usage.prompt_tokens_details.cached_tokens} cached, the same tokens")
 
 
 def chat_mode(client, msgs):

@@ -595,12 +595,16 @@ impl EngineCore {
             Some(script) => Sampler::scripted(script),
             None => Sampler::new(),
         };
+        let whole_images = model.config.image_spans_see_themselves();
         Ok(Self {
             eos: model.config.eos_token_ids.clone(),
             encoder: model.vision.clone().map(ImageEncoder::new),
             runner: ModelRunner::new(model),
             cache,
-            scheduler: Scheduler::default(),
+            scheduler: Scheduler {
+                whole_images,
+                ..Scheduler::default()
+            },
             seqs: HashMap::new(),
             sampler,
             spec,

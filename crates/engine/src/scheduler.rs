@@ -65,6 +65,9 @@ impl SchedulerOutput {
 pub struct Scheduler {
     pub waiting: VecDeque<RequestId>,
     pub running: Vec<RequestId>,
+    /// The model's image positions see their whole image span (V4-Flash-Vision-Exp): a
+    /// span is prefilled in one chunk, and a cached prefix is never resumed inside one.
+    pub whole_images: bool,
 }
 
 impl Scheduler {
@@ -124,7 +127,7 @@ impl Scheduler {
                 continue;
             }
             let admitted = if self.running.len() < cfg.max_num_seqs {
-                admit(id, cap, budget, seqs, alloc, out)?
+                admit(id, (cap, budget, self.whole_images), seqs, alloc, out)?
             } else {
                 None
             };
@@ -182,11 +185,10 @@ impl Scheduler {
         loop {
             let seq = &seqs[&id];
             let cache = seq.cache.expect("running sequences hold a cache");
-            let known = whole_spans(
-                seq,
-                seq.num_computed,
-                seq.num_uncomputed().min(cap).min(budget),
-            );
+            let mut known = seq.num_uncomputed().min(cap).min(budget);
+            if self.whole_images {
+                known = whole_spans(seq, seq.num_computed, known);
+            }
             let drafts = if seq.num_uncomputed() == 1 {
                 seq.spec
                     .draft_ids
@@ -238,8 +240,7 @@ impl Scheduler {
 /// cached prefix of its tokens; `None` when the cache has no room (it stays waiting).
 fn admit(
     id: RequestId,
-    cap: usize,
-    budget: usize,
+    (cap, budget, whole_images): (usize, usize, bool),
     seqs: &mut HashMap<RequestId, Sequence>,
     alloc: &mut dyn BlockAllocator,
     out: &mut SchedulerOutput,
@@ -252,14 +253,17 @@ fn admit(
     let seq = seqs.get_mut(&id).expect("waiting sequences exist");
     let len = seq.num_tokens();
     let mut cached = alloc.attach_prefix(cache, len, &|i| seq.key_token(i))?;
-    if let Some((a, _)) = seq.request.image_cut(cached) {
+    if let Some((a, _)) = seq.request.image_cut(cached).filter(|_| whole_images) {
         // A hit that ends inside an image span resumes from before it: the span's
         // positions see one another (V4-Flash-Vision-Exp), so it is computed in one chunk.
         alloc.free_seq(cache)?;
         cache = alloc.add_seq()?;
         cached = alloc.attach_prefix(cache, a, &|i| seq.key_token(i))?;
     }
-    let n = whole_spans(seq, cached, (len - cached).min(cap).min(budget));
+    let mut n = (len - cached).min(cap).min(budget);
+    if whole_images {
+        n = whole_spans(seq, cached, n);
+    }
     if let Err(e) = alloc.ensure_capacity(cache, cached + n) {
         alloc.free_seq(cache)?;
         return if is_exhausted(&e) { Ok(None) } else { Err(e) };

@@ -387,6 +387,7 @@ fn a_request_whose_prefix_is_read_ahead_waits_while_others_run() {
 fn chunks_keep_image_spans_whole() {
     use crate::request::{ImageSource, PromptImage};
     let mut h = Harness::new(cfg(4, 16, Some(8)), FakeAllocator::new(4, 10_000));
+    h.sched.whole_images = true;
     h.add(0, 60);
     let image = |offset, len| PromptImage {
         offset,

@@ -176,6 +176,14 @@ fn invalid(
 }
 
 impl ModelConfig {
+    /// Whether an image's positions see its whole span during prefill (V4-Flash-Vision-Exp,
+    /// docs/MODEL.md §8.9), so that a span must be prefilled in one chunk.
+    pub fn image_spans_see_themselves(&self) -> bool {
+        self.vision
+            .as_ref()
+            .is_some_and(|v| v.family == VisionFamily::V4)
+    }
+
     /// The token ids that mark image positions, which route with `gate.bias_vl`: V4.1's
     /// image token, V4-Flash-Vision-Exp's five sentinels.
     pub fn image_ids(&self) -> Option<std::ops::Range<u32>> {

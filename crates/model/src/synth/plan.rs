@@ -3,7 +3,7 @@
 
 use safetensors::Dtype;
 
-use crate::config::{AttnKind, DsparkConfig, MlpKind, ModelConfig};
+use crate::config::{AttnKind, DsparkConfig, MlpKind, ModelConfig, VisionFamily};
 
 /// How a tensor's values are drawn before they are rounded onto its storage format.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -333,6 +333,17 @@ impl Planner {
                 std: 0.1,
             };
             self.f32(format!("{f}.gate.bias"), &[e], bias);
+        }
+        // V4-Flash-Vision-Exp routes its image positions by their own bias, on every layer.
+        if s.vision
+            .as_ref()
+            .is_some_and(|v| v.family == VisionFamily::V4)
+        {
+            let bias = Init::Normal {
+                mean: 0.0,
+                std: 0.5,
+            };
+            self.f32(format!("{f}.gate.bias_vl"), &[e], bias);
         }
         for i in 0..e {
             let x = format!("{f}.experts.{i}");

@@ -19,6 +19,7 @@ pub const PRESETS: &[&str] = &[
     "tiny-v41",
     "bench-v41",
     "tiny-v41-vision",
+    "tiny-v4-vision",
     "vision-v41",
 ];
 
@@ -261,6 +262,8 @@ fn v41_like(
 ///   rows (~1.1 GB each: like the real ~100 GB tables, larger than the rest of a layer).
 /// * `tiny-v41-vision`: `tiny-v41` with a tiny V4.1 vision tower (2 blocks of 64, patch 14,
 ///   3×3 aligner, 64 tokens an image): images through the server on the real vocabulary.
+/// * `tiny-v4-vision`: `tiny` with the same tiny tower as V4-Flash-Vision-Exp's (flat
+///   `vision_*` keys, sentinel ids, `gate.bias_vl` on every MoE layer, hash layers included).
 /// * `vision-v41`: `tiny-v41` with V4.1-Flash's tower at its real widths (32 blocks of 1024,
 ///   16 heads, MLP 2816; ~0.85 GB): what `bench vision` times.
 pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
@@ -274,6 +277,13 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
         "bench" | "bench-bf16" | "big" => bench(name == "big"),
         "tiny-v41" => tiny_v41(),
         "tiny-v41-vision" => with_tower(tiny_v41(), tiny_tower()),
+        "tiny-v4-vision" => with_tower(
+            tiny(),
+            VisionConfig {
+                family: VisionFamily::V4,
+                ..tiny_tower()
+            },
+        ),
         "vision-v41" => with_tower(tiny_v41(), v41_flash_tower()),
         "bench-v41" => bench_v41(),
         "flash-slice" => flash_slice(),
@@ -587,6 +597,22 @@ fn v41_config_json(v4_pairs: Vec<(&str, Value)>, c: &ModelConfig, v: &V41) -> Va
     top
 }
 
+/// V4-Flash-Vision-Exp's tower keys, flat beside the text model's.
+fn v4_vision_pairs(vc: &VisionConfig) -> Vec<(&'static str, Value)> {
+    vec![
+        ("vision_n_layers", json!(vc.n_layers)),
+        ("vision_dim", json!(vc.dim)),
+        ("vision_n_heads", json!(vc.n_heads)),
+        ("vision_inter_dim", json!(vc.inter_dim)),
+        ("vision_patch_size", json!(vc.patch_size)),
+        ("vision_rope_theta", json!(vc.rope_theta)),
+        ("vision_downsample_ratio", json!(vc.downsample_ratio)),
+        ("vision_max_n_token", json!(vc.max_n_token)),
+        ("vision_min_pixels", json!(vc.min_pixels)),
+        ("vision_max_wh_ratio", json!(vc.max_wh_ratio)),
+    ]
+}
+
 /// An f32 setting as the shortest decimal that reads back to it (1e-6, not 9.99e-7).
 fn short(x: f32) -> Value {
     json!(x
@@ -675,6 +701,9 @@ impl SynthSpec {
                     "weight_block_size": [128, 128],
                 }),
             ));
+        }
+        if let Some(vc) = c.vision.as_ref().filter(|v| v.family == VisionFamily::V4) {
+            pairs.extend(v4_vision_pairs(vc));
         }
         if let Some(v) = &c.v41 {
             return v41_config_json(pairs, c, v);

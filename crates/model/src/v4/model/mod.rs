@@ -18,7 +18,7 @@ use super::workspace::Workspace;
 use crate::batch::{ForwardBatch, Logits};
 use crate::cache::CacheView;
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams, VisionFamily};
+use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::engram::{CompressedTokenMap, EngramError, EngramLayout};
 use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
@@ -382,7 +382,7 @@ impl Model {
         );
         // V4-Flash-Vision-Exp's image positions see their whole span (docs/MODEL.md §8.9).
         Ok(match &self.config.vision {
-            Some(v) if v.family == VisionFamily::V4 => {
+            Some(v) if self.config.image_spans_see_themselves() => {
                 rows.with_image_spans(&batch.image_spans, v.max_n_token)
             }
             _ => rows,
