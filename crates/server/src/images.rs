@@ -9,7 +9,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use deepinfer_engine::request::{ImageSource, Prompt, PromptImage};
 use deepinfer_model::vision::{ImagePlan, Pixels, VisionTower};
-use image::{ImageFormat, ImageReader, Limits};
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits, RgbImage};
 
 use crate::chat::tokens::IMAGE_PLACEHOLDER;
 use crate::openai::ApiError;
@@ -108,14 +108,35 @@ pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> Result<Pixels, String
     lim.max_image_height = Some(h);
     lim.max_alloc = Some(limits.max_pixels * 4 + (16 << 20));
     reader.limits(lim);
-    let rgb = reader
-        .decode()
-        .map_err(|e| format!("cannot decode the image: {e}"))?
-        .into_rgb8();
+    let bad = |e: image::ImageError| format!("cannot decode the image: {e}");
+    let mut decoder = reader.into_decoder().map_err(bad)?;
+    let orientation = decoder.orientation().map_err(bad)?;
+    let mut img = DynamicImage::from_decoder(decoder).map_err(bad)?;
+    img.apply_orientation(orientation);
+    let rgb = on_white(img);
     Ok(Pixels {
         width: rgb.width() as usize,
         height: rgb.height() as usize,
         rgb: rgb.into_raw(),
+    })
+}
+
+/// The image as RGB the way vLLM's loader makes it (`convert_image_mode(image, "RGB")`):
+/// one with transparency is pasted onto white through its alpha, with Pillow's rounding
+/// (`paste.c`'s `BLEND`: `(c·a + 255·(255 − a)) / 255` rounded to nearest).
+fn on_white(img: DynamicImage) -> RgbImage {
+    if !img.color().has_alpha() {
+        return img.into_rgb8();
+    }
+    let rgba = img.into_rgba8();
+    let (w, h) = rgba.dimensions();
+    let blend = |c: u8, a: u8| {
+        let v = u32::from(c) * u32::from(a) + 255 * (255 - u32::from(a)) + 128;
+        ((v + (v >> 8)) >> 8) as u8
+    };
+    RgbImage::from_fn(w, h, |x, y| {
+        let [r, g, b, a] = rgba.get_pixel(x, y).0;
+        image::Rgb([blend(r, a), blend(g, a), blend(b, a)])
     })
 }
 
@@ -241,6 +262,32 @@ mod tests {
             }
         }
         !c
+    }
+
+    /// Transparency and EXIF orientation as vLLM's loader treats them: the RGB bytes Pillow
+    /// makes (tools/make_image_decode_fixtures.py), exactly.
+    #[test]
+    fn alpha_and_orientation_decode_as_vllm_does() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/vision/decode");
+        let expected: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let files = expected.as_object().unwrap();
+        assert_eq!(files.len(), 7);
+        for (name, want) in files {
+            let px = decode_bytes(
+                &std::fs::read(dir.join(name)).unwrap(),
+                &ImageLimits::default(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let size = (
+                want["width"].as_u64().unwrap(),
+                want["height"].as_u64().unwrap(),
+            );
+            assert_eq!((px.width as u64, px.height as u64), size, "{name}");
+            let rgb = std::fs::read(dir.join(format!("{name}.rgb"))).unwrap();
+            assert!(px.rgb == rgb, "{name}: pixels differ from Pillow's");
+        }
     }
 
     #[test]
