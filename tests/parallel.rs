@@ -6,7 +6,8 @@
 //! chunks and batched; logits within 1e-5), then drives the engine over the split model
 //! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
 //! empty), restarts on a prefix cache directory (the prefix read back gives the cold
-//! split run's bits), and sees the step fail, naming them, when the other ranks' experts
+//! split run's bits), drafts with the DSpark drafter (whole on rank 0) over the split target
+//! as one process does, and sees the step fail, naming them, when the other ranks' experts
 //! cannot be read. The other ranks serve their part of each model rank 0 loads, in the same order.
 
 mod common;
@@ -18,6 +19,7 @@ use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, Engi
 use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
 use deepinfer_model::parallel::Placement;
@@ -50,6 +52,10 @@ const MODELS: [(&str, &str, bool, (bool, bool)); 10] = [
     ("tiny-b", "hf", false, WIDTH),
     ("tiny-c", "official", false, WIDTH),
 ];
+
+/// The splits the DSpark scenario drafts under: experts split whole, and tensor parallel
+/// (the target's head split, which the drafter's logits go through).
+const DSPARK_SPLITS: [(bool, bool); 2] = [EXPERTS, BOTH];
 
 fn mpirun(n: usize) -> Command {
     let mut cmd = Command::new("mpirun");
@@ -135,6 +141,9 @@ fn ranks_scenario() {
         compare_with_single_process("tiny-a", "official", model, "official numerics", 40);
         engine_scenarios(&placement(BOTH));
         prefix_on_disk_scenario(&placement(BOTH));
+        for split in DSPARK_SPLITS {
+            dspark_scenario(&placement(split));
+        }
         another_rank_fails(placement(BOTH));
         println!("{PASSED} on {} ranks", world.size());
     } else {
@@ -152,6 +161,9 @@ fn ranks_scenario() {
         // The engine scenarios' two models, then the disk scenario's three.
         for _ in 0..5 {
             serve_part(placement(BOTH), "tiny-a", "official", false);
+        }
+        for split in DSPARK_SPLITS {
+            serve_part(placement(split), "tiny-a-dspark", "official", false);
         }
         fail_part(placement(BOTH));
     }
@@ -385,6 +397,45 @@ fn engine_scenarios(world: &Placement) {
     h.abort(id);
     assert_eq!(collect(rx).1, Some(FinishReason::Abort));
     h.drain().unwrap();
+    h.shutdown();
+    assert_pools_empty(join);
+}
+
+/// The target split over ranks drafting with its DSpark drafter (whole on rank 0):
+/// `--speculative-config '{"method": "dspark"}'` keeps the reference's greedy output and
+/// accepts as many drafts as the reference's own speculative loop, as one process does
+/// (tests/dspark.rs).
+fn dspark_scenario(world: &Placement) {
+    let g = Golden::load_named("tiny-a-dspark", "dspark_golden");
+    let dir = model_dir("tiny-a-dspark", "official");
+    let model = Model::load_split(&dir, &plan(false), world.clone(), |_, _| {}).unwrap();
+    assert!(model.dspark.is_some(), "the drafter loads on rank 0");
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 1,
+            max_num_batched_tokens: 256,
+            prefill_chunk: None,
+            max_model_len: 4096,
+        },
+        cache: cache_config(64 << 20, 1, 0),
+        model_name: "test".into(),
+        forced_output: None,
+        speculative: Some(
+            SpeculativeConfig::from_json(r#"{"method": "dspark", "adaptive": false}"#, None)
+                .unwrap(),
+        ),
+        prefix_disk: None,
+    };
+    let (h, join) = engine::start(model, config).unwrap();
+    let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
+    let (toks, _) = collect(h.add_request(prompt, greedy(want.len())).unwrap().1);
+    assert_eq!(toks, want, "split: greedy output with DSpark drafting");
+    h.drain().unwrap();
+    assert_eq!(
+        h.metrics.spec_decode_num_accepted_tokens.get(),
+        g.meta["speculative"]["accepted_total"].as_u64().unwrap(),
+        "split: accepted drafts"
+    );
     h.shutdown();
     assert_pools_empty(join);
 }

@@ -505,8 +505,7 @@ fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
                 return invalid(
                     "speculative_config",
                     "method \"dspark\" needs a checkpoint with its DSpark drafter (dspark_* in \
-                     config.json, mtp.0.main_proj.*) loaded in one process, and this model has \
-                     none"
+                     config.json, mtp.0.main_proj.*), and this model has none"
                         .into(),
                 );
             };

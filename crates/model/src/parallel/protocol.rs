@@ -15,8 +15,9 @@ pub enum Op {
     /// `[op, layer, tokens]`, then the attention output `[T, H·hd]`; every rank's part of
     /// the output projections is summed into rank 0.
     AttnOut = 3,
-    /// `[op, 0, rows]`, then the normed final hidden rows `[M, D]`; every rank's logits of
-    /// its vocabulary are gathered to rank 0.
+    /// `[op, exact, rows]`, then the normed final hidden rows `[M, D]`; every rank's logits
+    /// of its vocabulary are gathered to rank 0. `exact` (1 or 0): whether the rows are exact
+    /// in bf16 (the target's head in official numerics; not the DSpark drafter's).
     Head = 4,
     /// Rank 0's model is gone: the ranks leave their loop.
     Stop = 5,

@@ -100,7 +100,8 @@ impl Head<'_> {
         match self.head {
             HeadWeights::Whole(head) => head.forward_dense(&h, m, &mut logits.data, c.numerics),
             HeadWeights::Split { part, comm } => {
-                split_head(&**comm, part, c, &mut h, m, &mut logits.data, ws)
+                let shape = (c.vocab_size, c.numerics.bf16_exact_inputs());
+                split_head(&**comm, part, shape, &mut h, m, &mut logits.data, ws)
             }
         }
         ws.give(picked);

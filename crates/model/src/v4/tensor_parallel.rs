@@ -169,15 +169,15 @@ pub(super) fn split_out(
 pub(super) fn split_head(
     comm: &dyn Collectives,
     p: &HeadPart,
-    c: &ModelConfig,
+    (vocab, exact): (usize, bool),
     h: &mut [f32],
     m: usize,
     logits: &mut [f32],
     ws: &mut Workspace,
 ) {
-    announce(comm, Op::Head, 0, m, h);
-    let mine = head_part(p, h, m, c.numerics.bf16_exact_inputs(), ws);
-    let widths = widths(comm, c.vocab_size, 1);
+    announce(comm, Op::Head, usize::from(exact), m, h);
+    let mine = head_part(p, h, m, exact, ws);
+    let widths = widths(comm, vocab, 1);
     gather_rows(comm, &mine, &widths, m, logits, ws);
     ws.give(mine);
 }

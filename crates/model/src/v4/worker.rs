@@ -129,9 +129,13 @@ impl Worker {
                 ws.give(o);
             }
             Op::Head => {
-                let p = weights.head.as_ref().ok_or_else(|| missing("head"))?;
+                let p = weights
+                    .head
+                    .as_ref()
+                    .ok_or_else(|| WorkerError("this rank holds no part of the head".into()))?;
                 let h = receive(comm, t * c.hidden_size, ws);
-                let logits = head_part(p, &h, t, c.numerics.bf16_exact_inputs(), ws);
+                // The head's header carries whether rank 0's rows are exact in bf16.
+                let logits = head_part(p, &h, t, layer == 1, ws);
                 comm.gather_f32(&logits, &[], &mut []);
                 ws.give(logits);
                 ws.give(h);

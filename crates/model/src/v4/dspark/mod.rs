@@ -16,6 +16,7 @@ use super::embed::embed_streams;
 use super::hyper::{hc_head, hc_mix, hc_post};
 use super::moe::moe;
 use super::rows::Angles;
+use super::tensor_parallel::split_head;
 use super::workspace::Workspace;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 pub use crate::config::DsparkConfig;
@@ -227,7 +228,20 @@ impl DsparkWeights {
         out.base_logits.resize(b * v, 0.0);
         match m.head {
             HeadWeights::Whole(head) => head.forward_into(&normed, b, &mut out.base_logits),
-            HeadWeights::Split { .. } => unreachable!("the drafter loads in one process only"),
+            // The target's head split by tensor parallelism: every rank projects its rows
+            // (of activations as they are, as the whole head's `forward_into` reads them).
+            HeadWeights::Split { part, comm } => {
+                let shape = (v, false);
+                split_head(
+                    &**comm,
+                    part,
+                    shape,
+                    &mut normed,
+                    b,
+                    &mut out.base_logits,
+                    ws,
+                )
+            }
         }
         let r = self.config.markov_rank;
         let (mut e, mut logits) = (ws.take(r), ws.take(v));

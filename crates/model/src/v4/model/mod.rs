@@ -140,7 +140,7 @@ pub struct Model {
     split_tensor: bool,
     /// V4.1's n-gram hashing, when the model has Engram layers.
     engram: Option<EngramHashing>,
-    /// The DSpark drafter, when the checkpoint ships one (and the model runs in one process).
+    /// The DSpark drafter, when the checkpoint ships one (whole on rank 0 when split).
     pub dspark: Option<DsparkWeights>,
     /// The vision tower, when the config declares one and the checkpoint ships it: images
     /// become input embeddings ([`ForwardBatch::embed_rows`]) on the process that runs it.
@@ -239,11 +239,9 @@ impl Model {
         tracing::info!("memory plan: {why}");
         let weights =
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
+        // Split over ranks, the drafter loads whole on rank 0 (its stages are small beside
+        // the target's layers); only the target's head it shares is split.
         let dspark = match config.dspark.clone() {
-            Some(_) if placement.is_some() => {
-                tracing::info!("the DSpark drafter runs in one process: not loaded");
-                None
-            }
             Some(dc) if ck.contains("mtp.0.main_proj.weight") => {
                 Some(DsparkWeights::load(&ck, &config, dc)?)
             }
