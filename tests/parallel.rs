@@ -40,7 +40,7 @@ const WIDTH: (bool, bool) = (true, false);
 
 /// The models the scenario splits, in the order both sides load them: `(config, layout,
 /// experts streamed, split)`.
-const MODELS: [(&str, &str, bool, (bool, bool)); 10] = [
+const MODELS: [(&str, &str, bool, (bool, bool)); 16] = [
     ("tiny-a", "official", false, EXPERTS),
     ("tiny-b", "hf", false, EXPERTS),
     ("tiny-c", "official", false, EXPERTS),
@@ -51,11 +51,22 @@ const MODELS: [(&str, &str, bool, (bool, bool)); 10] = [
     ("tiny-a", "official", false, WIDTH),
     ("tiny-b", "hf", false, WIDTH),
     ("tiny-c", "official", false, WIDTH),
+    ("tiny-v41-a", "official", false, EXPERTS),
+    ("tiny-v41-b", "official", false, EXPERTS),
+    ("tiny-v41-a", "official", false, BOTH),
+    ("tiny-v41-b", "official", true, BOTH),
+    ("tiny-v41-a", "official", false, WIDTH),
+    ("tiny-v41-b", "official", false, WIDTH),
 ];
 
-/// The splits the DSpark scenario drafts under: experts split whole, and tensor parallel
-/// (the target's head split, which the drafter's logits go through).
-const DSPARK_SPLITS: [(bool, bool); 2] = [EXPERTS, BOTH];
+/// The DSpark scenario's drafters (V4's and V4.1's) and splits: experts split whole, and
+/// tensor parallel (the target's head split, which the drafter's logits go through).
+const DSPARK_RUNS: [(&str, (bool, bool)); 4] = [
+    ("tiny-a-dspark", EXPERTS),
+    ("tiny-a-dspark", BOTH),
+    ("tiny-v41-a", EXPERTS),
+    ("tiny-v41-a", BOTH),
+];
 
 fn mpirun(n: usize) -> Command {
     let mut cmd = Command::new("mpirun");
@@ -141,8 +152,8 @@ fn ranks_scenario() {
         compare_with_single_process("tiny-a", "official", model, "official numerics", 40);
         engine_scenarios(&placement(BOTH));
         prefix_on_disk_scenario(&placement(BOTH));
-        for split in DSPARK_SPLITS {
-            dspark_scenario(&placement(split));
+        for (config, split) in DSPARK_RUNS {
+            dspark_scenario(config, &placement(split));
         }
         another_rank_fails(placement(BOTH));
         println!("{PASSED} on {} ranks", world.size());
@@ -162,8 +173,8 @@ fn ranks_scenario() {
         for _ in 0..5 {
             serve_part(placement(BOTH), "tiny-a", "official", false);
         }
-        for split in DSPARK_SPLITS {
-            serve_part(placement(split), "tiny-a-dspark", "official", false);
+        for (config, split) in DSPARK_RUNS {
+            serve_part(placement(split), config, "official", false);
         }
         fail_part(placement(BOTH));
     }
@@ -405,11 +416,11 @@ fn engine_scenarios(world: &Placement) {
 /// `--speculative-config '{"method": "dspark"}'` keeps the reference's greedy output and
 /// accepts as many drafts as the reference's own speculative loop, as one process does
 /// (tests/dspark.rs).
-fn dspark_scenario(world: &Placement) {
-    let g = Golden::load_named("tiny-a-dspark", "dspark_golden");
-    let dir = model_dir("tiny-a-dspark", "official");
+fn dspark_scenario(cfg: &str, world: &Placement) {
+    let g = Golden::load_named(cfg, "dspark_golden");
+    let dir = model_dir(cfg, "official");
     let model = Model::load_split(&dir, &plan(false), world.clone(), |_, _| {}).unwrap();
-    assert!(model.dspark.is_some(), "the drafter loads on rank 0");
+    assert!(model.dspark.is_some(), "{cfg}: the drafter loads on rank 0");
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 1,
@@ -429,12 +440,15 @@ fn dspark_scenario(world: &Placement) {
     let (h, join) = engine::start(model, config).unwrap();
     let (prompt, want) = (ids(&g.meta["prompt"]), ids(&g.meta["greedy"]));
     let (toks, _) = collect(h.add_request(prompt, greedy(want.len())).unwrap().1);
-    assert_eq!(toks, want, "split: greedy output with DSpark drafting");
+    assert_eq!(
+        toks, want,
+        "{cfg} split: greedy output with DSpark drafting"
+    );
     h.drain().unwrap();
     assert_eq!(
         h.metrics.spec_decode_num_accepted_tokens.get(),
         g.meta["speculative"]["accepted_total"].as_u64().unwrap(),
-        "split: accepted drafts"
+        "{cfg} split: accepted drafts"
     );
     h.shutdown();
     assert_pools_empty(join);

@@ -253,6 +253,22 @@ fn split_runs_reproduce_golden_greedy_tokens() {
     check_launched(mpirun(3), "tiny-c", "official", &[ep, alone[0], alone[1]]);
     check_launched(mpirun(2), "tiny-a", "official", &[]);
     check_launched(mpirun(3), "tiny-b", "hf", &["--prefill-chunk", "5"]);
+    // DeepSeek-V4.1 (Engram, shared kv and index sources, shifted mHC on rank 0), its
+    // experts split whole, by width, and drafting with its DSpark drafter.
+    check_launched(
+        mpirun(2),
+        "tiny-v41-b",
+        "official",
+        &[ep, "--prefill-chunk", "5"],
+    );
+    check_launched(mpirun(3), "tiny-v41-a", "official", &[]);
+    let dspark = ["--speculative-config", r#"{"method": "dspark"}"#];
+    check_launched(
+        mpirun(2),
+        "tiny-v41-a",
+        "official",
+        &[ep, dspark[0], dspark[1]],
+    );
     // Official numerics with the experts split whole: the other ranks round their experts'
     // w2 inputs as one process does.
     let official = ["--numerics", "official", ep, alone[0], alone[1]];

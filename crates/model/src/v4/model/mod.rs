@@ -220,11 +220,6 @@ impl Model {
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        if config.v41.is_some() && placement.is_some() {
-            return Err(ModelError::Unsupported(
-                "DeepSeek-V4.1 runs in one process for now (no tensor or expert parallelism)",
-            ));
-        }
         let engram = engram_hashing(dir, &config)?;
         let ck = Checkpoint::open(dir)?;
         let mut bytes = StoredBytes::of(&ck);
