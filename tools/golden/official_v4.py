@@ -196,10 +196,14 @@ class Indexer:
         top = score.topk(k, dim=-1)
         for i in range(seqlen):  # the margin at each query that has more entries than picks
             if visible[i] > k:
-                v = score[i].sort(descending=True).values
-                self.gaps["indexer"] = min(self.gaps["indexer"], float(v[k - 1] - v[k]))
+                self.record_margin(score[i, :visible[i]], k)
         idxs = top.indices
         return torch.where(idxs >= visible.view(-1, 1), -1, idxs + offset)
+
+    def record_margin(self, scores, k):
+        """The gap between the k-th and (k+1)-th of a query's visible entry scores."""
+        v = scores.sort(descending=True).values
+        self.gaps["indexer"] = min(self.gaps["indexer"], float(v[k - 1] - v[k]))
 
 
 class Attention:

@@ -137,31 +137,10 @@ class VisionAttention(Attention):
 class VisionIndexer(Indexer):
     """official_v4's Indexer, unchanged, also recording relative margins."""
 
-    def __call__(self, x, qr, start_pos, offset):
-        # Indexer.__call__ of golden/official_v4.py, statement for statement, with the
-        # relative margin kept beside the absolute one.
-        c = self.c
-        seqlen, h, hd, rd = x.size(0), c["index_heads"], c["index_dim"], c["rd"]
-        end = start_pos + seqlen
-        fc = self.fc[start_pos:end]
-        q = self.nm.linear(qr, self.wq_b, True).unflatten(-1, (h, hd))
-        q = torch.cat([q[..., :-rd], rope(q[..., -rd:], fc)], -1)
-        q = self.nm.fp4_sim(hadamard(q), FP4_BLOCK)
-        self.compressor(x, start_pos)
-        weights = (self.nm.bf16_input(x) @ self.weights_proj.T) * (hd ** -0.5 * h ** -0.5)
-        keys = self.compressor.cache[:end // 4]
-        score = (torch.einsum("shd,td->sht", q, keys).relu() * weights.unsqueeze(-1)).sum(1)
-        visible = (torch.arange(start_pos, end) + 1) // 4
-        score = score.masked_fill(torch.arange(end // 4).view(1, -1) >= visible.view(-1, 1), float("-inf"))
-        k = min(c["index_topk"], end // 4)
-        top = score.topk(k, dim=-1)
-        for i in range(seqlen):
-            if visible[i] > k:
-                gap, rel = rel_margin(score[i, :visible[i]], k)
-                self.gaps["indexer"] = min(self.gaps["indexer"], gap)
-                self.gaps["indexer_rel"] = min(self.gaps["indexer_rel"], rel)
-        idxs = top.indices
-        return torch.where(idxs >= visible.view(-1, 1), -1, idxs + offset)
+    def record_margin(self, scores, k):
+        gap, rel = rel_margin(scores, k)
+        self.gaps["indexer"] = min(self.gaps["indexer"], gap)
+        self.gaps["indexer_rel"] = min(self.gaps["indexer_rel"], rel)
 
 
 class VisionMoE(MoE):
