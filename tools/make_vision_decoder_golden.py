@@ -44,7 +44,6 @@ position), greedy i64 [GREEDY_STEPS].
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 
@@ -55,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden import vision as V  # noqa: E402
 from golden.paths import GOLDEN, ROOT  # noqa: E402
 from golden.read import read_safetensors_raw  # noqa: E402
-from golden.storage import raw, write_safetensors  # noqa: E402
+from golden.storage import dump_json, finite, raw, write_safetensors  # noqa: E402
 from golden.v41 import CONFIGS, V41, build  # noqa: E402
 
 NAME = "tiny-v41"
@@ -160,23 +159,6 @@ def run_prompt(m, ids, embeds):
             gaps.indexer = min(gaps.indexer, g2.indexer)
             gaps.candidate = min(gaps.candidate, g2.candidate)
     return dict(logits=logits, greedy=greedy, gaps=gaps, prompt_gap=prompt_gap, greedy_gap=greedy_gap)
-
-
-def finite(x):
-    return None if math.isinf(x) else x
-
-
-def dump_json(obj, path):
-    """indent=1, but lists of numbers on one line (as make_vision_golden.py writes)."""
-    text = json.dumps(obj, indent=1)
-
-    def flat(mt):
-        return "[" + ", ".join(t.strip() for t in mt.group(1).split(",") if t.strip()) + "]"
-
-    text = re.sub(r"\[\s*([-0-9., \n]*?)\s*\]", flat, text)
-    with open(path, "w") as f:
-        f.write(text + "\n")
-    assert json.loads(text) == obj
 
 
 def main():

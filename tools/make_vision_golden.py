@@ -37,7 +37,6 @@ tests; the goldens' rgb tensors are the same pixels).
 
 import json
 import os
-import re
 import sys
 
 import numpy as np
@@ -47,7 +46,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden import vision as V  # noqa: E402
 from golden.paths import GOLDEN, ROOT  # noqa: E402
-from golden.storage import raw, write_safetensors  # noqa: E402
+from golden.storage import dump_json, raw, write_safetensors  # noqa: E402
 
 OUT = os.path.join(ROOT, "tests", "fixtures", "vision")
 IMAGES = os.path.join(OUT, "images")
@@ -237,18 +236,6 @@ def check_vit(vc, w, patches, nh, nw, out):
         x = x + (F.silu(h[:, :vc.inter_dim]) * h[:, vc.inter_dim:]) @ w[f"{b}.mlp.w2.weight"].T
     x = norm(x, w["vision.norm.weight"])
     assert torch.allclose(x, out, atol=1e-4, rtol=1e-4), (x - out).abs().max()
-
-
-def dump_json(obj, path):
-    """indent=1, but lists of numbers on one line."""
-    text = json.dumps(obj, indent=1)
-    def flat(m):
-        return "[" + ", ".join(t.strip() for t in m.group(1).split(",") if t.strip()) + "]"
-
-    text = re.sub(r"\[\s*([-0-9., \n]*?)\s*\]", flat, text)
-    with open(path, "w") as f:
-        f.write(text + "\n")
-    assert json.loads(text) == obj
 
 
 def make(name, spec, images, png_names):

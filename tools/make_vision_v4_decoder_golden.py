@@ -77,9 +77,7 @@ change the results.
 """
 
 import json
-import math
 import os
-import re
 import shutil
 import sys
 
@@ -92,7 +90,7 @@ from golden.official_v4 import Model  # noqa: E402
 from golden.paths import ROOT  # noqa: E402
 from golden.quant_sim import Numerics  # noqa: E402
 from golden.read import read_safetensors_raw, tensor  # noqa: E402
-from golden.storage import Store, raw, write_safetensors  # noqa: E402
+from golden.storage import Store, dump_json, finite, raw, write_safetensors  # noqa: E402
 from golden.v4_vision_decoder import IMAGE, N_ROLES, VisionModel, image_range, prefill_window  # noqa: E402
 
 NAME = "tiny-v4-exp"
@@ -397,23 +395,6 @@ def check_embeddings(cfg, ids, image_rows, spans):
 
 
 # ---------------------------------------------------------------- output
-
-
-def finite(x):
-    return None if math.isinf(x) else x
-
-
-def dump_json(obj, path):
-    """indent=1, but lists of numbers on one line (as make_vision_golden.py writes)."""
-    text = json.dumps(obj, indent=1)
-
-    def flat(mt):
-        return "[" + ", ".join(t.strip() for t in mt.group(1).split(",") if t.strip()) + "]"
-
-    text = re.sub(r"\[\s*([-0-9., \n]*?)\s*\]", flat, text)
-    with open(path, "w") as f:
-        f.write(text + "\n")
-    assert json.loads(text) == obj
 
 
 def main():

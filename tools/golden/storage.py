@@ -11,6 +11,7 @@ stays as it is.
 
 import json
 import math
+import re
 import struct
 
 import torch
@@ -141,3 +142,21 @@ class Store:
         self.files[name] = raw(packed, "I8")
         self.files[name.removesuffix(".weight") + ".scale"] = raw(exps, "F8_E8M0")
         return deq
+
+
+def finite(x):
+    """`x`, or None for an infinity (JSON has none)."""
+    return None if math.isinf(x) else x
+
+
+def dump_json(obj, path):
+    """indent=1, but lists of numbers on one line."""
+    text = json.dumps(obj, indent=1)
+
+    def flat(mt):
+        return "[" + ", ".join(t.strip() for t in mt.group(1).split(",") if t.strip()) + "]"
+
+    text = re.sub(r"\[\s*([-0-9., \n]*?)\s*\]", flat, text)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    assert json.loads(text) == obj
