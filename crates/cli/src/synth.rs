@@ -19,8 +19,10 @@ pub struct SynthArgs {
     /// `flash-slice` (V4-Flash's exact per-layer shapes over 6 layers of 16 experts, about
     /// 4.7 GB), `tiny-v41` (DeepSeek-V4.1 at toy width), `bench-v41` (V4.1-Flash's
     /// proportions at bench's width, with its DSpark drafter), `tiny-v41-vision` (`tiny-v41`
-    /// with a toy vision tower: images through the server) or `vision-v41` (`tiny-v41` with
-    /// V4.1-Flash's vision tower at its real widths, about 0.9 GB: `bench vision`).
+    /// with a toy vision tower: images through the server), `tiny-v4-vision` (`tiny` with a
+    /// toy V4-Flash-Vision-Exp tower: sentinel ids, `bias_vl` routing) or `vision-v41`
+    /// (`tiny-v41` with V4.1-Flash's vision tower at its real widths, about 0.9 GB: `bench
+    /// vision`).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESETS))]
     preset: String,
     /// Output directory, created if missing.
