@@ -7,7 +7,7 @@
 //! under forced preemption (HF's greedy tokens) and with aborts and disconnects (pools end
 //! empty), restarts on a prefix cache directory (the prefix read back gives the cold
 //! split run's bits), drafts with the DSpark drafter (whole on rank 0) over the split target
-//! as one process does, and sees the step fail, naming them, when the other ranks' experts
+//! as one process does, and sees the step fail (V4 and V4.1), naming them, when the other ranks' experts
 //! cannot be read. The other ranks serve their part of each model rank 0 loads, in the same order.
 
 mod common;
@@ -58,6 +58,10 @@ const MODELS: [(&str, &str, bool, (bool, bool)); 16] = [
     ("tiny-v41-a", "official", false, WIDTH),
     ("tiny-v41-b", "official", false, WIDTH),
 ];
+
+/// The models whose step fails when the other ranks' experts cannot be read: V4's and
+/// V4.1's.
+const FAILING: [&str; 2] = ["tiny-a", "tiny-v41-b"];
 
 /// The DSpark scenario's drafters (V4's and V4.1's) and splits: experts split whole, and
 /// tensor parallel (the target's head split, which the drafter's logits go through).
@@ -155,7 +159,9 @@ fn ranks_scenario() {
         for (config, split) in DSPARK_RUNS {
             dspark_scenario(config, &placement(split));
         }
-        another_rank_fails(placement(BOTH));
+        for config in FAILING {
+            another_rank_fails(config, placement(BOTH));
+        }
         println!("{PASSED} on {} ranks", world.size());
     } else {
         for (config, layout, streamed, split) in MODELS {
@@ -176,7 +182,9 @@ fn ranks_scenario() {
         for (config, split) in DSPARK_RUNS {
             serve_part(placement(split), config, "official", false);
         }
-        fail_part(placement(BOTH));
+        for config in FAILING {
+            fail_part(config, placement(BOTH));
+        }
     }
     drop(world);
     deepinfer_engine::dist::finalize();
@@ -457,8 +465,8 @@ fn dspark_scenario(cfg: &str, world: &Placement) {
 /// Rank 0's side of a failure elsewhere: the other ranks stream their experts from a copy of
 /// the checkpoint that they truncate after loading; the step fails on rank 0 naming every
 /// rank that failed, and the ranks stay in step.
-fn another_rank_fails(placement: Placement) {
-    let dir = model_dir("tiny-a", "official");
+fn another_rank_fails(config: &str, placement: Placement) {
+    let dir = model_dir(config, "official");
     let size = placement.comm.size();
     let model = Model::load_split(&dir, &plan(true), placement, |_, _| {}).unwrap();
     let mut r = runner(model, 1, 0);
@@ -476,21 +484,21 @@ fn another_rank_fails(placement: Placement) {
         2 => "ranks [1] could not compute",
         _ => "ranks [1, 2] could not compute",
     };
-    assert!(err.contains(want), "{err}");
+    assert!(err.contains(want), "{config}: {err}");
 }
 
 /// The other ranks' side: load from a private copy, truncate it, serve (the failed step is
 /// reported, not fatal here).
-fn fail_part(placement: Placement) {
+fn fail_part(config: &str, placement: Placement) {
     let copy = tempfile::tempdir().unwrap();
-    let dir = model_dir("tiny-a", "official");
+    let dir = model_dir(config, "official");
     for f in std::fs::read_dir(&dir).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, copy.path().join(f.file_name().unwrap())).unwrap();
     }
     let comm = Arc::clone(&placement.comm);
     let mut worker = Worker::load(copy.path(), &plan(true), placement)
-        .unwrap_or_else(|e| comm.abort(&format!("copy of tiny-a: {e}")));
+        .unwrap_or_else(|e| comm.abort(&format!("copy of {config}: {e}")));
     for f in std::fs::read_dir(copy.path()).unwrap() {
         let f = f.unwrap().path();
         if f.extension().is_some_and(|e| e == "safetensors") {
@@ -499,6 +507,6 @@ fn fail_part(placement: Placement) {
         }
     }
     if let Err(e) = worker.run() {
-        comm.abort(&format!("copy of tiny-a: {e}"));
+        comm.abort(&format!("copy of {config}: {e}"));
     }
 }
