@@ -335,25 +335,20 @@ class MoE:
             h = weights * h
         return self.nm.linear(h, *e["w2"])
 
-    def __call__(self, x, ids):
+    def scores(self, x):
+        """The gate's scores of every expert, `[T, experts]`, before any bias."""
         c = self.c
         scores = self.nm.bf16_input(x) @ self.gate.T  # the experts below read x unrounded
         if c["score"] == "softmax":
-            scores = scores.softmax(-1)
-        elif c["score"] == "sigmoid":
-            scores = scores.sigmoid()
-        else:
-            scores = F.softplus(scores).sqrt()
-        original = scores
-        if self.hash:
-            idx = self.tid2eid[ids]
-        else:
-            biased = scores + self.bias
-            idx = biased.topk(c["k"], -1).indices
-            if c["k"] < c["experts"]:
-                v = biased.sort(-1, descending=True).values
-                self.gaps["router"] = min(self.gaps["router"], float((v[:, c["k"] - 1] - v[:, c["k"]]).min()))
-        w = original.gather(1, idx)
+            return scores.softmax(-1)
+        if c["score"] == "sigmoid":
+            return scores.sigmoid()
+        return F.softplus(scores).sqrt()
+
+    def combine(self, x, scores, idx):
+        """The picked experts `idx` weighted by their unbiased `scores`, plus the shared one."""
+        c = self.c
+        w = scores.gather(1, idx)
         if c["renorm"]:
             w = w / w.sum(-1, keepdim=True)
         w = w * c["route_scale"]
@@ -363,6 +358,19 @@ class MoE:
             if len(rows):
                 y[rows] += self.run_expert(self.experts[e], x[rows], w[rows, slot, None])
         return y + self.run_expert(self.shared, x)
+
+    def __call__(self, x, ids):
+        c = self.c
+        scores = self.scores(x)
+        if self.hash:
+            idx = self.tid2eid[ids]
+        else:
+            biased = scores + self.bias
+            idx = biased.topk(c["k"], -1).indices
+            if c["k"] < c["experts"]:
+                v = biased.sort(-1, descending=True).values
+                self.gaps["router"] = min(self.gaps["router"], float((v[:, c["k"] - 1] - v[:, c["k"]]).min()))
+        return self.combine(x, scores, idx)
 
 
 class Block:

@@ -69,7 +69,6 @@ kept in `gaps["router_rel"]` / `gaps["indexer_rel"]`.
 import math
 
 import torch
-import torch.nn.functional as F
 
 from golden.official_v4 import Attention, Indexer, Model, MoE, head
 from golden.primitives import rope
@@ -155,13 +154,7 @@ class VisionMoE(MoE):
 
     def __call__(self, x, ids):
         c, k = self.c, self.c["k"]
-        scores = self.nm.bf16_input(x) @ self.gate.T  # the experts below read x unrounded
-        if c["score"] == "softmax":
-            scores = scores.softmax(-1)
-        elif c["score"] == "sigmoid":
-            scores = scores.sigmoid()
-        else:
-            scores = F.softplus(scores).sqrt()
+        scores = self.scores(x)
         image = (ids >= self.lo) & (ids < self.lo + N_ROLES)
         if self.bias_vl is None:
             image = torch.zeros_like(image)
@@ -190,16 +183,7 @@ class VisionMoE(MoE):
                 self.picks[kind][1] += int(set(idx[r].tolist()) != set(text_idx[r].tolist()))
         # The weights: the unbiased scores at the picks, renormalised, scaled (the bias only
         # selects; fused_topk_bias_router.py 364-370, dsv4_topk.py 86-102).
-        w = scores.gather(1, idx)
-        if c["renorm"]:
-            w = w / w.sum(-1, keepdim=True)
-        w = w * c["route_scale"]
-        y = torch.zeros_like(x)
-        for e in range(c["experts"]):
-            rows, slot = torch.where(idx == e)
-            if len(rows):
-                y[rows] += self.run_expert(self.experts[e], x[rows], w[rows, slot, None])
-        return y + self.run_expert(self.shared, x)
+        return self.combine(x, scores, idx)
 
 
 class VisionModel(Model):
