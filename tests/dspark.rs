@@ -285,21 +285,23 @@ fn adaptive_verification_keeps_the_greedy_output() {
     }
 }
 
-/// Under official numerics the context rings hold packed records (FP8 and bf16, as the
-/// target's rings do) and drafting still keeps the plain greedy output.
+/// Under official numerics (V4.1's: vLLM's FP8) the context rings hold packed records (as
+/// the target's rings do) and drafting still keeps the plain greedy output.
 #[test]
 fn official_numerics_drafting_keeps_the_greedy_output() {
     use deepinfer_model::numerics::Numerics;
 
-    let g = Golden::load_named("tiny-a-dspark", "dspark_golden");
-    let model = || {
-        let mut m = load("tiny-a-dspark", "official");
-        m.set_numerics(Numerics::Official).unwrap();
-        m
-    };
-    let prompt = ids(&g.meta["prompt"]);
-    let (plain, _) = generate(model(), None, prompt.clone(), 16);
-    let (drafted, drafts) = generate(model(), Some(DSPARK), prompt, 16);
-    assert_eq!(drafted, plain);
-    assert!(drafts > 0);
+    for cfg in ["tiny-a-dspark", "tiny-v41-a"] {
+        let g = Golden::load_named(cfg, "dspark_golden");
+        let model = || {
+            let mut m = load(cfg, "official");
+            m.set_numerics(Numerics::Official).unwrap();
+            m
+        };
+        let prompt = ids(&g.meta["prompt"]);
+        let (plain, _) = generate(model(), None, prompt.clone(), 16);
+        let (drafted, drafts) = generate(model(), Some(DSPARK), prompt, 16);
+        assert_eq!(drafted, plain, "{cfg}");
+        assert!(drafts > 0, "{cfg}");
+    }
 }

@@ -2,6 +2,10 @@
 //! (tools/make_official_golden.py) on the tiny checkpoints in DeepSeek's layout: FP8
 //! activations into every FP8/FP4 projection, FP8 KV, Hadamard-rotated FP4 indexer queries
 //! and keys. Reference numerics stays as tests/golden.rs checks it against HF.
+//!
+//! For DeepSeek-V4.1, `official` is vLLM's FP8 serving arithmetic, against
+//! tools/make_v41_official_golden.py (golden/v41.py with golden/quant_sim.py's
+//! V41Numerics): MXFP8 activations, 528-byte FP8 KV records, FP8 indexer keys.
 
 mod common;
 
@@ -66,25 +70,67 @@ fn tiny_c_matches_deepseeks_numerics() {
     check_config("tiny-c", 4);
 }
 
+/// V4.1's tie-safe prompts (three of tiny-v41-a's seven, five of tiny-v41-b's: its golden
+/// maker jitters every bf16 and FP8 input, and the long prompts' thousands of FP8 roundings
+/// rarely all survive that) run past the window and the compression boundaries with their
+/// greedy tokens.
+#[test]
+fn tiny_v41_a_matches_vllms_fp8_numerics() {
+    check_config("tiny-v41-a", 3);
+}
+
+#[test]
+fn tiny_v41_b_matches_vllms_fp8_numerics() {
+    check_config("tiny-v41-b", 5);
+}
+
 /// The two modes differ (the quantisation is really applied), and official numerics stays
 /// batch invariant: a prompt fed whole, in chunks, or one token at a time gives every position
 /// the same bits, as a cached prefix must.
 #[test]
 fn official_numerics_is_applied_and_chunking_changes_no_bit() {
-    let g = Golden::load_named("tiny-a", "official_golden");
-    let seq = ids(&g.prompts()[2]["ids"]);
-    let mut reference = runner(load("tiny-a", "official"), 1, 0);
-    let plain = chunked_logits(&mut reference, &seq, usize::MAX);
-    let mut r = runner(official("tiny-a"), 1, 0);
-    let whole = chunked_logits(&mut r, &seq, usize::MAX);
-    let d = relative_diff(&whole[seq.len() - 1], &plain[seq.len() - 1]);
-    assert!(d > 1e-3, "official and reference logits differ by only {d}");
-    for chunk in [1, 7] {
-        let parts = chunked_logits(&mut r, &seq, chunk);
-        for (i, (a, b)) in whole.iter().zip(&parts).enumerate() {
-            assert!(same_bits(a, b), "chunks of {chunk}: position {i} differs");
+    for config in ["tiny-a", "tiny-v41-a"] {
+        let g = Golden::load_named(config, "official_golden");
+        let seq = ids(&g.prompts()[2]["ids"]);
+        let mut reference = runner(load(config, "official"), 1, 0);
+        let plain = chunked_logits(&mut reference, &seq, usize::MAX);
+        let mut r = runner(official(config), 1, 0);
+        let whole = chunked_logits(&mut r, &seq, usize::MAX);
+        let d = relative_diff(&whole[seq.len() - 1], &plain[seq.len() - 1]);
+        assert!(
+            d > 1e-3,
+            "{config}: official and reference differ by only {d}"
+        );
+        for chunk in [1, 7] {
+            let parts = chunked_logits(&mut r, &seq, chunk);
+            for (i, (a, b)) in whole.iter().zip(&parts).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{config} chunks of {chunk}: position {i} differs"
+                );
+            }
         }
     }
+}
+
+/// V4.1's records: every KV dim FP8 in 32-blocks, keys FP8 with one scale. Its official
+/// numerics rotates nothing, so an indexer head of any width is fine.
+#[test]
+fn v41_official_pools_hold_fp8_records() {
+    let official = official("tiny-v41-b");
+    let c = &official.config;
+    assert_eq!(c.numerics, Numerics::OfficialV41);
+    // head_dim 64: 64 FP8 codes + 2 scale bytes = 66 → 68 bytes; index_head_dim 32: 33 → 36.
+    assert_eq!((record::kv_words(c), record::key_words(c)), (17, 9));
+    let layout = CacheLayout::new(c, 0, default_block_tokens(c), 0).unwrap();
+    for p in &layout.pools {
+        let want = if p.name.ends_with("keys") { 9 } else { 17 };
+        assert_eq!(p.width, want, "{}", p.name);
+    }
+    assert!(layout.layers.iter().all(|l| l.window.width == 17));
+    let mut m = load("tiny-v41-a", "official");
+    m.config.index_head_dim = 48;
+    m.set_numerics(Numerics::Official).unwrap();
 }
 
 #[test]

@@ -28,6 +28,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// The models the scenario runs in official numerics with the experts split whole.
+const OFFICIAL_RUNS: [&str; 3] = ["tiny-a", "tiny-v41-a", "tiny-v41-b"];
+
 /// Set in the ranks' environment: the scenario runs only under the parent test.
 const CHILD: &str = "DEEPINFER_PARALLEL_CHILD";
 /// What rank 0 prints when every check passed.
@@ -145,15 +148,18 @@ fn ranks_scenario() {
             let model = Model::load_split(&dir, &plan(streamed), placement(split), |_, _| {});
             compare_with_single_process(config, layout, model.unwrap(), &label, usize::MAX);
         }
-        // Official numerics, the experts split whole: the other ranks round their experts'
-        // w2 inputs. Prompts of up to 40 tokens: a longer one meets activations so near an
-        // FP8 rounding boundary that a different summation order (the MoE's reduction over
-        // ranks) sends them the other way.
-        let dir = model_dir("tiny-a", "official");
-        let mut model =
-            Model::load_split(&dir, &plan(false), placement(EXPERTS), |_, _| {}).unwrap();
-        model.set_numerics(Numerics::Official).unwrap();
-        compare_with_single_process("tiny-a", "official", model, "official numerics", 40);
+        // Official numerics (V4.1's is vLLM's FP8), the experts split whole: the other ranks
+        // round their experts' w2 inputs. Prompts of up to 40 tokens: a longer one meets
+        // activations so near an FP8 rounding boundary that a different summation order
+        // (the MoE's reduction over ranks) sends them the other way.
+        for config in OFFICIAL_RUNS {
+            let dir = model_dir(config, "official");
+            let mut model =
+                Model::load_split(&dir, &plan(false), placement(EXPERTS), |_, _| {}).unwrap();
+            model.set_numerics(Numerics::Official).unwrap();
+            let label = format!("{config} official numerics");
+            compare_with_single_process(config, "official", model, &label, 40);
+        }
         engine_scenarios(&placement(BOTH));
         prefix_on_disk_scenario(&placement(BOTH));
         for (config, split) in DSPARK_RUNS {
@@ -168,12 +174,14 @@ fn ranks_scenario() {
             serve_part(placement(split), config, layout, streamed);
         }
         let comm = Arc::clone(&world);
-        let dir = model_dir("tiny-a", "official");
-        let mut worker = Worker::load(&dir, &plan(false), placement(EXPERTS))
-            .unwrap_or_else(|e| comm.abort(&format!("official: {e}")));
-        worker.set_numerics(Numerics::Official);
-        if let Err(e) = worker.run() {
-            comm.abort(&format!("official: {e}"));
+        for config in OFFICIAL_RUNS {
+            let dir = model_dir(config, "official");
+            let mut worker = Worker::load(&dir, &plan(false), placement(EXPERTS))
+                .unwrap_or_else(|e| comm.abort(&format!("{config} official: {e}")));
+            worker.set_numerics(Numerics::Official);
+            if let Err(e) = worker.run() {
+                comm.abort(&format!("{config} official: {e}"));
+            }
         }
         // The engine scenarios' two models, then the disk scenario's three.
         for _ in 0..5 {

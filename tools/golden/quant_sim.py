@@ -91,12 +91,12 @@ class Numerics:
         d = ((y - q).abs() - step / 2).abs()
         self.fragile += int((d < FRAGILE_REL * y.abs()).sum())
 
-    def act_quant_sim(self, x, block):
+    def act_quant_sim(self, x, block, floor=1e-4):
         if not self.quantise:
             return x
 
         def one(b):
-            amax = b.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+            amax = b.abs().amax(-1, keepdim=True).clamp_min(floor)
             s = pow2_ceil(amax / 448.0)
             y = (b / s).clamp(-448.0, 448.0)
             q = y.to(torch.float8_e4m3fn).float()
@@ -129,17 +129,77 @@ class Numerics:
         the roundings within BF16_FRAGILE_REL of a boundary in `bf16_fragile`."""
         if not self.quantise:
             return x
-        if self.jitter is not None:
-            ulps = torch.randint(-2, 3, x.shape, generator=self.jitter).float()
-            x = x + ulps * torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 23)
+        x = self.jittered(x)
         q = x.to(torch.bfloat16).float()
         step = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 7)
         d = ((x - q).abs() - step / 2).abs()
         self.bf16_fragile += int((d < BF16_FRAGILE_REL * x.abs()).sum())
         return q
 
+    def jittered(self, x):
+        """`x` with every value moved by up to two f32 ulps when a `jitter` generator is set."""
+        if self.jitter is None:
+            return x
+        ulps = torch.randint(-2, 3, x.shape, generator=self.jitter).float()
+        return x + ulps * torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 23)
+
     def linear(self, x, w, quant):
         """x @ w.T, with the input quantised first when `quant` (an FP8/FP4 weight)."""
         if quant:
             x = self.act_quant_sim(x, ACT_BLOCK)
         return x @ w.T
+
+
+# DeepSeek-V4.1 as vLLM 0.33 serves it on SM100 (docs/MODEL.md §8.8): MXFP8 in 32-blocks.
+MX_BLOCK = 32
+# FlashInfer's `mxfp8_quantize` has no amax floor (an all-zero block quantises to zeros): the
+# smallest normal scale stands in for one, which gives the same values for every block.
+MX_FLOOR = 448.0 * 2.0 ** -126
+
+
+class V41Numerics(Numerics):
+    """The quantisation points of DeepSeek-V4.1 as vLLM 0.33 serves it on SM100 (the
+    default `DeepseekV4MegaAttnAttention` path, the `fp8_ds_mla` records and FP8 indexer
+    keys), for golden/v41.py; paths under the wheel's `vllm/models/`:
+
+      - `mxfp8`: every input of an MXFP8/MXFP4-weight product (wq_a and wkv, wq_b and the
+        indexer's wq_b on the q-LoRA after q_norm, wo_a on the attention output after the
+        inverse RoPE, wo_b on wo_a's output, every expert's w1/w3 and w2, Engram's wkv on
+        its table rows): 32-blocks, scale 2^ceil(log2(amax/448)), round to nearest even
+        (deepseek_v41/quant_config.py 221-243 and 261: kMxfp8Dynamic; the scale rule in
+        deepseek_v41/common/ops/query_quant.py 66-78; wo_a/wo_b in
+        deepseek_v41/nvidia/flash_mla_mega_attn.py 3-10 and 214-265; the expert GEMMs in
+        deepseek_v41/nvidia/specialized_decode/moe/routed_expert_gemm_cute.py 938-955).
+      - `kv_record`: window rows and compressed entries, all `head_dim` dims after RoPE,
+        FP8 in 32-blocks with the cache writers' amax floor 1e-4 (deepseek_v41/attention.py
+        130-138, common/ops/fused_compress_quant_cache.py 426-477, common/ops/cache_utils.py
+        184-240): the attention reads them back, the current token's own row included.
+      - `index_fp8`: an indexer query head or key, FP8 with one scale over its whole
+        `index_head_dim` row, floor 1e-4 (common/ops/indexer_k_store.py 243-266;
+        deepseek_v4/common/ops/fused_indexer_q.py 140-187); no Hadamard rotation.
+      - `bf16_input` as for V4: the compressors' wkv/wgate, the indexer's weights_proj and
+        wk, the router and the head read bf16 activations.
+      - The experts' routing weights scale w2's output, after its input was quantised
+        (`weights_after_down`: the MoE finalize), not w2's input as in DeepSeek's V4 code.
+
+    Like the V4 port, activations between these points stay f32 (vLLM carries the residual
+    and most outputs in bf16), and the indexer's scores stay f32 (vLLM's come back bf16)."""
+
+    @property
+    def weights_after_down(self):
+        # Unquantised, the plain goldens keep DeepSeek's order (one f32 rounding apart).
+        return self.quantise
+
+    def act_quant_sim(self, x, block, floor=1e-4):
+        # A jitter moves the FP8 inputs too: V4.1's tiny goldens make thousands of FP8
+        # roundings, and whether one near a boundary tips a result is what `order_robust` asks.
+        return super().act_quant_sim(self.jittered(x) if self.quantise else x, block, floor)
+
+    def mxfp8(self, x):
+        return self.act_quant_sim(x, MX_BLOCK, floor=MX_FLOOR)
+
+    def kv_record(self, x):
+        return self.act_quant_sim(x, MX_BLOCK)
+
+    def index_fp8(self, x):
+        return self.act_quant_sim(x, x.size(-1))

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from golden import engram as v41_engram
 from golden.paths import TOKENIZER
 from golden.primitives import freqs_cis, hc_mixes, hc_post, hc_split_sinkhorn, rms_norm, rope_tail, sparse_attn
+from golden.quant_sim import V41Numerics
 from golden.storage import Store
 
 CONFIGS = {
@@ -274,10 +275,11 @@ def engram_rows(eng, k, ids, image):
         compressed, k, eng["mult"], eng["primes"], eng["offsets"], eng["pad"]), dtype=np.int64))
 
 
-def engram(X, ew, rows, eps, keep):
+def engram(X, ew, rows, eps, keep, nm):
     """X [T, hc, D] → X with the gated lookup added (Engram.forward)."""
     T, hc, D = X.shape
-    emb = ew["embed"][rows].flatten(1)  # [T, cols·head_dim]
+    # FP8 table rows through MXFP8 (lossless: their 1x32 scales are powers of two).
+    emb = nm.mxfp8(ew["embed"][rows].flatten(1))  # [T, cols·head_dim]
     kv = emb @ ew["wkv"].T  # [T, (hc+1)·D]
     keys, value = kv[:, : hc * D].view(T, hc, D), kv[:, hc * D:]
     x_rms = torch.rsqrt(X.square().mean(-1) + eps)
@@ -303,8 +305,11 @@ class Gaps:
 
 
 class V41:
-    def __init__(self, c, w):
+    """`nm`: where it rounds (golden/quant_sim.py's V41Numerics; by default nowhere)."""
+
+    def __init__(self, c, w, nm=None):
         self.c, self.w, self.topo = c, w, Topology(c)
+        self.nm = nm or V41Numerics(quantise=False)
         self.eps = c["rms_norm_eps"]
         self.fc = {}
         rs = c["rope_scaling"]
@@ -327,7 +332,8 @@ class V41:
 
     # -- compressed state of a kv source
     def compress(self, l, x, fc):
-        lw, r, T = self.w["layers"][l], self.topo.ratios[l], x.shape[0]
+        """`x`: the attention input as the bf16 compressor reads it."""
+        lw, r, T, nm = self.w["layers"][l], self.topo.ratios[l], x.shape[0], self.nm
         kv = x @ lw["c_wkv"].T
         n = T // r
         if r == 1:
@@ -338,17 +344,19 @@ class V41:
             pooled = (kv * z.softmax(1)).sum(1)
         latent = rms_norm(pooled, lw["c_norm"], self.eps)
         at = torch.arange(n) * r
-        entries = rope_tail(latent, fc[at], self.c["qk_rope_head_dim"])
+        entries = nm.kv_record(rope_tail(latent, fc[at], self.c["qk_rope_head_dim"]))
         keys = None
         if "i_wk" in lw:
-            keys = rms_norm(latent @ lw["i_wk"].T, lw["i_k_norm"], self.eps)
-            keys = rope_tail(keys, fc[at], self.c["qk_rope_head_dim"])
+            keys = rms_norm(nm.bf16_input(latent) @ lw["i_wk"].T, lw["i_k_norm"], self.eps)
+            keys = nm.index_fp8(rope_tail(keys, fc[at], self.c["qk_rope_head_dim"]))
         return entries, keys
 
     def index(self, l, x, qr, fc, keys, r, state, gaps):
+        """`x`: the attention input as the bf16 weights_proj reads it; `qr` as wq_b reads it."""
         c, lw, T = self.c, self.w["layers"][l], x.shape[0]
         ih, ihd, k = c["index_n_heads"], c["index_head_dim"], c["index_topk"]
         q = rope_tail((qr @ lw["i_wq_b"].T).view(T, ih, ihd), fc[:T].unsqueeze(1).squeeze(1), c["qk_rope_head_dim"])
+        q = self.nm.index_fp8(q)
         wts = (x @ lw["i_weights"].T) * (ihd ** -0.5 * ih ** -0.5)
         n = keys.shape[0]
         score = (torch.einsum("thd,nd->thn", q, keys).relu() * wts.unsqueeze(-1)).sum(1)
@@ -394,11 +402,12 @@ class V41:
     def attention(self, l, x, state, gaps):
         c, lw, T = self.c, self.w["layers"][l], x.shape[0]
         H, hd, rd, win = c["num_attention_heads"], c["head_dim"], c["qk_rope_head_dim"], c["sliding_window"]
-        r = self.topo.ratios[l]
+        r, nm = self.topo.ratios[l], self.nm
         fc = (self.fc_comp if r else self.fc_main)
-        qr = rms_norm(x @ lw["wq_a"].T, lw["q_norm"], self.eps)
+        xq, x = nm.mxfp8(x), nm.bf16_input(x)
+        qr = nm.mxfp8(rms_norm(xq @ lw["wq_a"].T, lw["q_norm"], self.eps))
         q = rope_tail((qr @ lw["wq_b"].T).view(T, H, hd), fc[:T], rd)
-        kv = rope_tail(rms_norm(x @ lw["wkv"].T, lw["kv_norm"], self.eps), fc[:T], rd)
+        kv = nm.kv_record(rope_tail(rms_norm(xq @ lw["wkv"].T, lw["kv_norm"], self.eps), fc[:T], rd))
         all_kv = kv
         idxs = []
         for t in range(T):
@@ -420,13 +429,15 @@ class V41:
         o = sparse_attn(q, all_kv, lw["sink"], it, hd ** -0.5)
         o = rope_tail(o, fc[:T], rd, inverse=True)
         g = c["o_groups"]
-        o = torch.einsum("sgd,grd->sgr", o.reshape(T, g, -1), lw["wo_a"].view(g, c["o_lora_rank"], -1))
-        return o.flatten(1) @ lw["wo_b"].T
+        o = nm.mxfp8(o.reshape(T, g, -1))  # each group's input in its own blocks
+        o = torch.einsum("sgd,grd->sgr", o, lw["wo_a"].view(g, c["o_lora_rank"], -1))
+        return nm.mxfp8(o.flatten(1)) @ lw["wo_b"].T
 
     def moe(self, l, x, gaps, ids=None):
-        c, lw = self.c, self.w["layers"][l]
+        c, lw, nm = self.c, self.w["layers"][l], self.nm
         k, E, lim = c["num_experts_per_tok"], c["n_routed_experts"], c["swiglu_limit"]
-        scores = x @ lw["gate"].T
+        scores = nm.bf16_input(x) @ lw["gate"].T
+        x = nm.mxfp8(x)
         if c["scoring_func"] == "sigmoid":
             scores = scores.sigmoid()
         elif c["scoring_func"] == "softmax":
@@ -456,9 +467,12 @@ class V41:
         for e in range(E):
             rows, slot = torch.where(idx == e)
             if len(rows):
-                h = expert(lw["experts"][e], x[rows]) * wts[rows, slot, None]
-                y[rows] += h @ lw["experts"][e]["w2"].T
-        return y + expert(lw["shared"], x) @ lw["shared"]["w2"].T
+                h, w2, wt = expert(lw["experts"][e], x[rows]), lw["experts"][e]["w2"], wts[rows, slot, None]
+                if nm.weights_after_down:
+                    y[rows] += (nm.mxfp8(h) @ w2.T) * wt
+                else:
+                    y[rows] += nm.mxfp8(h * wt) @ w2.T
+        return y + nm.mxfp8(expert(lw["shared"], x)) @ lw["shared"]["w2"].T
 
     def forward(self, ids, want_layers=False, embeds=None):
         """(logits [T, vocab], per-layer streams if `want_layers`, Gaps) for the token ids `ids`.
@@ -495,7 +509,7 @@ class V41:
                 ew = lw["engram"]
                 image = c.get("image_token_id", -1)
                 keep = (torch.tensor(ids) != image).to(torch.float32)
-                X = engram(X, ew, engram_rows(self.eng, ew["index"], ids, image), self.eps, keep)
+                X = engram(X, ew, engram_rows(self.eng, ew["index"], ids, image), self.eps, keep, self.nm)
             new_pre, post, comb = self.coeffs(X, lw["hc_attn"])
             a = X[:, 0] if pre is None else (pre.unsqueeze(-1) * X).sum(1)
             a = self.attention(l, rms_norm(a, lw["attn_norm"], self.eps), state, gaps)
@@ -508,7 +522,7 @@ class V41:
             if want_layers:
                 layers.append(X.clone())
         h = rms_norm((pre.unsqueeze(-1) * X).sum(1), self.w["norm"], self.eps)
-        return h @ self.w["head"].T, layers, gaps
+        return self.nm.bf16_input(h) @ self.w["head"].T, layers, gaps
 
 
 # ---------------------------------------------------------------- files

@@ -41,7 +41,8 @@ pub struct LoadArgs {
     /// `reference`: f32 between the stored weights, what HF transformers computes in
     /// float32. `official`: also DeepSeek's own quantisation points (FP8 activations into
     /// every FP8/FP4 projection, FP8 KV, Hadamard-rotated FP4 indexer queries and keys), as
-    /// the model was trained and is served by its authors.
+    /// the model was trained and is served by its authors; on DeepSeek-V4.1, vLLM's FP8
+    /// serving arithmetic (MXFP8 activations, FP8 KV records and indexer keys).
     #[arg(long, default_value = "reference")]
     pub numerics: Numerics,
     #[command(flatten)]

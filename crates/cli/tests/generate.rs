@@ -153,6 +153,10 @@ fn official_numerics_reproduces_its_golden_greedy_tokens() {
     check_golden("tiny-c", "official", "official_golden", &chunked);
     let drafted = [&official[..], &["--num-speculative-tokens", "2"]].concat();
     check_golden("tiny-c", "official", "official_golden", &drafted);
+    // DeepSeek-V4.1 in vLLM's FP8 arithmetic (tools/make_v41_official_golden.py): tiny-v41-b's
+    // first two prompts are tie-safe there.
+    check_golden("tiny-v41-b", "official", "official_golden", &official);
+    check_golden("tiny-v41-b", "official", "official_golden", &chunked);
     assert_fails(
         &["generate", "--model", "x", "--numerics", "bf16"],
         "expected `reference` or `official`",
@@ -286,6 +290,15 @@ fn split_runs_reproduce_golden_greedy_tokens() {
         "official_golden",
         &official,
     );
+    for n in [2, 3] {
+        check_launched_against(
+            mpirun(n),
+            "tiny-v41-b",
+            "official",
+            "official_golden",
+            &official,
+        );
+    }
 }
 
 #[cfg(feature = "mpi")]

@@ -67,8 +67,24 @@ pub fn fp4_block_scale(block: &[f32]) -> u8 {
 /// widths are whole blocks, the tiny test models' are not, and a short block is quantised
 /// with its own amax like any other).
 pub fn fp8_round_trip(x: &mut [f32], block: usize) {
+    fp8_round_trip_floored(x, block, FP8_AMAX_FLOOR);
+}
+
+/// The amax floor of MXFP8 activations: FlashInfer's `mxfp8_quantize` has none (an all-zero
+/// block quantises to zeros), which the smallest normal scale reproduces for every block.
+pub const MXFP8_AMAX_FLOOR: f32 = E4M3_MAX * f32::MIN_POSITIVE;
+/// Block width of MXFP8 (and of DeepSeek-V4.1's FP8 cache records).
+pub const MX_BLOCK: usize = 32;
+
+/// MXFP8 round trip of `x`: FP8 e4m3 in 32-blocks with power-of-two scales and no amax floor
+/// (the last block may be shorter).
+pub fn mxfp8_round_trip(x: &mut [f32]) {
+    fp8_round_trip_floored(x, MX_BLOCK, MXFP8_AMAX_FLOOR);
+}
+
+fn fp8_round_trip_floored(x: &mut [f32], block: usize, floor: f32) {
     for b in x.chunks_mut(block) {
-        let s = e8m0_to_f32(fp8_block_scale(b));
+        let s = e8m0_to_f32(pow2_scale_byte(amax(b), floor, E4M3_MAX));
         for v in b {
             // `/ s` and `· s` are exact (s is a power of two); only the e4m3 cast rounds.
             *v = e4m3_to_f32(f32_to_e4m3(*v / s)) * s;

@@ -19,9 +19,19 @@
 //!   activations between the quantisation points are f32. Rounding the dense products'
 //!   inputs also lets the kernels multiply them on bf16 dot products with the f32 kernels'
 //!   exact results (`deepinfer_kernels::linear`).
+//! - [`Numerics::OfficialV41`] is what `official` means for DeepSeek-V4.1, whose own inference
+//!   code is not published: the quantisation vLLM 0.33 serves it with on SM100 GPUs
+//!   (docs/MODEL.md §8.8). Every FP8/FP4-weight projection — `wo_a` and the Engram `wkv`
+//!   included — sees MXFP8 input (32-blocks, no amax floor); window rows and compressed
+//!   entries keep all their dims as FP8 in 32-blocks (the 528-byte record); indexer queries
+//!   and keys are FP8 with one scale per row and no rotation; the routing weights scale the
+//!   experts' outputs rather than `w2`'s inputs. The bf16 inputs of the dense products and
+//!   the f32 elsewhere are as for V4.
 
 use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
-use deepinfer_kernels::quant::{fp4_round_trip, fp8_round_trip, hadamard};
+use deepinfer_kernels::quant::{
+    fp4_round_trip, fp8_round_trip, hadamard, mxfp8_round_trip, MX_BLOCK,
+};
 use std::fmt;
 use std::str::FromStr;
 
@@ -36,26 +46,58 @@ pub const INDEXER_BLOCK: usize = 32;
 pub enum Numerics {
     #[default]
     Reference,
+    /// DeepSeek-V4's inference code.
     Official,
+    /// DeepSeek-V4.1 as vLLM serves it in FP8: `official` for a V4.1 model
+    /// ([`Self::for_model`]).
+    OfficialV41,
 }
 
 impl Numerics {
-    /// Before a projection whose weights DeepSeek stores in FP8 or FP4 (`wq_a`, `wq_b`,
-    /// `wkv`, `wo_b`, the indexer's `wq_b`, every expert's `w1`/`w3`/`w2`, the MTP block's
-    /// `e_proj`/`h_proj`): each `width`-wide row of `x` through FP8 in 128-blocks.
-    pub fn projection_input(self, x: &mut [f32], width: usize) {
-        if self == Numerics::Official {
-            for row in x.chunks_exact_mut(width) {
-                fp8_round_trip(row, ACT_BLOCK);
-            }
+    /// What `self` means for a model: `official` on DeepSeek-V4.1 is [`Self::OfficialV41`].
+    pub fn for_model(self, v41: bool) -> Self {
+        match (self, v41) {
+            (Numerics::Official, true) => Numerics::OfficialV41,
+            (Numerics::OfficialV41, false) => Numerics::Official,
+            (n, _) => n,
         }
+    }
+
+    /// Before a projection whose weights are stored in FP8 or FP4 (`wq_a`, `wq_b`, `wkv`,
+    /// `wo_b`, the indexer's `wq_b`, every expert's `w1`/`w3`/`w2`, the MTP block's
+    /// `e_proj`/`h_proj`; for V4.1 also `wo_a` and Engram's `wkv`): each `width`-wide row of
+    /// `x` through FP8 in 128-blocks (V4) or MXFP8 (V4.1).
+    pub fn projection_input(self, x: &mut [f32], width: usize) {
+        match self {
+            Numerics::Reference => {}
+            Numerics::Official => x
+                .chunks_exact_mut(width)
+                .for_each(|row| fp8_round_trip(row, ACT_BLOCK)),
+            Numerics::OfficialV41 => x.chunks_exact_mut(width).for_each(mxfp8_round_trip),
+        }
+    }
+
+    /// `wo_a`'s input, `width`-wide rows of one output group: a dense product's (bf16) in
+    /// DeepSeek's V4 code, which dequantises `wo_a`; an MXFP8 projection's in V4.1's.
+    pub fn wo_a_input(self, x: &mut [f32], width: usize) {
+        match self {
+            Numerics::OfficialV41 => self.projection_input(x, width),
+            _ => self.dense_input(x),
+        }
+    }
+
+    /// Whether the routing weights scale each expert's output (V4.1's MoE finalize) rather
+    /// than its `w2` input (DeepSeek's V4 code, and reference numerics, where it is the
+    /// same product).
+    pub fn weights_after_down(self) -> bool {
+        self == Numerics::OfficialV41
     }
 
     /// Whether [`Self::projection_input`] leaves its values exact in bf16 (an FP8 value times
     /// a power of two), so the kernels may multiply them in bf16 without loss
     /// ([`deepinfer_kernels::linear::Matmul::with_bf16_x`]).
     pub fn bf16_exact_inputs(self) -> bool {
-        self == Numerics::Official
+        self != Numerics::Reference
     }
 
     /// Floats a rounded copy of `n` activations needs ([`Self::projection_view`]): none in
@@ -63,7 +105,7 @@ impl Numerics {
     pub fn copy_len(self, n: usize) -> usize {
         match self {
             Numerics::Reference => 0,
-            Numerics::Official => n,
+            _ => n,
         }
     }
 
@@ -82,7 +124,7 @@ impl Numerics {
     /// `wkv`/`wgate`, the indexer's `weights_proj`, the router, `wo_a`, the head): `x`
     /// through bf16 (round to nearest even).
     pub fn dense_input(self, x: &mut [f32]) {
-        if self == Numerics::Official {
+        if self != Numerics::Reference {
             x.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
         }
     }
@@ -99,41 +141,62 @@ impl Numerics {
         buf
     }
 
-    /// A window or compressed KV vector, `[nope | rope]` rows of `width`: the first
-    /// `width − rope_dim` dims of each through FP8 in 64-blocks, the RoPE dims through bf16.
-    /// What the cache then holds is exactly what the attention computed with.
+    /// A window or compressed KV vector, `[nope | rope]` rows of `width`. V4: the first
+    /// `width − rope_dim` dims of each through FP8 in 64-blocks, the RoPE dims through bf16;
+    /// V4.1: every dim through FP8 in 32-blocks. What the cache then holds is exactly what
+    /// the attention computed with.
     pub fn kv(self, rows: &mut [f32], width: usize, rope_dim: usize) {
-        if self == Numerics::Official {
-            for row in rows.chunks_exact_mut(width) {
-                let (nope, rope) = row.split_at_mut(width - rope_dim);
-                fp8_round_trip(nope, KV_BLOCK);
-                rope.iter_mut()
-                    .for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
+        match self {
+            Numerics::Reference => {}
+            Numerics::Official => {
+                for row in rows.chunks_exact_mut(width) {
+                    let (nope, rope) = row.split_at_mut(width - rope_dim);
+                    fp8_round_trip(nope, KV_BLOCK);
+                    rope.iter_mut()
+                        .for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
+                }
             }
+            Numerics::OfficialV41 => rows
+                .chunks_exact_mut(width)
+                .for_each(|row| fp8_round_trip(row, MX_BLOCK)),
         }
     }
 
     /// Whether the cache pools keep packed records ([`crate::record`]) rather than f32.
     pub fn packs_cache(self) -> bool {
+        self != Numerics::Reference
+    }
+
+    /// Whether the indexer rotates its queries and keys ([`Self::indexer`]), which needs a
+    /// power-of-two head.
+    pub fn rotates_indexer(self) -> bool {
         self == Numerics::Official
     }
 
-    /// An indexer query head or key (`head_dim` wide, rows of it): rotated by the
-    /// orthonormal Hadamard transform, then through FP4 in 32-blocks. The rotation leaves
-    /// `q · k` unchanged, so keys and queries must both take it or neither.
+    /// An indexer query head or key (`head_dim` wide, rows of it). V4: rotated by the
+    /// orthonormal Hadamard transform, then through FP4 in 32-blocks (the rotation leaves
+    /// `q · k` unchanged, so keys and queries must both take it or neither); V4.1: through
+    /// FP8 with one scale per row.
     pub fn indexer(self, rows: &mut [f32], head_dim: usize) {
-        if self == Numerics::Official {
-            for row in rows.chunks_exact_mut(head_dim) {
-                hadamard(row);
-                fp4_round_trip(row, INDEXER_BLOCK);
+        match self {
+            Numerics::Reference => {}
+            Numerics::Official => {
+                for row in rows.chunks_exact_mut(head_dim) {
+                    hadamard(row);
+                    fp4_round_trip(row, INDEXER_BLOCK);
+                }
             }
+            Numerics::OfficialV41 => rows
+                .chunks_exact_mut(head_dim)
+                .for_each(|row| fp8_round_trip(row, head_dim)),
         }
     }
 
+    /// The name `--numerics` takes: V4.1's rounding is `official` too.
     pub fn name(self) -> &'static str {
         match self {
             Numerics::Reference => "reference",
-            Numerics::Official => "official",
+            Numerics::Official | Numerics::OfficialV41 => "official",
         }
     }
 }
@@ -194,6 +257,43 @@ mod tests {
         fp8_round_trip(&mut want[..128], 128);
         fp8_round_trip(&mut want[128..], 128);
         assert_eq!(p, want);
+    }
+
+    /// V4.1's rounding: MXFP8 projection inputs (no floor), every KV dim FP8 in 32-blocks,
+    /// indexer rows FP8 with one scale and no rotation; `official` means it on V4.1 only.
+    #[test]
+    fn v41_rounds_where_vllm_does() {
+        let v41 = Numerics::Official.for_model(true);
+        assert_eq!(v41, Numerics::OfficialV41);
+        assert_eq!(v41.for_model(false), Numerics::Official);
+        assert_eq!(Numerics::Reference.for_model(true), Numerics::Reference);
+        assert_eq!(v41.name(), "official");
+        let x: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin() * 3.1).collect();
+        let mut p = x.clone();
+        v41.projection_input(&mut p, 64);
+        let mut want = x.clone();
+        want.chunks_mut(32).for_each(mxfp8_round_trip);
+        assert_eq!(p, want);
+        let mut kv = x.clone();
+        v41.kv(&mut kv, 64, 16);
+        let mut want = x.clone();
+        want.chunks_mut(32).for_each(|b| fp8_round_trip(b, 32));
+        assert_eq!(kv, want, "the RoPE dims are FP8 too");
+        let mut key = x.clone();
+        v41.indexer(&mut key, 64);
+        let mut want = x.clone();
+        want.chunks_mut(64).for_each(|b| fp8_round_trip(b, 64));
+        assert_eq!(key, want, "one scale per row, no rotation");
+        let mut wo_a = x.clone();
+        v41.wo_a_input(&mut wo_a, 64);
+        assert_eq!(wo_a, p, "wo_a reads MXFP8");
+        let mut wo_a = x.clone();
+        Numerics::Official.wo_a_input(&mut wo_a, 64);
+        let mut bf16 = x.clone();
+        Numerics::Official.dense_input(&mut bf16);
+        assert_eq!(wo_a, bf16, "V4's wo_a reads bf16");
+        assert!(v41.weights_after_down() && !Numerics::Official.weights_after_down());
+        assert!(!v41.rotates_indexer());
     }
 
     #[test]

@@ -30,15 +30,10 @@ pub fn run(args: CacheArgs) -> Result<()> {
         base.num_hidden_layers,
         args.budget_mib
     );
-    // V4.1's official rounding is not published: it runs in reference numerics only.
-    let modes: &[Numerics] = match base.v41 {
-        Some(_) => &[Numerics::Reference],
-        None => &[Numerics::Reference, Numerics::Official],
-    };
     let mut header = false;
-    for &numerics in modes {
+    for numerics in [Numerics::Reference, Numerics::Official] {
         let mut c = base.clone();
-        c.numerics = numerics;
+        c.numerics = numerics.for_model(c.v41.is_some());
         let layout = CacheLayout::new(&c, 0, default_block_tokens(&c), 0)?;
         // One column per paged pool the model has (V4: CSA/HCA entries and indexer keys;
         // V4.1: entries and keys of its ratio-1 and ratio-2 sources).

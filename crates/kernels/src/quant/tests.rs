@@ -78,6 +78,35 @@ fn fp8_round_trip_equals_nearest_e4m3_in_pow2_blocks() {
     }
 }
 
+/// MXFP8 (V4.1's activations): 32-blocks and no 1e-4 amax floor, so a block of tiny values
+/// keeps its precision where DeepSeek-V4's floored FP8 flushes it to a coarse grid.
+#[test]
+fn mxfp8_round_trip_equals_nearest_e4m3_without_a_floor() {
+    let grid: Vec<(u8, f32)> = (0..0x7Fu8).map(|c| (c, e4m3_to_f32(c))).collect();
+    for (n, tiny) in [(512, 1.0), (80, 1.0), (64, 1e-6)] {
+        let x: Vec<f32> = values(n, 99 + n as u64).iter().map(|v| v * tiny).collect();
+        let want = reference_round_trip(&x, MX_BLOCK, &grid, f32::MIN_POSITIVE, E4M3_MAX);
+        let mut got = x.clone();
+        mxfp8_round_trip(&mut got);
+        let bits = |v: &[f32]| {
+            v.iter()
+                .map(|f| f.to_bits() & 0x7FFF_FFFF)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got), bits(&want), "n {n} tiny {tiny}");
+        let mut floored = x.clone();
+        fp8_round_trip(&mut floored, MX_BLOCK);
+        assert_eq!(
+            tiny < 1.0,
+            floored != got,
+            "n {n}: only tiny blocks feel the floor"
+        );
+    }
+    let mut zeros = [0.0f32; 32];
+    mxfp8_round_trip(&mut zeros);
+    assert_eq!(zeros, [0.0; 32]);
+}
+
 #[test]
 fn fp4_round_trip_equals_nearest_e2m1_in_pow2_blocks() {
     let grid: Vec<(u8, f32)> = (0..8u8).map(|c| (c, e2m1_to_f32(c))).collect();

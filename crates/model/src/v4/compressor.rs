@@ -94,7 +94,9 @@ impl Compression<'_> {
                 self.pool(&*cache, seq, win, entry, temps);
                 rms_norm(entry, &w.norm, c.rms_norm_eps);
                 if let Some(k) = &w.keys {
-                    k.wk.forward_into(entry, 1, key);
+                    // `wk` is BF16: it reads the latent as a dense product's input.
+                    let latent = c.numerics.dense_view(entry, &mut temps[..w.dim]);
+                    k.wk.forward_dense(latent, 1, key, c.numerics);
                     rms_norm(key, &k.k_norm, c.rms_norm_eps);
                     rope.apply(key, win * w.ratio, false);
                     c.numerics.indexer(key, key.len());

@@ -144,8 +144,11 @@ pub fn engram(
         return Err(e);
     }
     profile::weight_read(n * (width / dim) * (dim + dim.div_ceil(32)));
+    // `wkv` is an FP8 projection; the rows of an FP8 table pass its rounding unchanged.
+    c.numerics.projection_input(&mut looked_up, width);
     let mut kv = ws.take(n * (hc + 1) * d);
-    profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv)]);
+    let exact = c.numerics.bf16_exact_inputs();
+    profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv).with_bf16_x(exact)]);
     let image = w.image_token;
     x.par_chunks_mut(hc * d)
         .zip(kv.par_chunks(hc * d + d))

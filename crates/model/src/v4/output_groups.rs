@@ -32,8 +32,9 @@ pub(super) fn grouped_output(
                 .copy_from_slice(&row[g * gin..(g + 1) * gin]);
         }
     }
-    // `wo_a` is FP8 on disk but a dense product in DeepSeek's code (dequantised to bf16).
-    c.numerics.dense_input(&mut xg);
+    // `wo_a` is FP8 on disk but a dense product in DeepSeek's V4 code (dequantised to bf16),
+    // an MXFP8 projection of each group's input in V4.1's.
+    c.numerics.wo_a_input(&mut xg, gin);
     let mut zg = ws.take(ng * t * r);
     {
         let mut jobs: SmallVec<[Matmul; 16]> = SmallVec::new();

@@ -55,10 +55,16 @@ pub(super) fn activate(
                     *t = -*v;
                 }
                 exp_in_place(tmp);
+                // The activation is `w2`'s input, weighted first as DeepSeek's V4 code orders
+                // it; V4.1's MoE weights `w2`'s output instead (`moe::sum_rows`).
+                let wt = if numerics.weights_after_down() {
+                    1.0
+                } else {
+                    wt
+                };
                 for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
                     *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
                 }
-                // The activation is `w2`'s input (weighted first, as DeepSeek orders it).
                 numerics.projection_input(gr, width);
             }
         });

@@ -36,7 +36,7 @@ impl Worker {
     /// Computes with `numerics` (what rank 0 runs with: [`super::Model::set_numerics`]
     /// checks the split allows it).
     pub fn set_numerics(&mut self, numerics: Numerics) {
-        self.config.numerics = numerics;
+        self.config.numerics = numerics.for_model(self.config.v41.is_some());
     }
 
     pub fn load(dir: &Path, memory: &MemoryPlan, placement: Placement) -> Result<Self, ModelError> {

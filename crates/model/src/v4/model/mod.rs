@@ -290,28 +290,25 @@ impl Model {
         self.scratch.reserved_pool = None;
     }
 
-    /// Computes with `numerics` from the next step on ([`Numerics`]); on a split model, rank
-    /// 0's half of the choice (the other ranks take theirs with
-    /// [`Worker::set_numerics`](super::Worker::set_numerics)). Official numerics needs a
-    /// power-of-two indexer head (its Hadamard rotation), and runs split with the experts
-    /// whole only: under tensor parallelism each rank would round its part of `wo_b`'s and
-    /// `w2`'s inputs, which equals rounding the whole only where parts are whole blocks, and
-    /// that path is neither written for `wo_b` nor tested.
+    /// Computes with `numerics` from the next step on ([`Numerics`]; `official` on V4.1 is
+    /// [`Numerics::OfficialV41`]); on a split model, rank 0's half of the choice (the other
+    /// ranks take theirs with [`Worker::set_numerics`](super::Worker::set_numerics)).
+    /// Official numerics on V4 needs a power-of-two indexer head (its Hadamard rotation),
+    /// and either runs split with the experts whole only: under tensor parallelism each rank
+    /// would round its part of `wo_b`'s and `w2`'s inputs, which equals rounding the whole
+    /// only where parts are whole blocks, and that path is neither written for `wo_b` nor
+    /// tested.
     pub fn set_numerics(&mut self, numerics: Numerics) -> Result<(), ModelError> {
         let c = &self.config;
-        if numerics == Numerics::Official {
+        let numerics = numerics.for_model(c.v41.is_some());
+        if numerics != Numerics::Reference {
             let csa = c.layer_types.contains(&AttnKind::Csa);
-            let reason = if c.v41.is_some() {
-                Some(
-                    "DeepSeek-V4.1's official rounding points are not published (docs/MODEL.md §11); \
-                     it runs in reference numerics",
-                )
-            } else if self.split_tensor {
+            let reason = if self.split_tensor {
                 Some(
                     "not supported with tensor parallelism yet: split the experts alone \
                      (--enable-expert-parallel --tensor-parallel-size 1)",
                 )
-            } else if csa && !c.index_head_dim.is_power_of_two() {
+            } else if numerics.rotates_indexer() && csa && !c.index_head_dim.is_power_of_two() {
                 Some("the indexer's Hadamard rotation needs a power-of-two `index_head_dim`")
             } else {
                 None

@@ -345,7 +345,12 @@ fn routed_sum(
             &mut tmp,
         );
     }
-    let out = sum_rows(&order, &y, shared.map(|_| &ys[..]), t, k, d, ws);
+    let rows = Rows {
+        order: &order,
+        y: &y,
+        wts: &row_wts,
+    };
+    let out = sum_rows(rows, shared.map(|_| &ys[..]), c, ws);
     for v in [xs, g, u, gs, us, y, ys, row_wts, tmp, ones] {
         ws.give(v);
     }
@@ -375,7 +380,6 @@ fn width_sum(
 ) -> Vec<f32> {
     let (d, k) = (c.hidden_size, c.num_experts_per_tok);
     let (offsets, order, xs) = group_by_expert(ids, x, k, d, c.n_routed_experts, ws);
-    let t = order.len() / k.max(1);
     let mut y = ws.take(order.len() * d);
     let row_wts = row_weights(&order, wts, ws);
     for (e, part) in parts.iter().enumerate() {
@@ -389,7 +393,12 @@ fn width_sum(
         y[rows.start * d..rows.end * d].copy_from_slice(&out);
         ws.give(out);
     }
-    let out = sum_rows(&order, &y, None, t, k, d, ws);
+    let rows = Rows {
+        order: &order,
+        y: &y,
+        wts: &row_wts,
+    };
+    let out = sum_rows(rows, None, c, ws);
     ws.give(xs);
     ws.give_idx(offsets);
     ws.give_idx(order);
@@ -398,18 +407,23 @@ fn width_sum(
     out
 }
 
-/// Each token's output: its routed rows in row (expert) order, then the shared expert's
-/// (`ys`, when there is one).
-fn sum_rows(
-    order: &[usize],
-    y: &[f32],
-    ys: Option<&[f32]>,
-    t: usize,
-    k: usize,
-    d: usize,
-    ws: &mut Workspace,
-) -> Vec<f32> {
+/// The routed rows' outputs in row (expert) order, which pick each row is, and its weight.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    order: &'a [usize],
+    y: &'a [f32],
+    wts: &'a [f32],
+}
+
+/// Each token's output: its routed rows in row (expert) order, each scaled by its routing
+/// weight where the numerics weights the experts' outputs (else the activation did), then the
+/// shared expert's (`ys`, when there is one).
+fn sum_rows(rows: Rows, ys: Option<&[f32]>, c: &ModelConfig, ws: &mut Workspace) -> Vec<f32> {
     let _p = scope(Op::Moe);
+    let Rows { order, y, wts } = rows;
+    let (k, d) = (c.num_experts_per_tok, c.hidden_size);
+    let t = order.len() / k.max(1);
+    let after = c.numerics.weights_after_down();
     let mut out = ws.take(t * d);
     // Each token's rows, in row (expert) order: `rows_of_token[tok · k ..]`.
     let mut rows_of_token = ws.take_idx(t * k);
@@ -424,7 +438,7 @@ fn sum_rows(
         .with_min_len(ROWS_PER_TASK / k.max(1))
         .for_each(|(tok, o)| {
             for &r in &rows_of_token[tok * k..(tok + 1) * k] {
-                axpy(o, 1.0, &y[r * d..(r + 1) * d]);
+                axpy(o, if after { wts[r] } else { 1.0 }, &y[r * d..(r + 1) * d]);
             }
             if let Some(ys) = ys {
                 for (v, s) in o.iter_mut().zip(&ys[tok * d..(tok + 1) * d]) {
