@@ -15,6 +15,7 @@ mod common;
 use common::*;
 use deepinfer_engine::cache::disk::DiskConfig;
 use deepinfer_engine::cache::SeqId;
+use deepinfer_engine::dist::context::ContextWorker;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
@@ -22,11 +23,14 @@ use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
-use deepinfer_model::parallel::Placement;
+use deepinfer_model::parallel::{Collectives, Placement};
 use deepinfer_model::v4::{Model, Worker};
 use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+/// The models split by position (context parallelism), each rank holding the whole model.
+const CONTEXT_RUNS: [&str; 2] = ["tiny-a", "tiny-v41-b"];
 
 /// The models the scenario runs in official numerics with the experts split whole.
 const OFFICIAL_RUNS: [&str; 3] = ["tiny-a", "tiny-v41-a", "tiny-v41-b"];
@@ -168,6 +172,9 @@ fn ranks_scenario() {
         for config in FAILING {
             another_rank_fails(config, placement(BOTH));
         }
+        for config in CONTEXT_RUNS {
+            context_scenario(config, &world);
+        }
         println!("{PASSED} on {} ranks", world.size());
     } else {
         for (config, layout, streamed, split) in MODELS {
@@ -192,6 +199,14 @@ fn ranks_scenario() {
         }
         for config in FAILING {
             fail_part(config, placement(BOTH));
+        }
+        for config in CONTEXT_RUNS {
+            let dir = model_dir(config, "official");
+            let model = Model::load(&dir).unwrap_or_else(|e| world.abort(&format!("{e}")));
+            let worker = ContextWorker::new(model, Arc::clone(&world)).unwrap();
+            if let Err(e) = worker.run() {
+                world.abort(&format!("{config} context parallel: {e}"));
+            }
         }
     }
     drop(world);
@@ -517,4 +532,62 @@ fn fail_part(config: &str, placement: Placement) {
     if let Err(e) = worker.run() {
         comm.abort(&format!("copy of {config}: {e}"));
     }
+}
+
+/// Context parallelism: prompts of 1, 2 and 3 windows and around the compression
+/// boundaries, whole and in chunks, split over the ranks by position (each rank the whole
+/// model, the state before its range handed over layer by layer) give one process's logits
+/// at the same chunk boundaries bit for bit (the products are batch invariant), and so do
+/// the decode steps after them on rank 0 alone, which read the state the ranks handed back.
+fn context_scenario(config: &str, world: &Arc<dyn Collectives>) {
+    let g = Golden::load(config);
+    let dir = model_dir(config, "official");
+    let mut split = Model::load(&dir).unwrap();
+    split.set_context_parallel(Arc::clone(world), 2);
+    let w = split.config.sliding_window;
+    let mut many = runner(split, 1, 0);
+    let mut one = runner(load(config, "official"), 1, 0);
+    let seq = long_sequence(&g, 3);
+    let lengths = [w, 2 * w, 3 * w, 3 * w + 1, 17, 33, 64];
+    let before = world.stats();
+    for (n, chunk) in lengths.iter().flat_map(|&n| [(n, n), (n, 13)]) {
+        let label = format!("{config} context parallel, {n} tokens in chunks of {chunk}");
+        let a = prefill_then_decode(&mut one, &seq[..n + 3], n, chunk);
+        let b = prefill_then_decode(&mut many, &seq[..n + 3], n, chunk);
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                same_bits(x, y),
+                "{label}: row {i} differs by {}",
+                max_abs_diff(x, y)
+            );
+        }
+    }
+    // The steps were split: rank 0 handed each layer's state on and took the rest back.
+    let moved = world.stats().since(&before);
+    let layers = many.model().config.layer_types.len() as u64;
+    assert!(
+        moved.calls >= 2 * layers * lengths.len() as u64,
+        "{moved:?}"
+    );
+    println!(
+        "{config}: context parallel equals one process on {} ranks",
+        world.size()
+    );
+}
+
+/// The last logits of each chunk of `tokens[..n]`, then of each of the remaining tokens fed
+/// one at a time.
+fn prefill_then_decode(
+    r: &mut TestRunner,
+    tokens: &[u32],
+    n: usize,
+    chunk: usize,
+) -> Vec<Vec<f32>> {
+    let seq = r.add_sequence().unwrap();
+    let mut out = Vec::new();
+    for part in tokens[..n].chunks(chunk).chain(tokens[n..].chunks(1)) {
+        out.push(feed(r, seq, part, false).row(0).to_vec());
+    }
+    r.free(seq).unwrap();
+    out
 }

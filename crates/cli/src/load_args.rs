@@ -6,9 +6,10 @@ use crate::ranks;
 use crate::thread_args::ThreadArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use deepinfer_engine::dist::context::ContextWorker;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
 use deepinfer_model::numerics::Numerics;
-use deepinfer_model::parallel::Placement;
+use deepinfer_model::parallel::{Collectives, Placement};
 use deepinfer_model::v4::{Model, Worker};
 use std::sync::Arc;
 
@@ -38,6 +39,16 @@ pub struct LoadArgs {
     /// rank 0 (with --enable-expert-parallel).
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
+    /// Started by `mpirun -n N`, N: every process holds the whole model, and each prefill
+    /// step of one sequence of at least --context-parallel-min-tokens is split into N
+    /// contiguous ranges by position, one per process (what a range reads of earlier
+    /// positions is handed over layer by layer); decode stays on rank 0. Not combined with
+    /// the tensor or expert split yet.
+    #[arg(long)]
+    pub context_parallel_size: Option<usize>,
+    /// With --context-parallel-size: the shortest prefill step that is split.
+    #[arg(long, default_value_t = 512)]
+    pub context_parallel_min_tokens: usize,
     /// `reference`: f32 between the stored weights, what HF transformers computes in
     /// float32. `official`: also DeepSeek's own quantisation points (FP8 activations into
     /// every FP8/FP4 projection, FP8 KV, Hadamard-rotated FP4 indexer queries and keys), as
@@ -95,6 +106,9 @@ impl LoadArgs {
         // Before any weight is copied: the copies are bound to the nodes that read them.
         self.threads.install()?;
         let plan = self.memory_plan(budget);
+        if let Some(n) = self.context_parallel_size {
+            return self.load_context_parallel(dir, n, &plan, progress);
+        }
         let Some(placement) = self.placement()? else {
             let mut model = Model::load_with(dir, &plan, progress)
                 .with_context(|| format!("loading {}", dir.display()))?;
@@ -123,6 +137,47 @@ impl LoadArgs {
                 model.config.n_routed_experts
             );
         }
+        Ok(model)
+    }
+
+    /// Every process loads the whole model; rank 0 returns it set to split long prefills
+    /// over the `n` processes, the others serve their ranges until it goes.
+    fn load_context_parallel(
+        &self,
+        dir: &Path,
+        n: usize,
+        plan: &MemoryPlan,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Model> {
+        let Some(comm) = ranks::world() else {
+            bail!(
+                "--context-parallel-size {n} needs {n} processes: start them with \
+                 `mpirun -n {n} deepinfer …`"
+            );
+        };
+        let size = comm.size();
+        if n != size {
+            bail!("--context-parallel-size {n} with {size} processes: give {size}");
+        }
+        if self.enable_expert_parallel || self.tensor_parallel_size.is_some_and(|tp| tp > 1) {
+            bail!(
+                "--context-parallel-size does not combine with --enable-expert-parallel or \
+                 --tensor-parallel-size yet: every process holds the whole model"
+            );
+        }
+        let loaded = Model::load_with(dir, plan, progress)
+            .with_context(|| format!("loading {}", dir.display()))
+            .and_then(|mut m| m.set_numerics(self.numerics).map(|_| m).map_err(Into::into));
+        let mut model = match loaded {
+            Ok(m) => m,
+            Err(e) => comm.abort(&format!("error: {e:#}")),
+        };
+        eprintln!("memory plan: {}", model.memory_plan());
+        ranks::report_memory(&*comm);
+        if comm.rank() != 0 {
+            run_context_worker(model, comm);
+        }
+        model.set_context_parallel(comm, self.context_parallel_min_tokens.max(n));
         Ok(model)
     }
 
@@ -175,6 +230,21 @@ fn run_worker(dir: &Path, plan: &MemoryPlan, placement: Placement, numerics: Num
         comm.abort(&format!("error: {e}"));
     }
     drop(worker);
+    drop(comm);
+    deepinfer_engine::dist::finalize();
+    std::process::exit(0)
+}
+
+/// A rank other than 0 under context parallelism: computes its range of every split step
+/// until rank 0's model goes, then ends the process; an error ends the whole job.
+fn run_context_worker(model: Model, comm: Arc<dyn Collectives>) -> ! {
+    let worker = match ContextWorker::new(model, Arc::clone(&comm)) {
+        Ok(w) => w,
+        Err(e) => comm.abort(&format!("error: {e}")),
+    };
+    if let Err(e) = worker.run() {
+        comm.abort(&format!("error: {e}"));
+    }
     drop(comm);
     deepinfer_engine::dist::finalize();
     std::process::exit(0)

@@ -299,6 +299,19 @@ fn split_runs_reproduce_golden_greedy_tokens() {
             &official,
         );
     }
+    // Context parallelism: every prefill step of two or more tokens split by position.
+    for n in [2, 3] {
+        let size = n.to_string();
+        let cp = [
+            "--context-parallel-size",
+            &size,
+            "--context-parallel-min-tokens",
+            "2",
+        ];
+        check_launched(mpirun(n), "tiny-a", "official", &cp);
+        let chunked = [&cp[..], &["--prefill-chunk", "7"]].concat();
+        check_launched(mpirun(n), "tiny-v41-b", "official", &chunked);
+    }
 }
 
 #[cfg(feature = "mpi")]
@@ -478,6 +491,18 @@ fn bad_input_is_a_clear_error() {
     assert_fails(
         &["generate", "--model", m, "--prompt-ids", "1,x,2", "--json"],
         "not a comma-separated list",
+    );
+    assert_fails(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--context-parallel-size",
+            "2",
+        ],
+        "--context-parallel-size 2 needs 2 processes",
     );
     assert_fails(
         &[

@@ -6,6 +6,7 @@
 //! room for them first (the scheduler does, through its allocator).
 
 use crate::cache::{CacheError, CacheManager, SeqId};
+use crate::dist::context::ContextParallel;
 use crate::request::PromptImage;
 use deepinfer_model::batch::{ForwardBatch, Logits};
 use deepinfer_model::v4::dspark::{Draft, DraftContext};
@@ -56,6 +57,8 @@ pub struct ModelRunner {
     ids: Vec<SeqId>,
     /// The DSpark drafter's buffers, kept between drafts.
     draft_ws: Workspace,
+    /// Splits long prefill steps over the ranks by position, when the model is set to.
+    context: Option<ContextParallel>,
 }
 
 impl ModelRunner {
@@ -71,6 +74,7 @@ impl ModelRunner {
             hidden: Vec::new(),
             ids: Vec::new(),
             draft_ws: Workspace::default(),
+            context: None,
         }
     }
 
@@ -139,7 +143,17 @@ impl ModelRunner {
         cache: &mut CacheManager,
         keep_hidden: bool,
     ) -> Result<&Logits, RunnerError> {
+        if let (Some(split), None) = (self.model.context_parallel(), &self.context) {
+            self.context = Some(ContextParallel::new(split.clone(), cache.layout().clone()));
+        }
         let mut view = cache.view(&self.ids)?;
+        if let (Some(cp), false) = (self.context.as_mut(), keep_hidden) {
+            let (batch, logits) = (&self.batch, &mut self.logits);
+            if let Some(done) = cp.try_forward(&mut self.model, batch, &mut view, logits) {
+                done?;
+                return Ok(&self.logits);
+            }
+        }
         let extras = ForwardExtras {
             hidden: keep_hidden.then_some(&mut self.hidden),
             ..ForwardExtras::default()

@@ -6,6 +6,7 @@
 //!
 //! A process not started by a launcher never touches MPI: it runs as a single process.
 
+pub mod context;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 

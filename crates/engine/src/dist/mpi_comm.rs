@@ -12,7 +12,7 @@ use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::request::{LocalScope, Request};
 use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::{Equivalence, Root};
+use mpi::traits::{Destination, Equivalence, Root, Source};
 use mpi::{Count, Threading};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -127,6 +127,22 @@ impl Collectives for MpiComm {
             part.len()
         } * 4;
         self.counted(bytes, || self.gather(part, counts, out));
+    }
+
+    fn send_f32(&self, to: usize, buf: &[f32]) {
+        self.counted(buf.len() * 4, || {
+            let world = world();
+            let peer = world.process_at_rank(to as i32);
+            mpi::request::scope(|scope| wait(peer.immediate_send(scope, buf)));
+        });
+    }
+
+    fn recv_f32(&self, from: usize, buf: &mut [f32]) {
+        self.counted(buf.len() * 4, || {
+            let world = world();
+            let peer = world.process_at_rank(from as i32);
+            mpi::request::scope(|scope| wait(peer.immediate_receive_into(scope, buf)));
+        });
     }
 
     fn abort(&self, why: &str) -> ! {

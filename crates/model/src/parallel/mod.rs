@@ -19,7 +19,7 @@ mod parts;
 mod protocol;
 
 pub use parts::{AttnPart, HeadPart, WidthPart};
-pub use protocol::{announce, interleave, receive_header, MoeMessage, Op, SplitGuard};
+pub use protocol::{announce, interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -37,6 +37,11 @@ pub trait Collectives: Send + Sync {
     /// Every rank's `part` into rank 0's `out`, one after the other in rank order
     /// (`counts[r]` floats from rank `r`; only rank 0 reads `counts` and `out`).
     fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]);
+    /// `buf` to rank `to` alone, which receives it with [`Self::recv_f32`] of the same
+    /// length (context parallelism's hand-over from one range to the next).
+    fn send_f32(&self, to: usize, buf: &[f32]);
+    /// What rank `from` sent with [`Self::send_f32`], into `buf`.
+    fn recv_f32(&self, from: usize, buf: &mut [f32]);
     /// Ends every rank's process after printing `why` with this rank's number: a rank that
     /// cannot go on must not leave the others waiting in a collective.
     fn abort(&self, why: &str) -> !;

@@ -21,18 +21,28 @@ pub enum Op {
     Head = 4,
     /// Rank 0's model is gone: the ranks leave their loop.
     Stop = 5,
+    /// `[op, 0, tokens]`, then a context-parallel step's plan (the engine's
+    /// `dist::context`): every rank computes its range of one sequence's tokens.
+    Context = 6,
 }
 
 impl Op {
     fn from_word(w: u64) -> Option<Self> {
-        [Op::Moe, Op::AttnQ, Op::AttnOut, Op::Head, Op::Stop]
-            .into_iter()
-            .find(|op| *op as u64 == w)
+        [
+            Op::Moe,
+            Op::AttnQ,
+            Op::AttnOut,
+            Op::Head,
+            Op::Stop,
+            Op::Context,
+        ]
+        .into_iter()
+        .find(|op| *op as u64 == w)
     }
 }
 
 /// Rank 0: announces `op` on `layer` for `tokens` rows.
-fn send_header(comm: &dyn Collectives, op: Op, layer: usize, tokens: usize) {
+pub fn send_header(comm: &dyn Collectives, op: Op, layer: usize, tokens: usize) {
     let mut header = [op as u64, layer as u64, tokens as u64];
     comm.broadcast_u64(&mut header);
 }
@@ -164,7 +174,14 @@ mod tests {
 
     #[test]
     fn every_op_round_trips_through_its_word() {
-        for op in [Op::Moe, Op::AttnQ, Op::AttnOut, Op::Head, Op::Stop] {
+        for op in [
+            Op::Moe,
+            Op::AttnQ,
+            Op::AttnOut,
+            Op::Head,
+            Op::Stop,
+            Op::Context,
+        ] {
             assert_eq!(Op::from_word(op as u64), Some(op));
         }
         assert_eq!(Op::from_word(0), None);

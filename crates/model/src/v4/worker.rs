@@ -140,6 +140,13 @@ impl Worker {
                 ws.give(logits);
                 ws.give(h);
             }
+            Op::Context => {
+                return Err(WorkerError(
+                    "a context-parallel step reached a rank holding a split model part \
+                     (context parallelism runs whole models on every rank)"
+                        .into(),
+                ))
+            }
             Op::Stop => {}
         }
         Ok(())

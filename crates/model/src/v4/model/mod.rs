@@ -22,7 +22,7 @@ use crate::config::{AttnKind, ConfigError, ModelConfig, RopeParams};
 use crate::engram::{CompressedTokenMap, EngramError, EngramLayout};
 use crate::experts::{BudgetTooSmall, ExpertError, MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
-use crate::parallel::{Placement, SplitGuard};
+use crate::parallel::{Collectives, Placement, SplitGuard};
 use crate::profile::{scope, Op};
 use crate::v4::moe::TextRouting;
 use crate::vision::{VisionError, VisionTower};
@@ -117,6 +117,14 @@ pub(super) struct Scratch {
     pub batch_variant: bool,
 }
 
+/// A job whose ranks each hold the whole model and split long prefills by position.
+#[derive(Clone, Debug)]
+pub struct ContextSplit {
+    pub comm: Arc<dyn Collectives>,
+    /// The shortest step that is split.
+    pub min_tokens: usize,
+}
+
 /// What a forward pass hands back besides the logits.
 #[derive(Default)]
 pub struct ForwardExtras<'a> {
@@ -125,6 +133,16 @@ pub struct ForwardExtras<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
     /// Receives the streams after every layer (how a mismatch with the reference is found).
     pub trace: Option<&'a mut Vec<Vec<f32>>>,
+    /// Called around every main layer ([`LayerHook`]).
+    pub layers: Option<&'a mut dyn LayerHook>,
+}
+
+/// What runs around each main layer of a forward pass: context parallelism brings in the
+/// cache state of earlier positions that another process computed before the layer reads
+/// it, and passes its own on after the layer wrote it.
+pub trait LayerHook {
+    fn before(&mut self, layer: usize, cache: &mut dyn CacheView);
+    fn after(&mut self, layer: usize, cache: &mut dyn CacheView);
 }
 
 pub struct Model {
@@ -136,6 +154,8 @@ pub struct Model {
     memory_plan: String,
     /// Split over ranks (this is rank 0): tells the others to stop when the model goes.
     _split: Option<SplitGuard>,
+    /// Context parallelism (rank 0 of a job whose ranks each hold the whole model).
+    context: Option<ContextSplit>,
     /// Split over ranks with tensor parallelism, which official numerics does not run on.
     split_tensor: bool,
     /// V4.1's n-gram hashing, when the model has Engram layers.
@@ -169,6 +189,7 @@ impl Model {
             scratch: Scratch::default(),
             memory_plan: "every weight resident".into(),
             _split: None,
+            context: None,
             split_tensor: false,
             engram: None,
             dspark: None,
@@ -263,6 +284,21 @@ impl Model {
         model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
         Ok(model)
+    }
+
+    /// Splits long prefill steps over the job's ranks by position (context parallelism: the
+    /// engine's `dist::context`), every rank holding the whole model; `min_tokens`: the
+    /// shortest step that is split. The other ranks are told to stop when the model goes.
+    pub fn set_context_parallel(&mut self, comm: Arc<dyn Collectives>, min_tokens: usize) {
+        self._split = Some(SplitGuard {
+            comm: Arc::clone(&comm),
+        });
+        self.context = Some(ContextSplit { comm, min_tokens });
+    }
+
+    /// The context-parallel setting, when [`Self::set_context_parallel`] made one.
+    pub fn context_parallel(&self) -> Option<&ContextSplit> {
+        self.context.as_ref()
     }
 
     /// Which memory plan the load chose, and why.
@@ -548,7 +584,13 @@ impl Model {
             if let Some(ew) = &lw.engram {
                 engram(ew, c, &mut x, &engram_rows[ew.index], &batch.token_ids, ws)?;
             }
+            if let Some(hook) = extras.layers.as_deref_mut() {
+                hook.before(l, cache);
+            }
             block_forward(lw, &ctx, &mut x, cache, &mut carry, ws)?;
+            if let Some(hook) = extras.layers.as_deref_mut() {
+                hook.after(l, cache);
+            }
             if let Some(tr) = extras.trace.as_deref_mut() {
                 tr.push(x.clone());
             }
