@@ -11,10 +11,18 @@ weights plus everything not split (wq_a, wkv, compressors, indexer, router, mHC)
 attention core runs there while the others wait; each layer's MoE waits for the rank with
 the most of the token's picks.
 
+With --prefill-gflops it estimates context parallelism instead (`--context-parallel-size N`,
+crates/engine/src/dist/context/): one prompt's prefill split into N ranges, one machine each
+at that many GFLOP/s, a pipeline over the layers (rank r runs layer l while rank r+1 runs
+l-1: N-1 layers of fill), each layer handing the next range the state before it (the last
+window rows, every compressed entry and indexer key so far, in f32) and the last rank
+handing rank 0 the later ranges' state; and prints, per prompt length, one machine against N.
+
 The shapes are the config.json values in docs/MODEL.md §1.1 (V4-Flash, V4-Pro); the protocol is
 crates/model/src/parallel/protocol.rs. Usage:
 
     tools/parallel_estimate.py --model flash --ranks 2 --mem-gbs 200 --net-gbs 12.5 --lat-us 20
+    tools/parallel_estimate.py --model flash --ranks 2 --prefill-gflops 1000 --net-gbs 12.5
 """
 import argparse
 import random
@@ -82,6 +90,49 @@ def estimate(m, n, whole=False):
                 calls=calls, net=net)
 
 
+def prefill_flops(m):
+    """Multiply-adds x2 per prompt token: every product's weights once, and the attention
+    core over the window and the top-512 picks (CSA) or every entry (HCA, counted as 512)."""
+    d, hd, h, g, ol = m["d"], m["hd"], m["heads"], m["groups"], m["o_lora"]
+    attn = d * m["q_lora"] + m["q_lora"] * h * hd + d * hd + h * hd * ol + g * ol * d
+    moe = (m["k"] + 1) * 3 * d * m["inter"] + m["experts"] * d
+    core = h * hd * 2 * (128 + 512)
+    comp = m["csa"] * (2 * 2 * hd * d + 2 * 2 * m["idx_dim"] * d + m["q_lora"] * m["idx_heads"] * m["idx_dim"]) \
+        + m["hca"] * 2 * hd * d
+    return 2 * (m["layers"] * (attn + moe + core) + comp)
+
+
+def handover_bytes(m, p, span):
+    """f32 bytes of the state handed over for a range starting at position `p` (every layer:
+    the window rows before it, every entry and key so far), and of `span` positions' state
+    handed back (window rows, the compressors' pending rows, their entries and keys)."""
+    hd, ih, f = m["hd"], m["idx_dim"], 4
+    forward = m["layers"] * 128 * hd + m["csa"] * (p // 4) * (hd + ih) + m["hca"] * (p // 128) * hd
+    back = m["layers"] * span * hd + m["csa"] * span * (2 * 2 * hd + 2 * 2 * ih + (hd + ih) / 4) \
+        + m["hca"] * span * (2 * hd + hd / 128)
+    return forward * f, back * f
+
+
+def context_parallel(m, a):
+    n, flops = a.ranks, prefill_flops(m)
+    print(f"{a.model}, context parallel over {n} machines at {a.prefill_gflops:g} GFLOP/s each, "
+          f"{a.net_gbs:g} GB/s network, {a.lat_us:g} us per message; "
+          f"{flops / 1e9:.1f} GFLOP per prompt token")
+    print("  prompt   one machine   N machines (compute + hand-over)   speed-up")
+    for prompt in [512, 1024, 2048, 4096, 8192, 16384, 65536]:
+        one = prompt * flops / (a.prefill_gflops * 1e9)
+        rng = prompt / n
+        compute = rng * flops / (a.prefill_gflops * 1e9) * (m["layers"] + n - 1) / m["layers"]
+        # Each range waits for its predecessor's layers: the hand-overs of the last range's
+        # start lie on the critical path, then the state of every later range goes back.
+        fwd, back = handover_bytes(m, int(prompt - rng), int(prompt - rng))
+        msgs = 2 * m["layers"] * (n - 1) + m["layers"]
+        net = (fwd + back) / (a.net_gbs * 1e9) + msgs * a.lat_us * 1e-6
+        total = compute + net
+        print(f"  {prompt:6d}   {one:8.2f} s   {total:8.2f} s ({compute:.2f} + {net:.2f})"
+              f"   {one / total:6.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=MODELS, default="flash")
@@ -92,8 +143,12 @@ def main():
     ap.add_argument("--experts", choices=["width", "whole"], default="width",
                     help="split by width (the default under mpirun) or whole "
                          "(--enable-expert-parallel)")
+    ap.add_argument("--prefill-gflops", type=float, default=None,
+                    help="estimate context-parallel prefill at this GFLOP/s per machine instead")
     a = ap.parse_args()
     m = MODELS[a.model]
+    if a.prefill_gflops:
+        return context_parallel(m, a)
     one = estimate(m, 1)
     e = estimate(m, a.ranks, a.experts == "whole")
     gb = 1e9
