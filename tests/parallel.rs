@@ -14,16 +14,18 @@ mod common;
 
 use common::*;
 use deepinfer_engine::cache::disk::DiskConfig;
-use deepinfer_engine::cache::SeqId;
+use deepinfer_engine::cache::{CacheManager, SeqId};
 use deepinfer_engine::dist::context::ContextWorker;
 use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, EngineHandle};
 use deepinfer_engine::request::FinishReason;
+use deepinfer_engine::runner::ModelRunner;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
 use deepinfer_model::parallel::{Collectives, Placement};
+use deepinfer_model::v4::dspark::Draft;
 use deepinfer_model::v4::{Model, Worker};
 use std::process::Command;
 use std::sync::Arc;
@@ -175,6 +177,7 @@ fn ranks_scenario() {
         for config in CONTEXT_RUNS {
             context_scenario(config, &world);
         }
+        context_dspark_scenario(&world);
         println!("{PASSED} on {} ranks", world.size());
     } else {
         for (config, layout, streamed, split) in MODELS {
@@ -200,7 +203,7 @@ fn ranks_scenario() {
         for config in FAILING {
             fail_part(config, placement(BOTH));
         }
-        for config in CONTEXT_RUNS {
+        for config in CONTEXT_RUNS.into_iter().chain(["tiny-v41-a"]) {
             let dir = model_dir(config, "official");
             let model = Model::load(&dir).unwrap_or_else(|e| world.abort(&format!("{e}")));
             let worker = ContextWorker::new(model, Arc::clone(&world)).unwrap();
@@ -448,10 +451,75 @@ fn engine_scenarios(world: &Placement) {
 /// accepts as many drafts as the reference's own speculative loop, as one process does
 /// (tests/dspark.rs).
 fn dspark_scenario(cfg: &str, world: &Placement) {
-    let g = Golden::load_named(cfg, "dspark_golden");
     let dir = model_dir(cfg, "official");
     let model = Model::load_split(&dir, &plan(false), world.clone(), |_, _| {}).unwrap();
     assert!(model.dspark.is_some(), "{cfg}: the drafter loads on rank 0");
+    drafts_as_the_reference(cfg, model, "split");
+}
+
+/// DSpark drafting over a target whose prefill is split by position (context parallelism):
+/// every rank captures its range's drafter context and hands rank 0 the ring rows the next
+/// draft reads; the reference's greedy output and accepted drafts, as one process.
+fn context_dspark_scenario(world: &Arc<dyn Collectives>) {
+    let cfg = "tiny-v41-a";
+    let split = || {
+        let mut model = Model::load(&model_dir(cfg, "official")).unwrap();
+        model.set_context_parallel(Arc::clone(world), 2);
+        model
+    };
+    let (mut one, mut many) = (
+        ModelRunner::new(load(cfg, "official")),
+        ModelRunner::new(split()),
+    );
+    let seq = long_sequence(&Golden::load(cfg), 3);
+    let w = one.model().config.sliding_window;
+    let before = world.stats();
+    for n in [w / 2, w + 3, 2 * w + 5, 3 * w] {
+        let (a, b) = (
+            draft_after(&mut one, &seq, n),
+            draft_after(&mut many, &seq, n),
+        );
+        let label = format!("{cfg}: a draft after {n} tokens prefilled split");
+        assert_eq!(a.tokens, b.tokens, "{label}");
+        assert!(same_bits(&a.confidence, &b.confidence), "{label}");
+        assert!(same_bits(&a.base_logits, &b.base_logits), "{label}");
+    }
+    assert!(
+        world.stats().since(&before).calls > 0,
+        "the prefills were split"
+    );
+    drafts_as_the_reference(cfg, split(), "context parallel");
+}
+
+/// The draft after one prefill step of `seq[..n]` (the block anchored at `seq[n]`) on a
+/// cache with the drafter's rings.
+fn draft_after(r: &mut ModelRunner, seq: &[u32], n: usize) -> Draft {
+    let model = r.model();
+    let mut config = cache_config(64 << 20, 1, 0);
+    config.draft_layers = model.dspark.as_ref().unwrap().config.stages;
+    let mut cache = CacheManager::new(&model.config, config).unwrap();
+    let window = model.config.sliding_window;
+    let id = cache.add_seq().unwrap();
+    cache.ensure_capacity(id, n).unwrap();
+    r.clear();
+    r.add(id, 0, seq[..n].iter().copied(), 1);
+    r.run(&mut cache, false).unwrap();
+    let mut draft = Draft::default();
+    r.draft(
+        &mut cache,
+        id,
+        n.saturating_sub(window)..n,
+        seq[n],
+        &mut draft,
+    )
+    .unwrap();
+    draft
+}
+
+/// `model` (of `cfg`, whose checkpoint ships a DSpark drafter) in an engine drafting with it
+/// gives the reference's greedy output and accepted-draft count.
+fn drafts_as_the_reference(cfg: &str, model: Model, how: &str) {
+    let g = Golden::load_named(cfg, "dspark_golden");
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 1,
@@ -473,13 +541,13 @@ fn dspark_scenario(cfg: &str, world: &Placement) {
     let (toks, _) = collect(h.add_request(prompt, greedy(want.len())).unwrap().1);
     assert_eq!(
         toks, want,
-        "{cfg} split: greedy output with DSpark drafting"
+        "{cfg} {how}: greedy output with DSpark drafting"
     );
     h.drain().unwrap();
     assert_eq!(
         h.metrics.spec_decode_num_accepted_tokens.get(),
         g.meta["speculative"]["accepted_total"].as_u64().unwrap(),
-        "{cfg} split: accepted drafts"
+        "{cfg} {how}: accepted drafts"
     );
     h.shutdown();
     assert_pools_empty(join);

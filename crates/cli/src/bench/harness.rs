@@ -92,26 +92,38 @@ pub(super) struct CollectivesRow {
     pub(super) ms_per_step: f64,
     calls_per_step: f64,
     kb_per_step: f64,
+    /// The same per layer of the model (every exchange of a split model is per layer, but
+    /// for the head's and a split step's plan).
+    ms_per_layer: f64,
+    kb_per_layer: f64,
 }
 
 impl CollectivesRow {
-    /// The collectives between two snapshots, over `steps` steps.
-    pub(super) fn between(before: Option<CollectiveStats>, steps: usize) -> Option<Self> {
+    /// The collectives between two snapshots, over `steps` steps of a model of `layers`.
+    pub(super) fn between(
+        before: Option<CollectiveStats>,
+        steps: usize,
+        layers: usize,
+    ) -> Option<Self> {
         let (before, now) = (before?, ranks::world()?.stats());
         let d = now.since(&before);
         let n = steps.max(1) as f64;
+        let per_layer = n * layers.max(1) as f64;
         Some(Self {
             ms_per_step: d.seconds * 1e3 / n,
             calls_per_step: d.calls as f64 / n,
             kb_per_step: d.bytes as f64 / 1e3 / n,
+            ms_per_layer: d.seconds * 1e3 / per_layer,
+            kb_per_layer: d.bytes as f64 / 1e3 / per_layer,
         })
     }
 
     pub(super) fn print(row: &Option<Self>) {
         if let Some(r) = row {
             println!(
-                "       rank 0 in collectives: {:.2} ms/step ({:.0} calls, {:.1} KB)",
-                r.ms_per_step, r.calls_per_step, r.kb_per_step
+                "       rank 0 in collectives: {:.2} ms/step ({:.0} calls, {:.1} KB); \
+                 {:.2} ms and {:.1} KB a layer",
+                r.ms_per_step, r.calls_per_step, r.kb_per_step, r.ms_per_layer, r.kb_per_layer
             );
         }
     }

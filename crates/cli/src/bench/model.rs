@@ -106,7 +106,8 @@ fn decode_row(
         timed.push((step(bench)?.0, roofs));
     }
     let mut row = summarize(b, t, args.context, &counters, &timed);
-    row.collectives = CollectivesRow::between(comm, reps);
+    let layers = bench.runner.model().config.layer_types.len();
+    row.collectives = CollectivesRow::between(comm, reps, layers);
     if args.profile && b == args.batch[0] && t == args.tokens_per_seq[0] {
         profile::set_enabled(true);
         let before = Snapshot::now();
@@ -338,7 +339,8 @@ fn prefill_row(
         pct.push(100.0 * counters.flops as f64 / secs / 1e9 / peak);
         fmas.push(peak);
     }
-    let collectives = CollectivesRow::between(comm, reps);
+    let layers = bench.runner.model().config.layer_types.len();
+    let collectives = CollectivesRow::between(comm, reps, layers);
     let secs = median(times);
     let peak = median(fmas);
     // One profiled repetition for the matrix products' own share of the time.

@@ -38,6 +38,9 @@ pub(crate) struct Plan {
     lookback: Vec<u32>,
     /// Logits of the chunk's last `logits` positions.
     logits: usize,
+    /// Rank 0 keeps a drafter's context rings (DSpark): every rank sends it the ring rows of
+    /// its range that the next draft reads.
+    rings: bool,
 }
 
 impl Plan {
@@ -48,6 +51,7 @@ impl Plan {
             self.start as u64,
             self.logits as u64,
             self.lookback.len() as u64,
+            u64::from(self.rings),
         ];
         comm.broadcast_u64(&mut meta);
         let mut words: Vec<u64> = self
@@ -61,7 +65,7 @@ impl Plan {
 
     /// A rank other than 0: the plan of a step of `tokens` tokens.
     pub(crate) fn receive(comm: &dyn Collectives, tokens: usize) -> Self {
-        let mut meta = [0u64; 3];
+        let mut meta = [0u64; 4];
         comm.broadcast_u64(&mut meta);
         let mut words = vec![0u64; tokens + meta[2] as usize];
         comm.broadcast_u64(&mut words);
@@ -71,7 +75,16 @@ impl Plan {
             tokens: ids[..tokens].to_vec(),
             lookback: ids[tokens..].to_vec(),
             logits: meta[1] as usize,
+            rings: meta[3] == 1,
         }
+    }
+
+    /// Positions of rank `r`'s range whose drafter ring rows the next draft reads: those
+    /// within `window` of the chunk's end.
+    pub(crate) fn ring_rows(&self, r: usize, ranks: usize, window: usize) -> Range<usize> {
+        let range = self.range(r, ranks);
+        let end = self.start + self.tokens.len();
+        range.start.max(end.saturating_sub(window)).min(range.end)..range.end
     }
 
     /// Positions of rank `r`'s range.
@@ -115,7 +128,7 @@ impl ContextParallel {
 
     /// The step's plan when it splits: one sequence's chunk of at least `min_tokens` (and
     /// one per rank), no given embeddings, logits wanted only for the last range's last
-    /// positions, and no drafter capturing the rows' streams.
+    /// positions.
     fn plan(&self, model: &Model, batch: &ForwardBatch) -> Option<Plan> {
         let (ranks, n) = (self.split.comm.size(), batch.num_tokens());
         let last = share(n, ranks - 1, ranks);
@@ -123,8 +136,7 @@ impl ContextParallel {
         let tail = batch.logits_rows.iter().copied().eq(n - logits..n);
         let plain = batch.embed_rows.is_empty()
             && batch.image_spans.is_empty()
-            && batch.window_floor.iter().all(|&f| f == 0)
-            && model.dspark.is_none();
+            && batch.window_floor.iter().all(|&f| f == 0);
         (batch.spans.len() == 1 && n >= self.split.min_tokens.max(ranks) && plain && tail)
             .then_some(())
             .filter(|_| logits <= last.len())?;
@@ -133,6 +145,7 @@ impl ContextParallel {
             tokens: batch.token_ids.clone(),
             lookback: batch.lookback(0).to_vec(),
             logits,
+            rings: model.dspark.is_some() && self.layout.layers.len() > main_layers(model),
         })
     }
 
@@ -187,8 +200,22 @@ impl ContextParallel {
         }
         logits.data.resize(plan.logits * logits.vocab, 0.0);
         comm.recv_f32(ranks - 1, &mut logits.data);
+        if plan.rings {
+            let window = model.config.sliding_window;
+            for r in 1..ranks {
+                let rows = plan.ring_rows(r, ranks, window);
+                for layer in main_layers(model)..self.layout.layers.len() {
+                    StateMessage::window_rows(&self.layout, layer, rows.clone())
+                        .receive(comm, r, cache);
+                }
+            }
+        }
         Ok(())
     }
+}
+
+fn main_layers(model: &Model) -> usize {
+    model.config.layer_types.len()
 }
 
 /// Around each layer of one rank's range: the state of the positions before the range in

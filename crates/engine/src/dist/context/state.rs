@@ -74,6 +74,17 @@ impl StateMessage {
         }
     }
 
+    /// The window rows of positions `rows` of layer `layer` alone: a drafter's context ring
+    /// (its layers follow the main ones).
+    pub(crate) fn window_rows(layout: &CacheLayout, layer: usize, rows: Range<usize>) -> Self {
+        let width = layout.layers[layer].window.width;
+        Self {
+            layer,
+            floats: rows.len() * width,
+            pieces: vec![(Piece::Window(rows), width)],
+        }
+    }
+
     /// Sends the state from `cache` (sequence 0) to rank `to`.
     pub(crate) fn send(&self, comm: &dyn Collectives, to: usize, cache: &dyn CacheView) {
         let mut buf = Vec::with_capacity(self.floats);

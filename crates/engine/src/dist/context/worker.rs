@@ -8,7 +8,6 @@ use crate::cache::{
     default_block_tokens, CacheBudget, CacheConfig, CacheError, CacheManager, SeqId,
 };
 use deepinfer_model::batch::{ForwardBatch, Logits};
-use deepinfer_model::config::ModelConfig;
 use deepinfer_model::parallel::{receive_header, Collectives, Op};
 use deepinfer_model::v4::model::ForwardExtras;
 use deepinfer_model::v4::Model;
@@ -29,7 +28,7 @@ impl ContextWorker {
     /// This rank's part of a job that rank 0's [`Model::set_context_parallel`] splits by
     /// position.
     pub fn new(model: Model, comm: Arc<dyn Collectives>) -> Result<Self, CacheError> {
-        let cache = CacheManager::new(&model.config, cache_config(&model.config, FIRST_BUDGET))?;
+        let cache = CacheManager::new(&model.config, cache_config(&model, FIRST_BUDGET))?;
         let logits = Logits {
             vocab: model.config.vocab_size,
             data: Vec::new(),
@@ -111,6 +110,12 @@ impl ContextWorker {
             }
             comm.send_f32(0, &self.logits.data);
         }
+        if plan.rings {
+            let rows = plan.ring_rows(rank, ranks, self.model.config.sliding_window);
+            for layer in self.model.config.layer_types.len()..self.layout.layers.len() {
+                StateMessage::window_rows(&self.layout, layer, rows.clone()).send(&*comm, 0, &view);
+            }
+        }
         Ok(())
     }
 }
@@ -118,12 +123,16 @@ impl ContextWorker {
 /// The worker cache's first budget; doubled until a step's positions fit.
 const FIRST_BUDGET: usize = 64 << 20;
 
-/// One sequence of a model of config `c`, no prefix caching, in `bytes`.
-fn cache_config(c: &ModelConfig, bytes: usize) -> CacheConfig {
+/// One sequence of `model`, its drafter's context rings when it has a DSpark drafter, no
+/// prefix caching, in `bytes`.
+fn cache_config(model: &Model, bytes: usize) -> CacheConfig {
+    let c = &model.config;
+    let rings = c.dspark.as_ref().filter(|_| model.dspark.is_some());
     CacheConfig {
         budget: CacheBudget::Bytes(bytes),
         max_seqs: 1,
         block_tokens: default_block_tokens(c),
+        draft_layers: rings.map_or(0, |d| d.stages),
         prefix_caching: false,
         ..CacheConfig::default()
     }
@@ -136,12 +145,12 @@ impl ContextWorker {
         if self.cache.max_tokens_per_seq() >= tokens {
             return Ok(());
         }
-        let c = &self.model.config;
+        let (m, c) = (&self.model, &self.model.config);
         let mut bytes = FIRST_BUDGET;
-        while CacheManager::max_tokens_for(c, cache_config(c, bytes))? < tokens {
+        while CacheManager::max_tokens_for(c, cache_config(m, bytes))? < tokens {
             bytes *= 2;
         }
-        self.cache = CacheManager::new(c, cache_config(c, bytes))?;
+        self.cache = CacheManager::new(c, cache_config(m, bytes))?;
         self.layout = self.cache.layout().clone();
         Ok(())
     }
