@@ -24,7 +24,7 @@ use deepinfer_engine::scheduler::SchedulerConfig;
 use deepinfer_engine::spec::SpeculativeConfig;
 use deepinfer_model::experts::MemoryPlan;
 use deepinfer_model::numerics::Numerics;
-use deepinfer_model::parallel::{Collectives, Placement};
+use deepinfer_model::parallel::{Collectives, Grid, Placement};
 use deepinfer_model::v4::dspark::Draft;
 use deepinfer_model::v4::{Model, Worker};
 use std::process::Command;
@@ -134,6 +134,11 @@ fn three_ranks_equal_one_process() {
 }
 
 #[test]
+fn four_ranks_as_two_context_groups_of_two() {
+    run_ranks(4);
+}
+
+#[test]
 #[ignore = "runs on every rank of the mpirun the tests above start"]
 fn ranks_scenario() {
     if std::env::var_os(CHILD).is_none() {
@@ -142,8 +147,71 @@ fn ranks_scenario() {
     let world = deepinfer_engine::dist::init()
         .expect("joins the job")
         .expect("started by mpirun with more than one rank");
+    match world.size() {
+        4 => grid_scenario(&world),
+        _ => scenarios(&world),
+    }
+    if world.rank() == 0 {
+        println!("{PASSED} on {} ranks", world.size());
+    }
+    drop(world);
+    deepinfer_engine::dist::finalize();
+}
+
+/// Context parallelism composed with the tensor and expert split, under `mpirun -n 4`: two
+/// groups of two ranks (0-1, 2-3), each one copy of the model split within it, ranks 0 and 2
+/// handing the state on. `(config, split, numerics)`.
+const GRID_RUNS: [(&str, (bool, bool), Numerics); 3] = [
+    ("tiny-a", BOTH, Numerics::Reference),
+    ("tiny-v41-b", WIDTH, Numerics::Reference),
+    ("tiny-v41-b", EXPERTS, Numerics::Official),
+];
+
+fn grid_scenario(world: &Arc<dyn Collectives>) {
+    let grid = Grid::new(world, 2);
+    for (config, split, numerics) in GRID_RUNS {
+        let placement = Placement {
+            comm: Arc::clone(&grid.tensor),
+            tensor: split.0,
+            expert_parallel: split.1,
+        };
+        let Some(context) = &grid.context else {
+            serve_in(placement, config, numerics);
+            continue;
+        };
+        let dir = model_dir(config, "official");
+        let mut model = Model::load_split(&dir, &plan(false), placement, |_, _| {})
+            .unwrap_or_else(|e| world.abort(&format!("{config}: {e}")));
+        model.set_numerics(numerics).unwrap();
+        if context.rank() != 0 {
+            let worker = ContextWorker::new(model, Arc::clone(context)).unwrap();
+            if let Err(e) = worker.run() {
+                world.abort(&format!("{config} context parallel: {e}"));
+            }
+            continue;
+        }
+        model.set_context_parallel(Arc::clone(context), 2);
+        let label = format!("{config} {numerics:?} split {split:?} in 2 context groups");
+        prefills_split_as_one_process(config, model, context, &label, within);
+    }
+}
+
+/// A rank other than a group's first: its part of `config` in `numerics` until the first
+/// drops the model.
+fn serve_in(placement: Placement, config: &str, numerics: Numerics) {
+    let comm = Arc::clone(&placement.comm);
+    let mut worker = Worker::load(&model_dir(config, "official"), &plan(false), placement)
+        .unwrap_or_else(|e| comm.abort(&format!("{config}: {e}")));
+    worker.set_numerics(numerics);
+    if let Err(e) = worker.run() {
+        comm.abort(&format!("{config}: {e}"));
+    }
+}
+
+/// Every scenario but the grid's, under `mpirun -n 2` and `-n 3`.
+fn scenarios(world: &Arc<dyn Collectives>) {
     let placement = |(tensor, expert_parallel)| Placement {
-        comm: Arc::clone(&world),
+        comm: Arc::clone(world),
         tensor,
         expert_parallel,
     };
@@ -175,15 +243,14 @@ fn ranks_scenario() {
             another_rank_fails(config, placement(BOTH));
         }
         for config in CONTEXT_RUNS {
-            context_scenario(config, &world);
+            context_scenario(config, world);
         }
-        context_dspark_scenario(&world);
-        println!("{PASSED} on {} ranks", world.size());
+        context_dspark_scenario(world);
     } else {
         for (config, layout, streamed, split) in MODELS {
             serve_part(placement(split), config, layout, streamed);
         }
-        let comm = Arc::clone(&world);
+        let comm = Arc::clone(world);
         for config in OFFICIAL_RUNS {
             let dir = model_dir(config, "official");
             let mut worker = Worker::load(&dir, &plan(false), placement(EXPERTS))
@@ -206,14 +273,12 @@ fn ranks_scenario() {
         for config in CONTEXT_RUNS.into_iter().chain(["tiny-v41-a"]) {
             let dir = model_dir(config, "official");
             let model = Model::load(&dir).unwrap_or_else(|e| world.abort(&format!("{e}")));
-            let worker = ContextWorker::new(model, Arc::clone(&world)).unwrap();
+            let worker = ContextWorker::new(model, Arc::clone(world)).unwrap();
             if let Err(e) = worker.run() {
                 world.abort(&format!("{config} context parallel: {e}"));
             }
         }
     }
-    drop(world);
-    deepinfer_engine::dist::finalize();
 }
 
 fn model_dir(config: &str, layout: &str) -> std::path::PathBuf {
@@ -608,39 +673,59 @@ fn fail_part(config: &str, placement: Placement) {
 /// at the same chunk boundaries bit for bit (the products are batch invariant), and so do
 /// the decode steps after them on rank 0 alone, which read the state the ranks handed back.
 fn context_scenario(config: &str, world: &Arc<dyn Collectives>) {
-    let g = Golden::load(config);
-    let dir = model_dir(config, "official");
-    let mut split = Model::load(&dir).unwrap();
+    let mut split = Model::load(&model_dir(config, "official")).unwrap();
     split.set_context_parallel(Arc::clone(world), 2);
+    let label = format!("{config} context parallel");
+    prefills_split_as_one_process(config, split, world, &label, same_bits);
+}
+
+/// `split`, a model of `config` set to split prefills over the ranks of `context`, gives the
+/// logits of one process, equal by `same` (bit for bit, or within 1e-5 when each range's
+/// products are split too): prompts of 1-3 windows and around the compression boundaries,
+/// whole and in chunks, and the decode steps after them.
+fn prefills_split_as_one_process(
+    config: &str,
+    split: Model,
+    context: &Arc<dyn Collectives>,
+    label: &str,
+    same: fn(&[f32], &[f32]) -> bool,
+) {
+    let g = Golden::load(config);
     let w = split.config.sliding_window;
-    let mut many = runner(split, 1, 0);
-    let mut one = runner(load(config, "official"), 1, 0);
+    let mut one = load(config, "official");
+    one.set_numerics(split.config.numerics).unwrap();
+    let (mut many, mut one) = (runner(split, 1, 0), runner(one, 1, 0));
     let seq = long_sequence(&g, 3);
     let lengths = [w, 2 * w, 3 * w, 3 * w + 1, 17, 33, 64];
-    let before = world.stats();
+    let before = context.stats();
     for (n, chunk) in lengths.iter().flat_map(|&n| [(n, n), (n, 13)]) {
-        let label = format!("{config} context parallel, {n} tokens in chunks of {chunk}");
+        let label = format!("{label}, {n} tokens in chunks of {chunk}");
         let a = prefill_then_decode(&mut one, &seq[..n + 3], n, chunk);
         let b = prefill_then_decode(&mut many, &seq[..n + 3], n, chunk);
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!(
-                same_bits(x, y),
+                same(x, y),
                 "{label}: row {i} differs by {}",
                 max_abs_diff(x, y)
             );
         }
     }
     // The steps were split: rank 0 handed each layer's state on and took the rest back.
-    let moved = world.stats().since(&before);
+    let moved = context.stats().since(&before);
     let layers = many.model().config.layer_types.len() as u64;
     assert!(
         moved.calls >= 2 * layers * lengths.len() as u64,
         "{moved:?}"
     );
-    println!(
-        "{config}: context parallel equals one process on {} ranks",
-        world.size()
-    );
+    println!("{label}: equals one process on {} groups", context.size());
+}
+
+/// Within 1e-5 of each other (relative beyond 1).
+fn within(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * x.abs().max(1.0))
 }
 
 /// The last logits of each chunk of `tokens[..n]`, then of each of the remaining tokens fed

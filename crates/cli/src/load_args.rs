@@ -9,7 +9,7 @@ use clap::Args;
 use deepinfer_engine::dist::context::ContextWorker;
 use deepinfer_model::experts::{available_memory, MemoryPlan};
 use deepinfer_model::numerics::Numerics;
-use deepinfer_model::parallel::{Collectives, Placement};
+use deepinfer_model::parallel::{Collectives, Grid, Placement};
 use deepinfer_model::v4::{Model, Worker};
 use std::sync::Arc;
 
@@ -39,11 +39,12 @@ pub struct LoadArgs {
     /// rank 0 (with --enable-expert-parallel).
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
-    /// Started by `mpirun -n N`, N: every process holds the whole model, and each prefill
-    /// step of one sequence of at least --context-parallel-min-tokens is split into N
-    /// contiguous ranges by position, one per process (what a range reads of earlier
-    /// positions is handed over layer by layer); decode stays on rank 0. Not combined with
-    /// the tensor or expert split yet.
+    /// Started by `mpirun -n M`, a divisor N of M: the processes form N groups of M/N
+    /// consecutive ranks, each group one copy of the model (split within it by the flags
+    /// above when M/N > 1), and each prefill step of one sequence of at least
+    /// --context-parallel-min-tokens is split into N contiguous ranges by position, one per
+    /// group (what a range reads of earlier positions is handed over layer by layer);
+    /// decode stays on the first group.
     #[arg(long)]
     pub context_parallel_size: Option<usize>,
     /// With --context-parallel-size: the shortest prefill step that is split.
@@ -106,24 +107,103 @@ impl LoadArgs {
         // Before any weight is copied: the copies are bound to the nodes that read them.
         self.threads.install()?;
         let plan = self.memory_plan(budget);
-        if let Some(n) = self.context_parallel_size {
-            return self.load_context_parallel(dir, n, &plan, progress);
-        }
-        let Some(placement) = self.placement()? else {
-            let mut model = Model::load_with(dir, &plan, progress)
-                .with_context(|| format!("loading {}", dir.display()))?;
-            model.set_numerics(self.numerics)?;
-            if model.weights.expert_store.is_some() {
-                eprintln!("memory plan: {}", model.memory_plan());
-            }
-            return Ok(model);
+        let Some(world) = ranks::world() else {
+            self.refuse_alone()?;
+            return self.load_whole(dir, &plan, progress, None);
         };
+        let cp = self.context_parallel_size.unwrap_or(1);
+        let size = world.size();
+        if cp == 0 || size % cp != 0 {
+            bail!(
+                "--context-parallel-size {cp} with {size} processes: give a divisor of {size} \
+                 (the processes form that many groups, each one copy of the model)"
+            );
+        }
+        let grid = Grid::new(&world, cp);
+        let mut axes = Vec::new();
+        let mut model = match self.placement(grid.tensor, cp)? {
+            None => self.load_whole(dir, &plan, progress, Some(&*world))?,
+            Some(placement) => {
+                let comm = Arc::clone(&placement.comm);
+                let model = self.load_split(dir, &plan, placement, progress)?;
+                axes.push(ranks::Axis {
+                    name: "tensor/expert",
+                    comm,
+                });
+                model
+            }
+        };
+        if let Some(context) = grid.context.filter(|_| cp > 1) {
+            if context.rank() != 0 {
+                run_context_worker(model, context);
+            }
+            let comm = Arc::clone(&context);
+            model.set_context_parallel(context, self.context_parallel_min_tokens.max(cp));
+            axes.push(ranks::Axis {
+                name: "context",
+                comm,
+            });
+        }
+        ranks::set_axes(axes);
+        Ok(model)
+    }
+
+    /// One process's flags asking for several.
+    fn refuse_alone(&self) -> Result<()> {
+        for (flag, n) in [
+            ("--tensor-parallel-size", self.tensor_parallel_size),
+            ("--context-parallel-size", self.context_parallel_size),
+        ] {
+            if let Some(n) = n.filter(|&n| n > 1) {
+                bail!(
+                    "{flag} {n} needs {n} processes: start them with `mpirun -n {n} deepinfer …`"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole model in this process; in a job (`world`: a context-parallel one whose
+    /// groups are one process each), a failure ends every rank.
+    fn load_whole(
+        &self,
+        dir: &Path,
+        plan: &MemoryPlan,
+        progress: impl FnMut(usize, usize),
+        world: Option<&dyn Collectives>,
+    ) -> Result<Model> {
+        let loaded = Model::load_with(dir, plan, progress)
+            .with_context(|| format!("loading {}", dir.display()))
+            .and_then(|mut m| m.set_numerics(self.numerics).map(|_| m).map_err(Into::into));
+        let model = match (loaded, world) {
+            (Ok(m), _) => m,
+            (Err(e), None) => return Err(e),
+            (Err(e), Some(w)) => w.abort(&format!("error: {e:#}")),
+        };
+        if model.weights.expert_store.is_some() || world.is_some() {
+            eprintln!("memory plan: {}", model.memory_plan());
+        }
+        if let Some(w) = world {
+            ranks::report_memory(w);
+        }
+        Ok(model)
+    }
+
+    /// This group's share of the model under `placement`: its first rank returns it, the
+    /// others serve their part until it goes.
+    fn load_split(
+        &self,
+        dir: &Path,
+        plan: &MemoryPlan,
+        placement: Placement,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Model> {
         if placement.comm.rank() != 0 {
-            run_worker(dir, &plan, placement, self.numerics);
+            run_worker(dir, plan, placement, self.numerics);
         }
         let comm = Arc::clone(&placement.comm);
         let (size, by_id) = (comm.size(), placement.experts_whole());
-        let mut model = Model::load_split(dir, &plan, placement, progress)
+        let mut model = Model::load_split(dir, plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         // A refusal here ends the job: the other ranks wait in their first collective.
         if let Err(e) = model.set_numerics(self.numerics) {
@@ -140,61 +220,34 @@ impl LoadArgs {
         Ok(model)
     }
 
-    /// Every process loads the whole model; rank 0 returns it set to split long prefills
-    /// over the `n` processes, the others serve their ranges until it goes.
-    fn load_context_parallel(
-        &self,
-        dir: &Path,
-        n: usize,
-        plan: &MemoryPlan,
-        progress: impl FnMut(usize, usize),
-    ) -> Result<Model> {
-        let Some(comm) = ranks::world() else {
-            bail!(
-                "--context-parallel-size {n} needs {n} processes: start them with \
-                 `mpirun -n {n} deepinfer …`"
-            );
-        };
-        let size = comm.size();
-        if n != size {
-            bail!("--context-parallel-size {n} with {size} processes: give {size}");
-        }
-        if self.enable_expert_parallel || self.tensor_parallel_size.is_some_and(|tp| tp > 1) {
-            bail!(
-                "--context-parallel-size does not combine with --enable-expert-parallel or \
-                 --tensor-parallel-size yet: every process holds the whole model"
-            );
-        }
-        let loaded = Model::load_with(dir, plan, progress)
-            .with_context(|| format!("loading {}", dir.display()))
-            .and_then(|mut m| m.set_numerics(self.numerics).map(|_| m).map_err(Into::into));
-        let mut model = match loaded {
-            Ok(m) => m,
-            Err(e) => comm.abort(&format!("error: {e:#}")),
-        };
-        eprintln!("memory plan: {}", model.memory_plan());
-        ranks::report_memory(&*comm);
-        if comm.rank() != 0 {
-            run_context_worker(model, comm);
-        }
-        model.set_context_parallel(comm, self.context_parallel_min_tokens.max(n));
-        Ok(model)
-    }
-
-    /// How the job's processes split the model, from the flags; `None` for one process.
-    fn placement(&self) -> Result<Option<Placement>> {
-        let Some(comm) = ranks::world() else {
-            if let Some(tp) = self.tensor_parallel_size.filter(|&tp| tp > 1) {
-                bail!(
-                    "--tensor-parallel-size {tp} needs {tp} processes: start them with \
-                     `mpirun -n {tp} deepinfer …`"
-                );
-            }
-            return Ok(None);
-        };
+    /// How the `comm.size()` processes of one group (of `cp` context-parallel groups)
+    /// split the model, from the flags; `None`: the group is one process, holding it whole.
+    fn placement(&self, comm: Arc<dyn Collectives>, cp: usize) -> Result<Option<Placement>> {
         let size = comm.size();
         let expert_parallel = self.enable_expert_parallel;
-        let tensor = match self.tensor_parallel_size.unwrap_or(size) {
+        let tp = self.tensor_parallel_size;
+        let processes = |what: &str| {
+            format!(
+                "started as one of {} processes with --context-parallel-size {cp}, so \
+                 groups of {size}: {what}",
+                size * cp
+            )
+        };
+        if size == 1 {
+            return match tp.filter(|&tp| tp > 1) {
+                Some(tp) if cp > 1 => bail!(
+                    "{}; start {} processes for --tensor-parallel-size {tp}",
+                    processes("each holds the whole model"),
+                    tp * cp
+                ),
+                _ if expert_parallel && cp > 1 => bail!(
+                    "{}; start a multiple of {cp} processes to split the experts",
+                    processes("each holds the whole model")
+                ),
+                _ => Ok(None),
+            };
+        }
+        let tensor = match tp.unwrap_or(size) {
             1 if expert_parallel => false,
             1 => bail!(
                 "started as one of {size} processes with --tensor-parallel-size 1: pass \
@@ -202,6 +255,10 @@ impl LoadArgs {
                  --tensor-parallel-size at {size}"
             ),
             tp if tp == size => true,
+            tp if cp > 1 => bail!(
+                "--tensor-parallel-size {tp}: {}",
+                processes(&format!("give {size}, or 1 with --enable-expert-parallel"))
+            ),
             tp => bail!(
                 "--tensor-parallel-size {tp} with {size} processes: give {size} (split the \
                  dense projections) or, with --enable-expert-parallel, 1 (they stay on rank 0)"

@@ -312,6 +312,23 @@ fn split_runs_reproduce_golden_greedy_tokens() {
         let chunked = [&cp[..], &["--prefill-chunk", "7"]].concat();
         check_launched(mpirun(n), "tiny-v41-b", "official", &chunked);
     }
+    // Composed with the tensor and expert split: four processes as two groups of two, each
+    // group a copy of the model split within it (tensor parallel by default, or the
+    // experts alone in official numerics).
+    let cp = [
+        "--context-parallel-size",
+        "2",
+        "--context-parallel-min-tokens",
+        "2",
+    ];
+    check_launched(mpirun(4), "tiny-v41-b", "official", &cp);
+    check_launched_against(
+        mpirun(4),
+        "tiny-v41-b",
+        "official",
+        "official_golden",
+        &[&cp[..], &official].concat(),
+    );
 }
 
 #[cfg(feature = "mpi")]
@@ -346,6 +363,16 @@ fn split_run_failures_end_every_rank() {
     refused(
         &["--enable-expert-parallel", "--tensor-parallel-size", "3"],
         &["--tensor-parallel-size 3 with 2"],
+    );
+    // Context-parallel groups that do not divide the processes, or of one process asked to
+    // split the experts.
+    refused(
+        &["--context-parallel-size", "3"],
+        &["--context-parallel-size 3 with 2 processes: give a divisor of 2"],
+    );
+    refused(
+        &["--context-parallel-size", "2", "--enable-expert-parallel"],
+        &["groups of 1: each holds the whole model; start a multiple of 2 processes"],
     );
     let out = deepinfer(&[&base[..], &["--tensor-parallel-size", "2"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -81,14 +81,15 @@ pub(super) struct DecodeRow {
     /// "bandwidth" or "fma": whichever roof gives the longer lower bound for the step.
     pub(super) binding_roof: &'static str,
     pub(super) pct_of_binding_roof: f64,
-    /// Under `mpirun`: rank 0's collectives per step.
-    pub(super) collectives: Option<CollectivesRow>,
+    /// Under `mpirun`: rank 0's collectives per step, along each axis of the split.
+    pub(super) collectives: Vec<CollectivesRow>,
 }
 
-/// Rank 0's collectives per step (see `CollectiveStats`): their time includes waiting
-/// for the slowest rank.
+/// Rank 0's collectives per step along one axis (see `CollectiveStats`): their time
+/// includes waiting for the slowest rank.
 #[derive(Serialize)]
 pub(super) struct CollectivesRow {
+    axis: &'static str,
     pub(super) ms_per_step: f64,
     calls_per_step: f64,
     kb_per_step: f64,
@@ -98,39 +99,51 @@ pub(super) struct CollectivesRow {
     kb_per_layer: f64,
 }
 
-impl CollectivesRow {
-    /// The collectives between two snapshots, over `steps` steps of a model of `layers`.
-    pub(super) fn between(
-        before: Option<CollectiveStats>,
-        steps: usize,
-        layers: usize,
-    ) -> Option<Self> {
-        let (before, now) = (before?, ranks::world()?.stats());
-        let d = now.since(&before);
-        let n = steps.max(1) as f64;
-        let per_layer = n * layers.max(1) as f64;
-        Some(Self {
-            ms_per_step: d.seconds * 1e3 / n,
-            calls_per_step: d.calls as f64 / n,
-            kb_per_step: d.bytes as f64 / 1e3 / n,
-            ms_per_layer: d.seconds * 1e3 / per_layer,
-            kb_per_layer: d.bytes as f64 / 1e3 / per_layer,
-        })
-    }
+/// Each axis's collectives so far ([`CollectivesRow::between`] takes the difference).
+pub(super) struct CollectiveSnapshot(Vec<CollectiveStats>);
 
-    pub(super) fn print(row: &Option<Self>) {
-        if let Some(r) = row {
-            println!(
-                "       rank 0 in collectives: {:.2} ms/step ({:.0} calls, {:.1} KB); \
-                 {:.2} ms and {:.1} KB a layer",
-                r.ms_per_step, r.calls_per_step, r.kb_per_step, r.ms_per_layer, r.kb_per_layer
-            );
-        }
+impl CollectiveSnapshot {
+    pub(super) fn now() -> Self {
+        Self(ranks::axes().iter().map(|a| a.comm.stats()).collect())
     }
 }
 
-pub(super) fn collective_stats() -> Option<CollectiveStats> {
-    ranks::world().map(|w| w.stats())
+impl CollectivesRow {
+    /// Each axis's collectives since `before`, over `steps` steps of a model of `layers`.
+    pub(super) fn between(before: &CollectiveSnapshot, steps: usize, layers: usize) -> Vec<Self> {
+        let n = steps.max(1) as f64;
+        let per_layer = n * layers.max(1) as f64;
+        ranks::axes()
+            .iter()
+            .zip(&before.0)
+            .map(|(axis, before)| {
+                let d = axis.comm.stats().since(before);
+                Self {
+                    axis: axis.name,
+                    ms_per_step: d.seconds * 1e3 / n,
+                    calls_per_step: d.calls as f64 / n,
+                    kb_per_step: d.bytes as f64 / 1e3 / n,
+                    ms_per_layer: d.seconds * 1e3 / per_layer,
+                    kb_per_layer: d.bytes as f64 / 1e3 / per_layer,
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn print(rows: &[Self]) {
+        for r in rows {
+            println!(
+                "       rank 0 in {} collectives: {:.2} ms/step ({:.0} calls, {:.1} KB); \
+                 {:.2} ms and {:.1} KB a layer",
+                r.axis,
+                r.ms_per_step,
+                r.calls_per_step,
+                r.kb_per_step,
+                r.ms_per_layer,
+                r.kb_per_layer
+            );
+        }
+    }
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
@@ -237,7 +250,7 @@ pub(super) fn summarize(
         pct_of_fma: each(&|_, fma, s| 100.0 * fma / s),
         binding_roof: if t_bw >= t_fma { "bandwidth" } else { "fma" },
         pct_of_binding_roof: each(&|bw, fma, s| 100.0 * bw.max(fma) / s),
-        collectives: None,
+        collectives: Vec::new(),
     }
 }
 

@@ -9,8 +9,8 @@
 //! indexer read.
 
 use super::harness::{
-    collective_stats, median, print_decode_row, print_profile, quick_roofs, roofs, summarize,
-    tokens, Bench, CollectivesRow, DecodeRow, ModelArgs, Roofs,
+    median, print_decode_row, print_profile, quick_roofs, roofs, summarize, tokens, Bench,
+    CollectiveSnapshot, CollectivesRow, DecodeRow, ModelArgs, Roofs,
 };
 use super::streamed;
 use crate::ranks;
@@ -35,7 +35,7 @@ struct PrefillRow {
     /// FLOP rate of the matrix products alone (from a profiled repetition).
     matmul_gflops: f64,
     matmul_pct_of_fma: f64,
-    collectives: Option<CollectivesRow>,
+    collectives: Vec<CollectivesRow>,
 }
 
 #[derive(Serialize)]
@@ -100,14 +100,14 @@ fn decode_row(
     };
     let (_, counters) = step(bench)?; // warm-up: the workspace grows once
     let mut timed = Vec::with_capacity(reps);
-    let comm = collective_stats();
+    let comm = CollectiveSnapshot::now();
     for _ in 0..reps {
         let roofs = quick_roofs(threads);
         timed.push((step(bench)?.0, roofs));
     }
     let mut row = summarize(b, t, args.context, &counters, &timed);
     let layers = bench.runner.model().config.layer_types.len();
-    row.collectives = CollectivesRow::between(comm, reps, layers);
+    row.collectives = CollectivesRow::between(&comm, reps, layers);
     if args.profile && b == args.batch[0] && t == args.tokens_per_seq[0] {
         profile::set_enabled(true);
         let before = Snapshot::now();
@@ -331,7 +331,7 @@ fn prefill_row(
     };
     let (_, counters) = once(bench)?;
     let (mut times, mut pct, mut fmas) = (vec![], vec![], vec![]);
-    let comm = collective_stats();
+    let comm = CollectiveSnapshot::now();
     for _ in 0..reps {
         let peak = fma_peak(threads, 1);
         let (secs, _) = once(bench)?;
@@ -340,7 +340,7 @@ fn prefill_row(
         fmas.push(peak);
     }
     let layers = bench.runner.model().config.layer_types.len();
-    let collectives = CollectivesRow::between(comm, reps, layers);
+    let collectives = CollectivesRow::between(&comm, reps, layers);
     let secs = median(times);
     let peak = median(fmas);
     // One profiled repetition for the matrix products' own share of the time.

@@ -99,6 +99,18 @@ fn broadcast<T: Equivalence>(buf: &mut [T]) {
     mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, buf)));
 }
 
+fn send<T: Equivalence>(to: usize, buf: &[T]) {
+    let world = world();
+    let peer = world.process_at_rank(to as i32);
+    mpi::request::scope(|scope| wait(peer.immediate_send(scope, buf)));
+}
+
+fn recv<T: Equivalence>(from: usize, buf: &mut [T]) {
+    let world = world();
+    let peer = world.process_at_rank(from as i32);
+    mpi::request::scope(|scope| wait(peer.immediate_receive_into(scope, buf)));
+}
+
 impl Collectives for MpiComm {
     fn rank(&self) -> usize {
         self.rank
@@ -130,19 +142,19 @@ impl Collectives for MpiComm {
     }
 
     fn send_f32(&self, to: usize, buf: &[f32]) {
-        self.counted(buf.len() * 4, || {
-            let world = world();
-            let peer = world.process_at_rank(to as i32);
-            mpi::request::scope(|scope| wait(peer.immediate_send(scope, buf)));
-        });
+        self.counted(buf.len() * 4, || send(to, buf));
     }
 
     fn recv_f32(&self, from: usize, buf: &mut [f32]) {
-        self.counted(buf.len() * 4, || {
-            let world = world();
-            let peer = world.process_at_rank(from as i32);
-            mpi::request::scope(|scope| wait(peer.immediate_receive_into(scope, buf)));
-        });
+        self.counted(buf.len() * 4, || recv(from, buf));
+    }
+
+    fn send_u64(&self, to: usize, buf: &[u64]) {
+        self.counted(buf.len() * 8, || send(to, buf));
+    }
+
+    fn recv_u64(&self, from: usize, buf: &mut [u64]) {
+        self.counted(buf.len() * 8, || recv(from, buf));
     }
 
     fn abort(&self, why: &str) -> ! {

@@ -15,9 +15,11 @@
 //! The transport sits behind [`Collectives`] (MPI in the engine crate), so the model knows
 //! nothing of it and a single process, which has none, pays nothing.
 
+mod group;
 mod parts;
 mod protocol;
 
+pub use group::{Grid, Group};
 pub use parts::{AttnPart, HeadPart, WidthPart};
 pub use protocol::{announce, interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
 
@@ -42,6 +44,9 @@ pub trait Collectives: Send + Sync {
     fn send_f32(&self, to: usize, buf: &[f32]);
     /// What rank `from` sent with [`Self::send_f32`], into `buf`.
     fn recv_f32(&self, from: usize, buf: &mut [f32]);
+    /// [`Self::send_f32`] of words (a [`Group`]'s broadcast of a step's header).
+    fn send_u64(&self, to: usize, buf: &[u64]);
+    fn recv_u64(&self, from: usize, buf: &mut [u64]);
     /// Ends every rank's process after printing `why` with this rank's number: a rank that
     /// cannot go on must not leave the others waiting in a collective.
     fn abort(&self, why: &str) -> !;

@@ -1,6 +1,9 @@
-//! Context parallelism (`--context-parallel-size N`, N = the job's ranks, each holding the
-//! whole model): a prefill step that is one sequence's chunk of at least `min_tokens` tokens
-//! is split into N contiguous ranges, rank r computing range r through every layer.
+//! Context parallelism (`--context-parallel-size N`): a prefill step that is one sequence's
+//! chunk of at least `min_tokens` tokens is split into N contiguous ranges, rank r computing
+//! range r through every layer. The ranks here are those of the context communicator: each
+//! holds a whole copy of the model, or is the first rank of a group that splits its copy
+//! (`deepinfer_model::parallel::Grid`), its forward driving its group as rank 0 drives a
+//! split model.
 //!
 //! What a range reads of the positions before it — the window rows just before it, the
 //! compressors' rows of the open groups, every compressed entry and indexer key — comes from

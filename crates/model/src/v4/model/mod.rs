@@ -152,8 +152,9 @@ pub struct Model {
     pub(super) rope_compress: Rope,
     pub(super) scratch: Scratch,
     memory_plan: String,
-    /// Split over ranks (this is rank 0): tells the others to stop when the model goes.
-    _split: Option<SplitGuard>,
+    /// Split over ranks (this is rank 0 of each): tells the others to stop when the model
+    /// goes, its own group's first, then the context-parallel ranks.
+    _split: Vec<SplitGuard>,
     /// Context parallelism (rank 0 of a job whose ranks each hold the whole model).
     context: Option<ContextSplit>,
     /// Split over ranks with tensor parallelism, which official numerics does not run on.
@@ -188,7 +189,7 @@ impl Model {
             rope_compress,
             scratch: Scratch::default(),
             memory_plan: "every weight resident".into(),
-            _split: None,
+            _split: Vec::new(),
             context: None,
             split_tensor: false,
             engram: None,
@@ -282,15 +283,18 @@ impl Model {
         model.vision = vision;
         model.memory_plan = why;
         model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
-        model._split = placement.map(|pl| SplitGuard { comm: pl.comm });
+        model
+            ._split
+            .extend(placement.map(|pl| SplitGuard { comm: pl.comm }));
         Ok(model)
     }
 
-    /// Splits long prefill steps over the job's ranks by position (context parallelism: the
-    /// engine's `dist::context`), every rank holding the whole model; `min_tokens`: the
-    /// shortest step that is split. The other ranks are told to stop when the model goes.
+    /// Splits long prefill steps over the ranks of `comm` by position (context parallelism:
+    /// the engine's `dist::context`), each rank holding a copy of the model (whole, or split
+    /// over its group); `min_tokens`: the shortest step that is split. The other ranks are
+    /// told to stop when the model goes, after this model's own group.
     pub fn set_context_parallel(&mut self, comm: Arc<dyn Collectives>, min_tokens: usize) {
-        self._split = Some(SplitGuard {
+        self._split.push(SplitGuard {
             comm: Arc::clone(&comm),
         });
         self.context = Some(ContextSplit { comm, min_tokens });
