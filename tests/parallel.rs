@@ -34,8 +34,16 @@ use std::thread::JoinHandle;
 /// The models split by position (context parallelism), each rank holding the whole model.
 const CONTEXT_RUNS: [&str; 2] = ["tiny-a", "tiny-v41-b"];
 
-/// The models the scenario runs in official numerics with the experts split whole.
+/// The models the scenario runs in official numerics, each in every split: the experts
+/// whole, tensor parallel with them, and every expert by width (the ranks round the blocks
+/// of `wo_b`'s and `w2`'s inputs their parts cut together).
 const OFFICIAL_RUNS: [&str; 3] = ["tiny-a", "tiny-v41-a", "tiny-v41-b"];
+
+fn official_runs() -> impl Iterator<Item = (&'static str, (bool, bool))> {
+    OFFICIAL_RUNS
+        .into_iter()
+        .flat_map(|c| [EXPERTS, BOTH, WIDTH].map(|split| (c, split)))
+}
 
 /// Set in the ranks' environment: the scenario runs only under the parent test.
 const CHILD: &str = "DEEPINFER_PARALLEL_CHILD";
@@ -161,10 +169,11 @@ fn ranks_scenario() {
 /// Context parallelism composed with the tensor and expert split, under `mpirun -n 4`: two
 /// groups of two ranks (0-1, 2-3), each one copy of the model split within it, ranks 0 and 2
 /// handing the state on. `(config, split, numerics)`.
-const GRID_RUNS: [(&str, (bool, bool), Numerics); 3] = [
+const GRID_RUNS: [(&str, (bool, bool), Numerics); 4] = [
     ("tiny-a", BOTH, Numerics::Reference),
     ("tiny-v41-b", WIDTH, Numerics::Reference),
     ("tiny-v41-b", EXPERTS, Numerics::Official),
+    ("tiny-v41-b", BOTH, Numerics::Official),
 ];
 
 fn grid_scenario(world: &Arc<dyn Collectives>) {
@@ -220,19 +229,25 @@ fn scenarios(world: &Arc<dyn Collectives>) {
             let label = format!("{config}/{layout} streamed {streamed} split {split:?}");
             let dir = model_dir(config, layout);
             let model = Model::load_split(&dir, &plan(streamed), placement(split), |_, _| {});
-            compare_with_single_process(config, layout, model.unwrap(), &label, usize::MAX);
+            let model = model.unwrap();
+            compare_with_single_process(config, layout, model, &label, (usize::MAX, 0));
         }
         // Official numerics (V4.1's is vLLM's FP8), the experts split whole: the other ranks
         // round their experts' w2 inputs. Prompts of up to 40 tokens: a longer one meets
         // activations so near an FP8 rounding boundary that a different summation order
         // (the MoE's reduction over ranks) sends them the other way.
-        for config in OFFICIAL_RUNS {
+        for (config, split) in official_runs() {
             let dir = model_dir(config, "official");
             let mut model =
-                Model::load_split(&dir, &plan(false), placement(EXPERTS), |_, _| {}).unwrap();
+                Model::load_split(&dir, &plan(false), placement(split), |_, _| {}).unwrap();
             model.set_numerics(Numerics::Official).unwrap();
-            let label = format!("{config} official numerics");
-            compare_with_single_process(config, "official", model, &label, 40);
+            // With the dense products split, the partial sums of `wo_b` and of the shared
+            // expert's `w2` meet in another order, and an activation within an f32 rounding
+            // error of an FP8 boundary then rounds the other way (tiny-v41-b's 29-token
+            // prompt, one position, on some splits): such a position may differ by that step.
+            let flips = usize::from(split.0);
+            let label = format!("{config} official numerics split {split:?}");
+            compare_with_single_process(config, "official", model, &label, (40, flips));
         }
         engine_scenarios(&placement(BOTH));
         prefix_on_disk_scenario(&placement(BOTH));
@@ -251,9 +266,9 @@ fn scenarios(world: &Arc<dyn Collectives>) {
             serve_part(placement(split), config, layout, streamed);
         }
         let comm = Arc::clone(world);
-        for config in OFFICIAL_RUNS {
+        for (config, split) in official_runs() {
             let dir = model_dir(config, "official");
-            let mut worker = Worker::load(&dir, &plan(false), placement(EXPERTS))
+            let mut worker = Worker::load(&dir, &plan(false), placement(split))
                 .unwrap_or_else(|e| comm.abort(&format!("{config} official: {e}")));
             worker.set_numerics(Numerics::Official);
             if let Err(e) = worker.run() {
@@ -303,6 +318,31 @@ fn serve_part(placement: Placement, config: &str, layout: &str, streamed: bool) 
     }
 }
 
+/// Every position's logits within 1e-5 ([`close`]) but at most `flips` positions, which keep
+/// the greedy token and differ by less than one FP8 step can move a logit (1e-2).
+fn close_but_flips(want: &[Vec<f32>], got: &[Vec<f32>], label: &str, flips: usize) {
+    assert_eq!(want.len(), got.len(), "{label}");
+    let mut flipped = Vec::new();
+    for (pos, (w, g)) in want.iter().zip(got).enumerate() {
+        let label = format!("{label} pos {pos}");
+        let within = w
+            .iter()
+            .zip(g)
+            .all(|(&x, &y)| (x - y).abs() <= 1e-5 * x.abs().max(1.0));
+        if within {
+            continue;
+        }
+        assert!(flipped.len() < flips, "{label}: {}", max_abs_diff(w, g));
+        let argmax = |v: &[f32]| (0..v.len()).max_by(|&i, &j| v[i].total_cmp(&v[j]));
+        assert_eq!(argmax(w), argmax(g), "{label}: the greedy token");
+        assert!(max_abs_diff(w, g) < 1e-2, "{label}: {}", max_abs_diff(w, g));
+        flipped.push(pos);
+    }
+    if !flipped.is_empty() {
+        println!("{label}: one FP8 rounding flipped at positions {flipped:?}");
+    }
+}
+
 fn close(a: &[f32], b: &[f32], label: &str) {
     assert_eq!(a.len(), b.len(), "{label}");
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
@@ -321,7 +361,7 @@ fn compare_with_single_process(
     layout: &str,
     split: Model,
     label: &str,
-    max_len: usize,
+    (max_len, flips): (usize, usize),
 ) {
     let g = Golden::load(config);
     let mut single = load(config, layout);
@@ -340,10 +380,9 @@ fn compare_with_single_process(
         let want = chunked_logits(&mut one, tokens, tokens.len());
         for chunk in [tokens.len(), 5] {
             let got = chunked_logits(&mut many, tokens, chunk);
-            for (pos, (w, g)) in want.iter().zip(&got).enumerate() {
-                close(w, g, &format!("{label} p{pi} chunk {chunk} pos {pos}"));
-                fp.f32s(g);
-            }
+            let label = format!("{label} p{pi} chunk {chunk}");
+            close_but_flips(&want, &got, &label, flips);
+            got.iter().for_each(|g| fp.f32s(g));
         }
     }
     println!("fp ranks {label}: {:016x}", fp.0);

@@ -299,6 +299,23 @@ fn split_runs_reproduce_golden_greedy_tokens() {
             &official,
         );
     }
+    // And with the dense projections split too: tensor parallel with the experts whole
+    // (the seed's configuration), and with every expert split by width.
+    let tensor = ["--numerics", "official", ep];
+    check_launched_against(
+        mpirun(2),
+        "tiny-v41-b",
+        "official",
+        "official_golden",
+        &tensor,
+    );
+    check_launched_against(
+        mpirun(3),
+        "tiny-c",
+        "official",
+        "official_golden",
+        &tensor[..2],
+    );
     // Context parallelism: every prefill step of two or more tokens split by position.
     for n in [2, 3] {
         let size = n.to_string();
@@ -328,6 +345,13 @@ fn split_runs_reproduce_golden_greedy_tokens() {
         "official",
         "official_golden",
         &[&cp[..], &official].concat(),
+    );
+    check_launched_against(
+        mpirun(4),
+        "tiny-v41-b",
+        "official",
+        "official_golden",
+        &[&cp[..], &tensor].concat(),
     );
 }
 
@@ -379,15 +403,6 @@ fn split_run_failures_end_every_rank() {
     assert!(
         !out.status.success() && err.contains("mpirun -n 2"),
         "{err}"
-    );
-    // Official numerics with tensor parallelism.
-    refused(
-        &["--numerics", "official"],
-        &[
-            "rank 0 of 2",
-            "tensor parallelism",
-            "--enable-expert-parallel",
-        ],
     );
     // A checkpoint whose index leaves out a tensor its shard holds ends the job on every
     // rank (each sizes its memory from the index before loading; the first to end the job

@@ -49,7 +49,8 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     }
 }
 
-fn amax(block: &[f32]) -> f32 {
+/// The largest magnitude in `block` (0 when empty).
+pub fn amax(block: &[f32]) -> f32 {
     block.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
@@ -84,11 +85,17 @@ pub fn mxfp8_round_trip(x: &mut [f32]) {
 
 fn fp8_round_trip_floored(x: &mut [f32], block: usize, floor: f32) {
     for b in x.chunks_mut(block) {
-        let s = e8m0_to_f32(pow2_scale_byte(amax(b), floor, E4M3_MAX));
-        for v in b {
-            // `/ s` and `· s` are exact (s is a power of two); only the e4m3 cast rounds.
-            *v = e4m3_to_f32(f32_to_e4m3(*v / s)) * s;
-        }
+        fp8_round_piece(b, amax(b), floor);
+    }
+}
+
+/// FP8 round trip of `piece`, part of a block whose amax (over every part) is `amax`: how
+/// a block split over ranks rounds, each rank its part, once the amax is shared.
+pub fn fp8_round_piece(piece: &mut [f32], amax: f32, floor: f32) {
+    let s = e8m0_to_f32(pow2_scale_byte(amax, floor, E4M3_MAX));
+    for v in piece {
+        // `/ s` and `· s` are exact (s is a power of two); only the e4m3 cast rounds.
+        *v = e4m3_to_f32(f32_to_e4m3(*v / s)) * s;
     }
 }
 

@@ -30,7 +30,8 @@
 
 use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
 use deepinfer_kernels::quant::{
-    fp4_round_trip, fp8_round_trip, hadamard, mxfp8_round_trip, MX_BLOCK,
+    fp4_round_trip, fp8_round_trip, hadamard, mxfp8_round_trip, FP8_AMAX_FLOOR, MXFP8_AMAX_FLOOR,
+    MX_BLOCK,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -74,6 +75,17 @@ impl Numerics {
                 .chunks_exact_mut(width)
                 .for_each(|row| fp8_round_trip(row, ACT_BLOCK)),
             Numerics::OfficialV41 => x.chunks_exact_mut(width).for_each(mxfp8_round_trip),
+        }
+    }
+
+    /// The blocks [`Self::projection_input`] rounds a row in, `(width, amax floor)`: what a
+    /// rank holding part of the row needs to round its part alike
+    /// (`tensor_parallel::round_split_input`). `None` in reference numerics.
+    pub fn projection_blocks(self) -> Option<(usize, f32)> {
+        match self {
+            Numerics::Reference => None,
+            Numerics::Official => Some((ACT_BLOCK, FP8_AMAX_FLOOR)),
+            Numerics::OfficialV41 => Some((MX_BLOCK, MXFP8_AMAX_FLOOR)),
         }
     }
 

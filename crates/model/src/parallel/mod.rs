@@ -18,6 +18,8 @@
 mod group;
 mod parts;
 mod protocol;
+#[cfg(test)]
+pub(crate) mod threads;
 
 pub use group::{Grid, Group};
 pub use parts::{AttnPart, HeadPart, WidthPart};

@@ -17,6 +17,9 @@ pub(super) const ROWS_PER_TASK: usize = 64;
 pub(super) struct Activation {
     pub(super) limit: f32,
     pub(super) numerics: Numerics,
+    /// Whether each row is rounded here: not when it is a rank's part of the width, whose
+    /// blocks the ranks round together (`tensor_parallel::round_split_input`).
+    pub(super) round: bool,
 }
 
 impl Activation {
@@ -24,6 +27,7 @@ impl Activation {
         Self {
             limit: c.swiglu_limit,
             numerics: c.numerics,
+            round: true,
         }
     }
 }
@@ -39,7 +43,11 @@ pub(super) fn activate(
     act: Activation,
     tmp: &mut [f32],
 ) {
-    let Activation { limit, numerics } = act;
+    let Activation {
+        limit,
+        numerics,
+        round,
+    } = act;
     g.par_chunks_mut(ROWS_PER_TASK * width)
         .zip(u.par_chunks(ROWS_PER_TASK * width))
         .zip(weights.par_chunks(ROWS_PER_TASK))
@@ -65,7 +73,9 @@ pub(super) fn activate(
                 for ((v, &e), &up) in gr.iter_mut().zip(tmp.iter()).zip(ur) {
                     *v = *v / (1.0 + e) * up.clamp(-limit, limit) * wt;
                 }
-                numerics.projection_input(gr, width);
+                if round {
+                    numerics.projection_input(gr, width);
+                }
             }
         });
 }

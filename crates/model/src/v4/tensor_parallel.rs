@@ -5,13 +5,16 @@ use super::output_groups::grouped_output;
 use super::swiglu::{activate, Activation, ROWS_PER_TASK};
 use super::workspace::Workspace;
 use crate::config::ModelConfig;
+use crate::numerics::Numerics;
 use crate::parallel::{
     announce, interleave, share, AttnPart, Collectives, HeadPart, LayerLink, Op, WidthPart,
 };
 use crate::profile;
 use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::quant::{amax, fp8_round_piece};
 use deepinfer_kernels::sub_matrix::SubMatrix;
 use smallvec::SmallVec;
+use std::ops::Range;
 
 /// The product of a part's wanted rows: `[m, rows]`.
 fn rows_job<'a>(p: &'a SubMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> Matmul<'a> {
@@ -63,18 +66,25 @@ pub(super) fn q_part(
 
 /// This rank's share of the output projections of the attention output `o: [T, H·hd]`:
 /// its groups through `wo_a`, then its columns of `wo_b`; `[T, D]`, summed over ranks.
+/// Every rank of `comm` calls it for the same step (the rounding of `wo_b`'s input is a
+/// collective).
 pub(super) fn out_part(
     p: &AttnPart,
     c: &ModelConfig,
     o: &[f32],
     t: usize,
+    comm: &dyn Collectives,
     ws: &mut Workspace,
 ) -> Vec<f32> {
+    let r = c.o_lora_rank;
+    let cols = p.groups.start * r..p.groups.end * r;
     if p.groups.is_empty() {
-        // More ranks than output groups: this one adds nothing.
+        // More ranks than output groups: this one adds nothing but its part in the rounding.
+        round_split_input(comm, c.numerics, &mut [], t, cols, c.o_groups * r, ws);
         return ws.take(t * p.wo_b.w.rows);
     }
-    let z = grouped_output(c, &p.wo_a.w, p.wo_a.rows.start, p.groups.clone(), o, t, ws);
+    let mut z = grouped_output(c, &p.wo_a.w, p.wo_a.rows.start, p.groups.clone(), o, t, ws);
+    round_split_input(comm, c.numerics, &mut z, t, cols, c.o_groups * r, ws);
     let padded = padded_input(&p.wo_b, &z, t, ws);
     let mut out = ws.take(t * p.wo_b.w.rows);
     profile::matmul(&p.wo_b.w, padded.as_deref().unwrap_or(&z), t, &mut out);
@@ -85,18 +95,21 @@ pub(super) fn out_part(
     out
 }
 
-/// This rank's share of an expert's width for `x: [T, D]`, each row's activation scaled by
-/// its routing weight (`None`: 1, the shared expert); `[T, D]`, summed over ranks.
+/// This rank's share of an expert's width (`inter` wide in all) for `x: [T, D]`, each row's
+/// activation scaled by its routing weight (`None`: 1, the shared expert); `[T, D]`, summed
+/// over ranks. Every rank of `comm` calls it for the same rows (the rounding of `w2`'s
+/// input is a collective).
 pub(super) fn width_part(
-    p: &WidthPart,
+    (p, inter): (&WidthPart, usize),
     x: &[f32],
     t: usize,
     weights: Option<&[f32]>,
-    c: &ModelConfig,
+    (c, comm): (&ModelConfig, &dyn Collectives),
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let width = p.width.len();
     if width == 0 {
+        round_split_input(comm, c.numerics, &mut [], t, p.width.clone(), inter, ws);
         return ws.take(t * p.w2.w.rows);
     }
     let (mut g, mut u) = (ws.take(t * width), ws.take(t * width));
@@ -107,10 +120,12 @@ pub(super) fn width_part(
     let mut ones = ws.take(t);
     ones.fill(1.0);
     let mut tmp = ws.take(t.div_ceil(ROWS_PER_TASK).max(1) * width);
-    // A part of the width is not a whole block of `w2`'s input, so official numerics (which
-    // rounds whole blocks) is refused on a split model before it gets here.
-    let act = Activation::of(c);
+    let act = Activation {
+        round: false,
+        ..Activation::of(c)
+    };
     activate(&mut g, &u, weights.unwrap_or(&ones), width, act, &mut tmp);
+    round_split_input(comm, c.numerics, &mut g, t, p.width.clone(), inter, ws);
     let padded = padded_input(&p.w2, &g, t, ws);
     let mut out = ws.take(t * p.w2.w.rows);
     profile::matmul(&p.w2.w, padded.as_deref().unwrap_or(&g), t, &mut out);
@@ -118,6 +133,65 @@ pub(super) fn width_part(
         ws.give(v);
     }
     out
+}
+
+/// Rounds this rank's columns `cols` of `t` rows `width` wide (`x: [t, cols.len()]`) as
+/// [`Numerics::projection_input`] rounds whole rows. A block the ranks' parts cut takes its
+/// amax over all of them: each rank's per-block maxima are gathered to rank 0, and the
+/// largest broadcast back (two collectives, only in official numerics).
+fn round_split_input(
+    comm: &dyn Collectives,
+    numerics: Numerics,
+    x: &mut [f32],
+    t: usize,
+    cols: Range<usize>,
+    width: usize,
+    ws: &mut Workspace,
+) {
+    let Some((block, floor)) = numerics.projection_blocks() else {
+        return;
+    };
+    let (nb, w) = (width.div_ceil(block), cols.len());
+    let mut amaxes = ws.take(t * nb);
+    if w > 0 {
+        for (row, a) in x.chunks_exact(w).zip(amaxes.chunks_exact_mut(nb)) {
+            for (b, piece) in pieces(&cols, block) {
+                a[b] = amax(&row[piece]);
+            }
+        }
+    }
+    let size = comm.size();
+    let root = comm.rank() == 0;
+    let mut all = ws.take(if root { size * t * nb } else { 0 });
+    comm.gather_f32(&amaxes, &vec![t * nb; size], &mut all);
+    if root && t * nb > 0 {
+        for theirs in all.chunks_exact(t * nb).skip(1) {
+            amaxes
+                .iter_mut()
+                .zip(theirs)
+                .for_each(|(a, &b)| *a = a.max(b));
+        }
+    }
+    comm.broadcast_f32(&mut amaxes);
+    if w > 0 {
+        for (row, a) in x.chunks_exact_mut(w).zip(amaxes.chunks_exact(nb)) {
+            for (b, piece) in pieces(&cols, block) {
+                fp8_round_piece(&mut row[piece], a[b], floor);
+            }
+        }
+    }
+    ws.give(all);
+    ws.give(amaxes);
+}
+
+/// The blocks of `block` columns that `cols` overlaps: each block's index and the overlap's
+/// columns counted from `cols.start`.
+fn pieces(cols: &Range<usize>, block: usize) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+    (cols.start / block..cols.end.div_ceil(block)).map(move |b| {
+        let lo = (b * block).max(cols.start);
+        let hi = ((b + 1) * block).min(cols.end);
+        (b, lo - cols.start..hi - cols.start)
+    })
 }
 
 /// This rank's logits, of its vocabulary rows, for the normed rows `h: [M, D]`; `[M, V_r]`.
@@ -160,7 +234,7 @@ pub(super) fn split_out(
     ws: &mut Workspace,
 ) -> Vec<f32> {
     announce(&*link.comm, Op::AttnOut, link.layer, t, o);
-    let mut out = out_part(p, c, o, t, ws);
+    let mut out = out_part(p, c, o, t, &*link.comm, ws);
     link.comm.reduce_sum(&mut out);
     out
 }
@@ -203,4 +277,57 @@ fn gather_rows(
     comm.gather_f32(mine, &counts, &mut gathered);
     interleave(&gathered, widths, rows, out);
     ws.give(gathered);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parallel::threads::job;
+    use crate::parallel::Group;
+
+    /// Rows cut into ranks' parts and rounded on their ranks equal the whole rows rounded in
+    /// one place: cuts inside a block, whose parts' amaxes lie binades apart, a rank with
+    /// no columns, V4's 128-blocks and V4.1's 32-blocks.
+    #[test]
+    fn split_rounding_equals_rounding_the_whole_rows() {
+        let (width, t) = (96, 2);
+        let rows: Vec<f32> = (0..t * width)
+            .map(|i| {
+                let v = ((i * 37 % 101) as f32 - 50.0) / 7.0;
+                // Small values beside large ones in a block: subnormal at the block's
+                // scale, normal at the part's own (where the scale changes the rounding).
+                if i % width >= 60 {
+                    v * 64.0
+                } else {
+                    v / 64.0
+                }
+            })
+            .collect();
+        for numerics in [Numerics::Official, Numerics::OfficialV41] {
+            let mut want = rows.clone();
+            numerics.projection_input(&mut want, width);
+            for cuts in [vec![0, 48, 96], vec![0, 40, 41, 96], vec![0, 0, 96]] {
+                let size = cuts.len() - 1;
+                let parts = job(size, |wire| {
+                    let comm = Group::new(&wire, (0..size).collect());
+                    let cols = cuts[comm.rank()]..cuts[comm.rank() + 1];
+                    let mut x: Vec<f32> = rows
+                        .chunks_exact(width)
+                        .flat_map(|row| row[cols.clone()].to_vec())
+                        .collect();
+                    let mut ws = Workspace::default();
+                    round_split_input(&comm, numerics, &mut x, t, cols, width, &mut ws);
+                    x
+                });
+                for (r, part) in parts.iter().enumerate() {
+                    let cols = cuts[r]..cuts[r + 1];
+                    for (row, got) in part.chunks(cols.len().max(1)).enumerate() {
+                        let want = &want[row * width + cols.start..row * width + cols.end];
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(got), bits(want), "{numerics:?} cuts {cuts:?} rank {r}");
+                    }
+                }
+            }
+        }
+    }
 }

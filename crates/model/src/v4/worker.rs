@@ -123,7 +123,7 @@ impl Worker {
                     .and_then(|l| l.attn.as_ref())
                     .ok_or_else(|| missing("wo_a"))?;
                 let o = receive(comm, t * c.num_attention_heads * c.head_dim, ws);
-                let mut out = out_part(p, c, &o, t, ws);
+                let mut out = out_part(p, c, &o, t, comm, ws);
                 comm.reduce_sum(&mut out);
                 ws.give(out);
                 ws.give(o);
@@ -186,6 +186,7 @@ fn serve_moe(
         routed: &l.experts,
         shared: None,
         shared_part: l.shared.as_ref(),
+        comm: Some(comm),
     };
     let (x, wts) = (msg.x(), msg.wts());
     // A part that fails is reported to rank 0 through the reduction (rank 0 stops

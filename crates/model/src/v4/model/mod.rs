@@ -157,8 +157,6 @@ pub struct Model {
     _split: Vec<SplitGuard>,
     /// Context parallelism (rank 0 of a job whose ranks each hold the whole model).
     context: Option<ContextSplit>,
-    /// Split over ranks with tensor parallelism, which official numerics does not run on.
-    split_tensor: bool,
     /// V4.1's n-gram hashing, when the model has Engram layers.
     engram: Option<EngramHashing>,
     /// The DSpark drafter, when the checkpoint ships one (whole on rank 0 when split).
@@ -191,7 +189,6 @@ impl Model {
             memory_plan: "every weight resident".into(),
             _split: Vec::new(),
             context: None,
-            split_tensor: false,
             engram: None,
             dspark: None,
             vision: None,
@@ -282,7 +279,6 @@ impl Model {
         model.dspark = dspark;
         model.vision = vision;
         model.memory_plan = why;
-        model.split_tensor = placement.as_ref().is_some_and(|pl| pl.tensor);
         model
             ._split
             .extend(placement.map(|pl| SplitGuard { comm: pl.comm }));
@@ -343,12 +339,8 @@ impl Model {
         let numerics = numerics.for_model(c.v41.is_some());
         if numerics != Numerics::Reference {
             let csa = c.layer_types.contains(&AttnKind::Csa);
-            let reason = if self.split_tensor {
-                Some(
-                    "not supported with tensor parallelism yet: split the experts alone \
-                     (--enable-expert-parallel --tensor-parallel-size 1)",
-                )
-            } else if numerics.rotates_indexer() && csa && !c.index_head_dim.is_power_of_two() {
+            let reason = if numerics.rotates_indexer() && csa && !c.index_head_dim.is_power_of_two()
+            {
                 Some("the indexer's Hadamard rotation needs a power-of-two `index_head_dim`")
             } else {
                 None

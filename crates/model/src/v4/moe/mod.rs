@@ -174,6 +174,7 @@ pub fn moe(
         routed: &w.experts,
         shared,
         shared_part,
+        comm: w.split.as_ref().map(|l| &*l.comm),
     };
     let Some(link) = &w.split else {
         let out = local_part(&held, c, x, &ids, &wts, ws);
@@ -238,6 +239,8 @@ pub(super) struct LocalExperts<'a> {
     pub(super) routed: &'a RoutedExperts,
     pub(super) shared: Option<&'a ExpertWeights>,
     pub(super) shared_part: Option<&'a WidthPart>,
+    /// The ranks the model is split over: a width split rounds `w2`'s input among them.
+    pub(super) comm: Option<&'a dyn Collectives>,
 }
 
 /// What this rank computes of a MoE: the picks `ids`/`wts` on the experts it holds, and the
@@ -254,15 +257,35 @@ pub(super) fn local_part(
         routed: experts,
         shared,
         shared_part,
+        comm,
     } = *held;
-    let mut out = routed_sum(experts, shared, c, x, ids, wts, ws)?;
-    if let Some(p) = shared_part {
-        let t = ids.len() / c.num_experts_per_tok.max(1);
-        let s = tensor_parallel::width_part(p, x, t, None, c, ws);
-        out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
-        ws.give(s);
+    let t = ids.len() / c.num_experts_per_tok.max(1);
+    let split = |what| comm.unwrap_or_else(|| panic!("{what} split by width without ranks"));
+    // The shared part first: its rounding is collective, so it runs even where the routed
+    // experts then fail (a streamed expert that cannot be read).
+    let shared_inter = c.moe_intermediate_size * c.n_shared_experts;
+    let s = shared_part.map(|p| {
+        let split = (c, split("the shared expert"));
+        tensor_parallel::width_part((p, shared_inter), x, t, None, split, ws)
+    });
+    let out = match experts {
+        RoutedExperts::Sharded(parts) => {
+            let split = split("routed experts");
+            Ok(width_sum(parts, (c, split), x, (ids, wts), ws))
+        }
+        _ => routed_sum(experts, shared, c, x, ids, wts, ws),
+    };
+    match (out, s) {
+        (Ok(mut out), Some(s)) => {
+            out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
+            ws.give(s);
+            Ok(out)
+        }
+        (out, s) => {
+            s.into_iter().for_each(|s| ws.give(s));
+            out
+        }
     }
-    Ok(out)
 }
 
 /// The output of the picks `ids`/`wts` (`k` per token of `x: [T, D]`) that fall on the
@@ -285,11 +308,6 @@ fn routed_sum(
     let (k, n_exp) = (c.num_experts_per_tok, c.n_routed_experts);
     let t = ids.len() / k.max(1);
     let inter = c.moe_intermediate_size;
-    if let RoutedExperts::Sharded(parts) = experts {
-        // Split by width, the shared expert is split too (added by `local_part`).
-        debug_assert!(shared.is_none());
-        return Ok(width_sum(parts, c, x, (ids, wts), ws));
-    }
     let (offsets, order, xs) = group_by_expert(ids, x, k, d, n_exp, ws);
     let shared_inter = shared.map_or(0, |s| s.w1.out_dim());
     let (mut g, mut u) = (ws.take(t * k * inter), ws.take(t * k * inter));
@@ -373,7 +391,7 @@ fn row_weights(order: &[usize], wts: &[f32], ws: &mut Workspace) -> Vec<f32> {
 /// other, on its rows of the grouped picks.
 fn width_sum(
     parts: &[WidthPart],
-    c: &ModelConfig,
+    (c, comm): (&ModelConfig, &dyn Collectives),
     x: &[f32],
     (ids, wts): (&[usize], &[f32]),
     ws: &mut Workspace,
@@ -389,7 +407,8 @@ fn width_sum(
         }
         let x = &xs[rows.start * d..rows.end * d];
         let wt = Some(&row_wts[rows.clone()]);
-        let out = tensor_parallel::width_part(part, x, rows.len(), wt, c, ws);
+        let part = (part, c.moe_intermediate_size);
+        let out = tensor_parallel::width_part(part, x, rows.len(), wt, (c, comm), ws);
         y[rows.start * d..rows.end * d].copy_from_slice(&out);
         ws.give(out);
     }
