@@ -6,7 +6,7 @@
 //! decode step's messages come close together), then yields, then sleeps.
 
 use super::DistError;
-use deepinfer_model::parallel::{CollectiveStats, Collectives};
+use deepinfer_model::parallel::{CollectiveStats, Collectives, Counters};
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
@@ -14,7 +14,6 @@ use mpi::request::{LocalScope, Request};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{Destination, Equivalence, Root, Source};
 use mpi::{Count, Threading};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,9 +31,7 @@ pub struct MpiComm {
     size: usize,
     /// Rank 0's send buffer of a reduction (MPI reduces from one buffer into another).
     send: Mutex<Vec<f32>>,
-    calls: AtomicU64,
-    bytes: AtomicU64,
-    nanos: AtomicU64,
+    counters: Counters,
 }
 
 impl MpiComm {
@@ -53,9 +50,7 @@ impl MpiComm {
             rank: world.rank() as usize,
             size: world.size() as usize,
             send: Mutex::new(Vec::new()),
-            calls: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            nanos: AtomicU64::new(0),
+            counters: Counters::default(),
         };
         *lock(&UNIVERSE) = Some(universe);
         Ok(comm)
@@ -133,11 +128,7 @@ impl Collectives for MpiComm {
     }
 
     fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
-        let bytes = if self.rank == 0 {
-            out.len()
-        } else {
-            part.len()
-        } * 4;
+        let bytes = Counters::gather_bytes(self.rank, part, out);
         self.counted(bytes, || self.gather(part, counts, out));
     }
 
@@ -165,24 +156,13 @@ impl Collectives for MpiComm {
     }
 
     fn stats(&self) -> CollectiveStats {
-        CollectiveStats {
-            calls: self.calls.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
-        }
+        self.counters.stats()
     }
 }
 
 impl MpiComm {
-    /// Runs one collective of `bytes` (its payload), counted.
     fn counted<R>(&self, bytes: usize, f: impl FnOnce() -> R) -> R {
-        let start = Instant::now();
-        let r = f();
-        self.nanos
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        r
+        self.counters.counted(bytes, f)
     }
 
     fn reduce(&self, buf: &mut [f32]) {

@@ -9,10 +9,8 @@
 //! members with their first rank, the first ranks with each other), so their messages
 //! never cross.
 
-use super::{CollectiveStats, Collectives};
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::{CollectiveStats, Collectives, Counters};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 /// The ranks `members` (ranks of `parent`, the first one the group's root) as a job.
 pub struct Group {
@@ -21,9 +19,7 @@ pub struct Group {
     rank: usize,
     /// The root's receive buffer of a reduction.
     scratch: Mutex<Vec<f32>>,
-    calls: AtomicU64,
-    bytes: AtomicU64,
-    nanos: AtomicU64,
+    counters: Counters,
 }
 
 /// This rank's groups when `world`'s ranks are `cp` context-parallel groups: its own group
@@ -68,20 +64,12 @@ impl Group {
             members,
             rank,
             scratch: Mutex::new(Vec::new()),
-            calls: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            nanos: AtomicU64::new(0),
+            counters: Counters::default(),
         }
     }
 
-    /// Runs one collective of `bytes` (its payload), counted.
     fn counted(&self, bytes: usize, f: impl FnOnce()) {
-        let start = Instant::now();
-        f();
-        self.nanos
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counters.counted(bytes, f)
     }
 
     fn others(&self) -> impl Iterator<Item = usize> + '_ {
@@ -127,12 +115,7 @@ impl Collectives for Group {
     }
 
     fn gather_f32(&self, part: &[f32], counts: &[usize], out: &mut [f32]) {
-        let bytes = if self.rank == 0 {
-            out.len()
-        } else {
-            part.len()
-        } * 4;
-        self.counted(bytes, || {
+        self.counted(Counters::gather_bytes(self.rank, part, out), || {
             if self.rank != 0 {
                 return self.parent.send_f32(self.members[0], part);
             }
@@ -174,11 +157,7 @@ impl Collectives for Group {
     }
 
     fn stats(&self) -> CollectiveStats {
-        CollectiveStats {
-            calls: self.calls.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
-        }
+        self.counters.stats()
     }
 }
 

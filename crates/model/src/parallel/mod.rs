@@ -26,7 +26,9 @@ pub use parts::{AttnPart, HeadPart, WidthPart};
 pub use protocol::{announce, interleave, receive_header, send_header, MoeMessage, Op, SplitGuard};
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The collectives a split model needs; rank 0 is the root of each.
 pub trait Collectives: Send + Sync {
@@ -73,6 +75,40 @@ impl CollectiveStats {
             calls: self.calls - earlier.calls,
             bytes: self.bytes - earlier.bytes,
             seconds: self.seconds - earlier.seconds,
+        }
+    }
+}
+
+/// A [`Collectives`] implementation's counters behind [`Collectives::stats`].
+#[derive(Debug, Default)]
+pub struct Counters {
+    calls: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl Counters {
+    /// Runs one collective of `bytes` (its payload), counted.
+    pub fn counted<R>(&self, bytes: usize, f: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let r = f();
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        r
+    }
+
+    /// The payload of a gather on rank `rank`: what the root receives, or what one sends.
+    pub fn gather_bytes(rank: usize, part: &[f32], out: &[f32]) -> usize {
+        4 * if rank == 0 { out.len() } else { part.len() }
+    }
+
+    pub fn stats(&self) -> CollectiveStats {
+        CollectiveStats {
+            calls: self.calls.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 }
