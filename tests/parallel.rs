@@ -584,8 +584,33 @@ fn engine_scenarios(world: &Placement) {
 fn dspark_scenario(cfg: &str, world: &Placement) {
     let dir = model_dir(cfg, "official");
     let model = Model::load_split(&dir, &plan(false), world.clone(), |_, _| {}).unwrap();
-    assert!(model.dspark.is_some(), "{cfg}: the drafter loads on rank 0");
-    drafts_as_the_reference(cfg, model, "split");
+    let drafter = model.dspark.as_ref().expect("the drafter loads on rank 0");
+    // Its stages' experts are split by id: rank 0 holds the first share of each.
+    let n = drafter.config.n_routed_experts;
+    for stage in drafter.stage_weights() {
+        assert_eq!(
+            stage.ffn.experts.held(),
+            world.share(n),
+            "{cfg}: a stage's experts"
+        );
+    }
+    // Drafts within 1e-5 of one process's, the stages' picks summed over the ranks.
+    let one = ModelRunner::new(load(cfg, "official"));
+    let (mut one, mut many) = (one, ModelRunner::new(model));
+    let g = Golden::load_named(cfg, "dspark_golden");
+    let seq = [ids(&g.meta["prompt"]), ids(&g.meta["greedy"])].concat();
+    let split = (world.tensor, world.expert_parallel);
+    for n in [5, 17, seq.len() - 1] {
+        let (a, b) = (
+            draft_after(&mut one, &seq, n),
+            draft_after(&mut many, &seq, n),
+        );
+        let label = format!("{cfg} split {split:?}: a draft after {n} tokens");
+        assert_eq!(a.tokens, b.tokens, "{label}");
+        assert!(within(&a.confidence, &b.confidence), "{label}");
+        assert!(within(&a.base_logits, &b.base_logits), "{label}");
+    }
+    drafts_as_the_reference(cfg, many.into_model(), "split");
 }
 
 /// DSpark drafting over a target whose prefill is split by position (context parallelism):

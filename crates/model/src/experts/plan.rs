@@ -31,25 +31,36 @@ pub struct StoredBytes {
     /// Of `dense`, what tensor parallelism splits (the main layers' `wq_b`, `wo_a`, `wo_b`
     /// and shared experts, and the head).
     pub split: u64,
+    /// Of `dense`, a DSpark drafter's routed experts: resident always, split by id over
+    /// ranks.
+    pub draft_experts: u64,
     pub experts: u64,
 }
 
 impl StoredBytes {
     pub fn of(ck: &Checkpoint) -> Self {
-        let (mut dense, mut split, mut experts) = (0, 0, 0);
+        let (mut dense, mut split, mut draft_experts, mut experts) = (0, 0, 0, 0);
+        // A DSpark drafter's stages (`mtp.i`, beside its `main_proj`; V4's MTP block, also
+        // `mtp.0`, keeps its experts whole on rank 0).
+        let drafter = ck.contains("mtp.0.main_proj.weight");
         for (name, bytes) in ck.stored_sizes() {
+            let bytes = bytes as u64;
             if is_routed_expert(name) {
-                experts += bytes as u64;
-            } else {
-                dense += bytes as u64;
-                if is_tensor_split(name) {
-                    split += bytes as u64;
-                }
+                experts += bytes;
+                continue;
+            }
+            dense += bytes;
+            if is_tensor_split(name) {
+                split += bytes;
+            }
+            if drafter && is_stage_expert(name) {
+                draft_experts += bytes;
             }
         }
         Self {
             dense,
             split,
+            draft_experts,
             experts,
         }
     }
@@ -74,7 +85,7 @@ impl StoredBytes {
             }
         };
         let rest = if rank == 0 {
-            self.dense - self.split
+            self.dense - self.split - self.draft_experts
         } else {
             0
         };
@@ -83,9 +94,13 @@ impl StoredBytes {
             false if rank == 0 => self.split,
             false => 0,
         };
+        let drafts = c.dspark.as_ref().map_or(1, |dc| dc.n_routed_experts);
+        let draft_experts =
+            self.draft_experts * share(drafts, rank, size).len() as u64 / drafts.max(1) as u64;
         Self {
-            dense: rest + split,
+            dense: rest + split + draft_experts,
             split,
+            draft_experts,
             experts: self.experts * held / n.max(1) as u64,
         }
     }
@@ -119,6 +134,13 @@ fn is_routed_expert(stored: &str) -> bool {
     let official = inner.starts_with("layers.") && inner.contains(".ffn.experts.");
     let hf = stored.starts_with("model.layers.") && stored.contains(".mlp.experts.");
     official || hf
+}
+
+/// A stored tensor of a routed expert of an `mtp.i` block, in either naming layout.
+fn is_stage_expert(stored: &str) -> bool {
+    let inner = stored.strip_prefix("model.").unwrap_or(stored);
+    inner.starts_with("mtp.")
+        && (inner.contains(".ffn.experts.") || inner.contains(".mlp.experts."))
 }
 
 /// The weights do not fit the memory budget even with their experts streamed.
@@ -295,6 +317,7 @@ mod tests {
         let bytes = StoredBytes {
             dense: 10 << 20,
             split: 4 << 20,
+            draft_experts: 0,
             experts: 16 << 20,
         };
         let n = c.n_routed_experts as u64;
@@ -315,6 +338,28 @@ mod tests {
             "model.layers.0.mlp.shared_experts.up_proj.weight"
         ));
         assert!(is_tensor_split("lm_head.weight"));
+        // A DSpark drafter's 4 stage experts (2 MiB, of the dense part) split by id; the
+        // rest of the dense part stays on rank 0.
+        let mut c = c;
+        c.dspark = Some(crate::config::DsparkConfig {
+            target_layer_ids: vec![1],
+            aux_layers: vec![1],
+            block_size: 4,
+            noise_token_id: 0,
+            markov_rank: 2,
+            stages: 1,
+            n_routed_experts: 4,
+            num_experts_per_tok: 1,
+        });
+        let drafting = StoredBytes {
+            dense: 12 << 20,
+            draft_experts: 2 << 20,
+            ..bytes
+        };
+        let r0 = drafting.share(&c, (0, 2), false, true);
+        let r1 = drafting.share(&c, (1, 2), false, true);
+        assert_eq!((r0.dense >> 20, r1.dense >> 20), (11, 1));
+        assert_eq!((r0.draft_experts >> 20, r1.draft_experts >> 20), (1, 1));
         assert!(!is_tensor_split("mtp.0.attn.wq_b.weight"));
         assert!(!is_tensor_split("layers.3.attn.indexer.wq_b.weight"));
         assert!(!is_tensor_split("layers.3.attn.wq_a.weight"));
@@ -327,6 +372,7 @@ mod tests {
         let bytes = StoredBytes {
             dense: 10 << 20,
             split: 4 << 20,
+            draft_experts: 0,
             experts: 16 << 20,
         };
         let plan = |budget: Option<usize>, cache: Option<usize>| {

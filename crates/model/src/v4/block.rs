@@ -16,7 +16,8 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::config::{AttnKind, MlpKind};
 use crate::experts::ExpertError;
-use crate::experts::RoutedExperts;
+use crate::experts::{resident_experts, RoutedExperts};
+use crate::parallel::Placement;
 use crate::profile::{scope, Op};
 use deepinfer_kernels::norm::rms_norm_rows;
 
@@ -127,6 +128,7 @@ impl LayerWeights {
         c: &ModelConfig,
         prefix: &str,
         index: usize,
+        placement: Option<&Placement>,
     ) -> Result<LayerWeights, CheckpointError> {
         let spec = LayerSpec {
             prefix,
@@ -136,6 +138,13 @@ impl LayerWeights {
             placement: None,
             index,
         };
-        LayerWeights::load(ck, c, &spec, None)
+        // Split over ranks, this rank's share of the routed experts by id; the
+        // attention and the shared expert stay whole here.
+        let experts = placement
+            .map(|pl| resident_experts(ck, c, prefix, pl.share(c.n_routed_experts)))
+            .transpose()?;
+        let mut w = LayerWeights::load(ck, c, &spec, experts)?;
+        w.ffn.split = placement.map(|pl| pl.link(index));
+        Ok(w)
     }
 }

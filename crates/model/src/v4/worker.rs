@@ -2,6 +2,7 @@
 //! the routed experts and, tensor parallel, its parts of the dense projections, and computes
 //! with them whatever rank 0 announces, until rank 0's model is dropped.
 
+use super::dspark;
 use super::model::describe_share;
 use super::moe::{local_part, reduce_with_status, LocalExperts};
 use super::tensor_parallel::{head_part, out_part, q_part};
@@ -10,7 +11,8 @@ use super::ModelError;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::CheckpointError;
 use crate::config::ModelConfig;
-use crate::experts::{expert_store, layer_experts, ExpertPlan, Holding, RoutedExperts};
+use crate::experts::{expert_store, layer_experts, resident_experts};
+use crate::experts::{ExpertPlan, Holding, RoutedExperts};
 use crate::experts::{MemoryPlan, StoredBytes};
 use crate::numerics::Numerics;
 use crate::parallel::{receive_header, Collectives, MoeMessage, Op, Placement};
@@ -24,6 +26,9 @@ pub struct WorkerError(String);
 
 pub struct Worker {
     config: ModelConfig,
+    /// The config a DSpark drafter's stages compute with (its expert counts), when the
+    /// checkpoint ships one: its stages' experts are split over the ranks too.
+    stage_config: Option<ModelConfig>,
     weights: RankWeights,
     placement: Placement,
     ws: Workspace,
@@ -46,10 +51,16 @@ impl Worker {
         let (tensor, by_id) = (placement.tensor, placement.experts_whole());
         let bytes = StoredBytes::of(&ck).share(&config, (rank, size), tensor, by_id);
         let (plan, why) = memory.choose(bytes, &config)?;
-        let weights = RankWeights::load(&ck, &config, plan, &placement)?;
+        let stage_config =
+            dspark::shipped(&ck, &config).map(|dc| dspark::stage_config(&config, &dc));
+        let mut weights = RankWeights::load(&ck, &config, plan, &placement)?;
+        if let Some(sc) = &stage_config {
+            weights.add_stages(&ck, sc, &placement)?;
+        }
         let memory_plan = format!("{}: {why}", describe_share(&config, &placement, bytes));
         Ok(Self {
             config,
+            stage_config,
             weights,
             placement,
             ws: Workspace::default(),
@@ -95,6 +106,7 @@ impl Worker {
     fn serve(&mut self, op: Op, layer: usize, t: usize) -> Result<(), WorkerError> {
         let Self {
             config: c,
+            stage_config,
             weights,
             placement,
             ws,
@@ -106,6 +118,11 @@ impl Worker {
         match op {
             Op::Moe => {
                 let l = part.ok_or_else(|| missing("experts"))?;
+                // A layer after the main ones is a drafter's stage, with its own experts.
+                let c = match stage_config {
+                    Some(sc) if layer >= c.num_hidden_layers => sc,
+                    _ => c,
+                };
                 serve_moe(c, comm, l, t, ws)?;
             }
             Op::AttnQ => {
@@ -214,12 +231,12 @@ fn report(comm: &dyn Collectives, what: &str) {
 /// What a rank other than 0 of a split model holds: its share of every main layer's routed
 /// experts and, tensor parallel, its parts of the dense projections; nothing else.
 pub struct RankWeights {
-    /// One per main layer.
+    /// One per main layer, then one per DSpark stage.
     pub layers: Vec<RankLayer>,
     pub head: Option<HeadPart>,
 }
 
-/// A rank's part of one main layer.
+/// A rank's part of one main layer (or of a DSpark stage: its experts alone).
 pub struct RankLayer {
     pub experts: RoutedExperts,
     pub attn: Option<AttnPart>,
@@ -247,5 +264,25 @@ impl RankWeights {
         }
         let head = placement.head_part(ck, c)?;
         Ok(Self { layers, head })
+    }
+
+    /// This rank's share (by id) of the routed experts of each stage of a DSpark drafter
+    /// of stage config `sc`, after the main layers (rank 0's `draft_stage`).
+    fn add_stages(
+        &mut self,
+        ck: &Checkpoint,
+        sc: &ModelConfig,
+        placement: &Placement,
+    ) -> Result<(), CheckpointError> {
+        let stages = sc.dspark.as_ref().map_or(0, |dc| dc.stages);
+        for i in 0..stages {
+            let held = placement.share(sc.n_routed_experts);
+            self.layers.push(RankLayer {
+                experts: resident_experts(ck, sc, &dspark::stage_prefix(i), held)?,
+                attn: None,
+                shared: None,
+            });
+        }
+        Ok(())
     }
 }

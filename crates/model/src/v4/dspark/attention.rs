@@ -44,7 +44,7 @@ pub(super) fn block_attention(
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let HeadProjections::Whole { wq_b, wo_a, wo_b } = &st.attn.heads else {
-        unreachable!("a drafter's stages load whole");
+        unreachable!("a drafter's stage attention loads whole");
     };
     let (h, hd, eps) = (c.num_attention_heads, c.head_dim, c.rms_norm_eps);
     let n = a.len() / c.hidden_size;

@@ -23,6 +23,7 @@ pub use crate::config::DsparkConfig;
 use crate::config::ModelConfig;
 use crate::experts::ExpertError;
 use crate::linear::Linear;
+use crate::parallel::Placement;
 use crate::v4::block::LayerWeights;
 use crate::v4::head::HeadWeights;
 use crate::v4::hyper::HcHead;
@@ -81,19 +82,43 @@ pub struct DraftTarget<'a> {
     pub rope: &'a Rope,
 }
 
+/// The drafter `ck` ships for a model of config `c`, when it ships one.
+pub(crate) fn shipped(ck: &Checkpoint, c: &ModelConfig) -> Option<DsparkConfig> {
+    c.dspark
+        .clone()
+        .filter(|_| ck.contains("mtp.0.main_proj.weight"))
+}
+
+/// The config the drafter's stages compute with: the target's, with the stages' experts.
+pub(crate) fn stage_config(c: &ModelConfig, dc: &DsparkConfig) -> ModelConfig {
+    let mut sc = c.clone();
+    sc.n_routed_experts = dc.n_routed_experts;
+    sc.num_experts_per_tok = dc.num_experts_per_tok;
+    sc
+}
+
+/// The checkpoint prefix of stage `i`; its layer index, after the target's, is how the
+/// ranks holding its experts name it.
+pub(crate) fn stage_prefix(i: usize) -> String {
+    format!("mtp.{i}")
+}
+
 impl DsparkWeights {
+    /// The drafter of `ck`; split over ranks (`placement`, this is rank 0), each stage's
+    /// routed experts are split by id like a target layer's whole experts, the rest of the
+    /// drafter staying here.
     pub fn load(
         ck: &Checkpoint,
         c: &ModelConfig,
         dc: DsparkConfig,
+        placement: Option<&Placement>,
     ) -> Result<Self, CheckpointError> {
         let (d, v, r) = (c.hidden_size, c.vocab_size, dc.markov_rank);
-        let mut sc = c.clone();
-        sc.n_routed_experts = dc.n_routed_experts;
-        sc.num_experts_per_tok = dc.num_experts_per_tok;
+        let sc = stage_config(c, &dc);
         let stages = (0..dc.stages)
             .map(|i| {
-                LayerWeights::draft_stage(ck, &sc, &format!("mtp.{i}"), c.num_hidden_layers + i)
+                let index = c.num_hidden_layers + i;
+                LayerWeights::draft_stage(ck, &sc, &stage_prefix(i), index, placement)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let last = format!("mtp.{}", dc.stages.saturating_sub(1));
@@ -128,6 +153,12 @@ impl DsparkWeights {
             stage_config: sc,
             config: dc,
         })
+    }
+
+    /// The stages' blocks (split over ranks, each holding this rank's share of the
+    /// routed experts).
+    pub fn stage_weights(&self) -> &[LayerWeights] {
+        &self.stages
     }
 
     /// The block after the committed positions `0..p0` (`p0` = the end of `context`'s

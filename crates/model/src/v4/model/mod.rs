@@ -159,7 +159,8 @@ pub struct Model {
     context: Option<ContextSplit>,
     /// V4.1's n-gram hashing, when the model has Engram layers.
     engram: Option<EngramHashing>,
-    /// The DSpark drafter, when the checkpoint ships one (whole on rank 0 when split).
+    /// The DSpark drafter, when the checkpoint ships one (split over ranks, its stage
+    /// experts are shared out by id and the rest stays here).
     pub dspark: Option<DsparkWeights>,
     /// The vision tower, when the config declares one and the checkpoint ships it: images
     /// become input embeddings ([`ForwardBatch::embed_rows`]) on the process that runs it.
@@ -253,13 +254,12 @@ impl Model {
         tracing::info!("memory plan: {why}");
         let weights =
             ModelWeights::load_with_progress(&ck, &config, plan, placement.as_ref(), progress)?;
-        // Split over ranks, the drafter loads whole on rank 0 (its stages are small beside
-        // the target's layers); only the target's head it shares is split.
-        let dspark = match config.dspark.clone() {
-            Some(dc) if ck.contains("mtp.0.main_proj.weight") => {
-                Some(DsparkWeights::load(&ck, &config, dc)?)
-            }
-            _ => None,
+        // Split over ranks, the drafter's stage experts are split by id (the other ranks
+        // hold them beside the target's), the rest of it stays on rank 0, and the head it
+        // shares with the target is split as the target's.
+        let dspark = match super::dspark::shipped(&ck, &config) {
+            Some(dc) => Some(DsparkWeights::load(&ck, &config, dc, placement.as_ref())?),
+            None => None,
         };
         let vision = match &config.vision {
             Some(vc) if ck.contains("vision.patch_embed.proj.weight") => {
