@@ -601,14 +601,8 @@ fn dspark_scenario(cfg: &str, world: &Placement) {
     let seq = [ids(&g.meta["prompt"]), ids(&g.meta["greedy"])].concat();
     let split = (world.tensor, world.expert_parallel);
     for n in [5, 17, seq.len() - 1] {
-        let (a, b) = (
-            draft_after(&mut one, &seq, n),
-            draft_after(&mut many, &seq, n),
-        );
         let label = format!("{cfg} split {split:?}: a draft after {n} tokens");
-        assert_eq!(a.tokens, b.tokens, "{label}");
-        assert!(within(&a.confidence, &b.confidence), "{label}");
-        assert!(within(&a.base_logits, &b.base_logits), "{label}");
+        same_drafts((&mut one, &mut many), &seq[..=n], within, &label);
     }
     drafts_as_the_reference(cfg, many.into_model(), "split");
 }
@@ -645,14 +639,8 @@ fn drafts_split_as_one_process(
     let w = one.model().config.sliding_window;
     let before = context.stats();
     for n in [w / 2, w + 3, 2 * w + 5, 3 * w] {
-        let (a, b) = (
-            draft_after(&mut one, &seq, n),
-            draft_after(&mut many, &seq, n),
-        );
         let label = format!("{cfg}: a draft after {n} tokens prefilled split");
-        assert_eq!(a.tokens, b.tokens, "{label}");
-        assert!(same(&a.confidence, &b.confidence), "{label}");
-        assert!(same(&a.base_logits, &b.base_logits), "{label}");
+        same_drafts((&mut one, &mut many), &seq[..=n], same, &label);
     }
     assert!(
         context.stats().since(&before).calls > 0,
@@ -661,6 +649,21 @@ fn drafts_split_as_one_process(
     // The other ranks serve one model at a time.
     drop(many);
     drafts_as_the_reference(cfg, split(), "context parallel");
+}
+
+/// The drafts of `one` and `many` after one prefill step of all but the last of `seq` (the
+/// anchor) have the same tokens, and confidences and base logits equal by `same`.
+fn same_drafts(
+    (one, many): (&mut ModelRunner, &mut ModelRunner),
+    seq: &[u32],
+    same: fn(&[f32], &[f32]) -> bool,
+    label: &str,
+) {
+    let n = seq.len() - 1;
+    let (a, b) = (draft_after(one, seq, n), draft_after(many, seq, n));
+    assert_eq!(a.tokens, b.tokens, "{label}");
+    assert!(same(&a.confidence, &b.confidence), "{label}");
+    assert!(same(&a.base_logits, &b.base_logits), "{label}");
 }
 
 /// The draft after one prefill step of `seq[..n]` (the block anchored at `seq[n]`) on a

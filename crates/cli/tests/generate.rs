@@ -418,31 +418,21 @@ fn split_run_failures_end_every_rank() {
     let map = json["weight_map"].as_object_mut().unwrap();
     assert!(map.remove("layers.1.ffn.experts.7.w2.weight").is_some());
     std::fs::write(&index, json.to_string()).unwrap();
-    let out = mpirun(2)
-        .args(["generate", "--model", dir.path().to_str().unwrap()])
-        .args(["--prompt-ids", "1,2", "--enable-expert-parallel"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains(" of 2: error: loading")
-            && err.contains("holds `layers.1.ffn.experts.7.w2.weight`"),
-        "{err}"
-    );
     // The same under context parallelism, where every rank loads the whole model.
-    let out = mpirun(2)
-        .args(["generate", "--model", dir.path().to_str().unwrap()])
-        .args(["--prompt-ids", "1,2", "--context-parallel-size", "2"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains(" of 2: error: loading")
-            && err.contains("holds `layers.1.ffn.experts.7.w2.weight`"),
-        "{err}"
-    );
+    for split in ["--enable-expert-parallel", "--context-parallel-size=2"] {
+        let out = mpirun(2)
+            .args(["generate", "--model", dir.path().to_str().unwrap()])
+            .args(["--prompt-ids", "1,2", split])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{split}");
+        assert!(
+            err.contains(" of 2: error: loading")
+                && err.contains("holds `layers.1.ffn.experts.7.w2.weight`"),
+            "{split}: {err}"
+        );
+    }
 }
 
 #[test]

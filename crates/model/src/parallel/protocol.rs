@@ -27,17 +27,17 @@ pub enum Op {
 }
 
 impl Op {
+    const ALL: [Op; 6] = [
+        Op::Moe,
+        Op::AttnQ,
+        Op::AttnOut,
+        Op::Head,
+        Op::Stop,
+        Op::Context,
+    ];
+
     fn from_word(w: u64) -> Option<Self> {
-        [
-            Op::Moe,
-            Op::AttnQ,
-            Op::AttnOut,
-            Op::Head,
-            Op::Stop,
-            Op::Context,
-        ]
-        .into_iter()
-        .find(|op| *op as u64 == w)
+        Self::ALL.into_iter().find(|op| *op as u64 == w)
     }
 }
 
@@ -174,14 +174,7 @@ mod tests {
 
     #[test]
     fn every_op_round_trips_through_its_word() {
-        for op in [
-            Op::Moe,
-            Op::AttnQ,
-            Op::AttnOut,
-            Op::Head,
-            Op::Stop,
-            Op::Context,
-        ] {
+        for op in Op::ALL {
             assert_eq!(Op::from_word(op as u64), Some(op));
         }
         assert_eq!(Op::from_word(0), None);

@@ -82,12 +82,36 @@ impl Plan {
         }
     }
 
-    /// Positions of rank `r`'s range whose drafter ring rows the next draft reads: those
-    /// within `window` of the chunk's end.
-    pub(crate) fn ring_rows(&self, r: usize, ranks: usize, window: usize) -> Range<usize> {
+    /// What the last rank hands rank 0 after the step (in a cache of `layout`, a model of
+    /// `main` layers): every main layer's state of the ranges after the first.
+    pub(crate) fn handed_back<'a>(
+        &self,
+        layout: &'a CacheLayout,
+        ranks: usize,
+        main: usize,
+    ) -> impl Iterator<Item = StateMessage> + 'a {
+        let back = self.range(1, ranks).start..self.start + self.tokens.len();
+        (0..main).map(move |l| StateMessage::new(layout, l, Part::Range(back.clone()), 0))
+    }
+
+    /// What rank `r` hands rank 0 of its range when rank 0 keeps a drafter's rings: the
+    /// rows of each drafter layer (after the `main` ones) within `window` of the chunk's end,
+    /// which the next draft reads.
+    pub(crate) fn ring_rows<'a>(
+        &self,
+        layout: &'a CacheLayout,
+        (r, ranks): (usize, usize),
+        (main, window): (usize, usize),
+    ) -> impl Iterator<Item = StateMessage> + 'a {
         let range = self.range(r, ranks);
         let end = self.start + self.tokens.len();
-        range.start.max(end.saturating_sub(window)).min(range.end)..range.end
+        let rows = range.start.max(end.saturating_sub(window)).min(range.end)..range.end;
+        let layers = if self.rings {
+            main..layout.layers.len()
+        } else {
+            0..0
+        };
+        layers.map(move |l| StateMessage::window_rows(layout, l, rows.clone()))
     }
 
     /// Positions of rank `r`'s range.
@@ -196,28 +220,23 @@ impl ContextParallel {
             // The other ranks wait for this rank's layers: nothing can end the step cleanly.
             comm.abort(&format!("context-parallel step: {e}"));
         }
-        let back = plan.range(1, ranks).start..mine.start + plan.tokens.len();
-        for l in 0..model.config.layer_types.len() {
-            let msg = StateMessage::new(&self.layout, l, Part::Range(back.clone()), 0);
+        let main = main_layers(model);
+        for msg in plan.handed_back(&self.layout, ranks, main) {
             msg.receive(comm, ranks - 1, cache);
         }
         logits.data.resize(plan.logits * logits.vocab, 0.0);
         comm.recv_f32(ranks - 1, &mut logits.data);
-        if plan.rings {
-            let window = model.config.sliding_window;
-            for r in 1..ranks {
-                let rows = plan.ring_rows(r, ranks, window);
-                for layer in main_layers(model)..self.layout.layers.len() {
-                    StateMessage::window_rows(&self.layout, layer, rows.clone())
-                        .receive(comm, r, cache);
-                }
+        let window = model.config.sliding_window;
+        for r in 1..ranks {
+            for msg in plan.ring_rows(&self.layout, (r, ranks), (main, window)) {
+                msg.receive(comm, r, cache);
             }
         }
         Ok(())
     }
 }
 
-fn main_layers(model: &Model) -> usize {
+pub(crate) fn main_layers(model: &Model) -> usize {
     model.config.layer_types.len()
 }
 

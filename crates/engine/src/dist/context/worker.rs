@@ -1,8 +1,7 @@
 //! A rank other than 0 under context parallelism: the whole model and a cache for the one
 //! sequence of a split step, computing its range of each step's chunk.
 
-use super::state::{Part, StateMessage};
-use super::{Handover, Plan};
+use super::{main_layers, Handover, Plan};
 use crate::cache::layout::CacheLayout;
 use crate::cache::{
     default_block_tokens, CacheBudget, CacheConfig, CacheError, CacheManager, SeqId,
@@ -102,19 +101,16 @@ impl ContextWorker {
         self.model
             .forward_into(&self.batch, &mut view, &mut self.logits, extras)
             .map_err(|e| format!("context-parallel step: {e}"))?;
+        let main = main_layers(&self.model);
         if last {
-            let back = plan.range(1, ranks).start..mine.end;
-            for l in 0..self.model.config.layer_types.len() {
-                StateMessage::new(&self.layout, l, Part::Range(back.clone()), 0)
-                    .send(&*comm, 0, &view);
+            for msg in plan.handed_back(&self.layout, ranks, main) {
+                msg.send(&*comm, 0, &view);
             }
             comm.send_f32(0, &self.logits.data);
         }
-        if plan.rings {
-            let rows = plan.ring_rows(rank, ranks, self.model.config.sliding_window);
-            for layer in self.model.config.layer_types.len()..self.layout.layers.len() {
-                StateMessage::window_rows(&self.layout, layer, rows.clone()).send(&*comm, 0, &view);
-            }
+        let window = self.model.config.sliding_window;
+        for msg in plan.ring_rows(&self.layout, (rank, ranks), (main, window)) {
+            msg.send(&*comm, 0, &view);
         }
         Ok(())
     }
