@@ -10,15 +10,15 @@ arguments vLLM would pass, and the expected prompt text (or the error the encode
 
 The encoder file is third-party code and is not committed. Get it from a vLLM wheel:
 
-    pip download vllm==0.34.0 --no-deps -d /tmp/vllm-wheel
-    unzip -j /tmp/vllm-wheel/vllm-0.34.0-*.whl vllm/tokenizers/deepseek_v4_encoding.py -d /tmp/dsv4
+    pip download vllm==0.33.0 --no-deps -d /tmp/vllm-wheel
+    unzip -j /tmp/vllm-wheel/vllm-0.33.0-*.whl vllm/tokenizers/deepseek_v4_encoding.py -d /tmp/dsv4
     python tools/make_chat_fixtures.py /tmp/dsv4/deepseek_v4_encoding.py \\
-        --wheel /tmp/vllm-wheel/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl
+        --wheel /tmp/vllm-wheel/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
 Run from the repository root; the output is committed (CI has no Python). The JSON records the
 wheel, version, file and sha256 used.
 
-What is emulated from vLLM 0.34 (`ChatCompletionRequest`, `renderers/chat_utils`,
+What is emulated from vLLM 0.33 (0.34 renders V4 the same way) (`ChatCompletionRequest`, `renderers/chat_utils`,
 `renderers/deepseek_v4.py`, `tokenizers/deepseek_v4.py`):
   * `reasoning_content` on a message is renamed `reasoning` unless `reasoning` is set;
   * content is parsed with content_format="openai": a string or text parts become a list of
@@ -82,6 +82,10 @@ def text_parts(content):
         elif part.get("type") in TEXT_PART_TYPES:
             if part.get("text") is not None:
                 parts.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "image_url":
+            # parse_chat_messages leaves {"type": "image"} where the image was; the encoder's
+            # flatten_content_blocks puts IMAGE_PLACEHOLDER there.
+            parts.append({"type": "image"})
         else:
             raise ValueError(f"unsupported content part {part.get('type')!r}")
     return parts
@@ -420,6 +424,22 @@ CASES = [
                                       "and a literal </think> mention"}]),
     # In thinking mode the encoder silently drops these before the last user turn (as it drops
     # developer turns there); in chat mode it raises, which is what render_chat always does.
+    case("image_after_text",
+         [{"role": "user", "content": [{"type": "text", "text": "Describe this picture."},
+                                       {"type": "image_url", "image_url": {"url": "data:a"}}]}]),
+    case("images_interleaved",
+         [{"role": "system", "content": "You see images."},
+          {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:a"}},
+                                       {"type": "text", "text": "and"},
+                                       {"type": "image_url", "image_url": {"url": "data:b"}},
+                                       {"type": "text", "text": "?"}]},
+          {"role": "assistant", "content": "Two cats.", "reasoning": "Look."},
+          {"role": "user", "content": [{"type": "text", "text": "And this one?"},
+                                       {"type": "image_url", "image_url": {"url": "data:c"}}]}]),
+    case("image_only_message_then_text_message",
+         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:a"}}]},
+          {"role": "user", "content": "What is it?"}],
+         chat_template_kwargs={"thinking": False}),
     case("error_empty_developer", [{"role": "developer", "content": ""},
                                    {"role": "user", "content": "x"}],
          chat_template_kwargs={"thinking": False}),

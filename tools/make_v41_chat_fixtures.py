@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""Rendering fixtures of DeepSeek-V4.1's chat format, from vLLM's own V4.1 prompt code.
+
+vLLM 0.33.0 renders a V4.1 chat request with two files of its wheel:
+`vllm/tokenizers/deepseek_v41.py` (the tokenizer wrapper: `_normalize_messages` joins content
+parts with a blank line and turns image parts into `<｜deepseek_image｜>`, request tools go on
+the first system message or a new empty one, thinking on by default, effort `high` by default,
+`none` means chat mode, integers 1-100 accepted) and `vllm/tokenizers/deepseek_v41_encoding.py`
+(the encoder itself). This script imports both from the wheel, the wrapper with stand-ins for
+the three modules it imports but does not use to render (transformers' tokenizer class,
+vLLM's message type alias, its tokenizer cache), wraps a stand-in tokenizer with vLLM's
+`get_deepseek_v41_tokenizer` and calls the wrapper's `apply_chat_template(..., tokenize=False)`
+for each request, so message normalisation, tools and effort handling are vLLM's code, not a
+copy. What it emulates is only what happens before the wrapper (as in tools/make_chat_fixtures.py):
+the request's `reasoning_effort` merged into `chat_template_kwargs` by vLLM's
+`build_chat_params` (`enable_thinking = effort != "none"` unless given) and the tools as
+`ChatCompletionToolsParam.model_dump()`.
+
+    pip download vllm==0.33.0 --no-deps -d /tmp/vllm-wheel
+    python tools/make_v41_chat_fixtures.py /tmp/vllm-wheel/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+
+Run from the repository root; writes crates/server/tests/fixtures/chat_cases_v41.json (each
+case: the request, the prompt text or the error the reference raised, and the order the images
+are fed in), recording the wheel and the sha256 of both files. The output is committed.
+"""
+
+import argparse
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "crates", "server", "tests", "fixtures", "chat_cases_v41.json")
+FILES = ("vllm/tokenizers/deepseek_v41_encoding.py", "vllm/tokenizers/deepseek_v41.py")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_chat_fixtures import (  # noqa: E402  (the V4 cases' tools and vLLM's request merge)
+    CALL_SEARCH,
+    CALL_TIME,
+    CALL_WEATHER,
+    NO_PARAMS,
+    SEARCH,
+    WEATHER,
+    template_kwargs,
+    tool_dump,
+)
+
+
+def load_reference(wheel):
+    """Imports the wheel's V4.1 encoder and tokenizer wrapper (stand-ins for what they import
+    but rendering never calls)."""
+    tmp = tempfile.mkdtemp()
+    with zipfile.ZipFile(wheel) as z:
+        for name in FILES:
+            z.extract(name, tmp)
+    stub = lambda name, **attrs: sys.modules.setdefault(name, types.ModuleType(name)).__dict__.update(attrs)
+    stub("transformers", TokenizersBackend=object)
+    stub("vllm", __path__=[os.path.join(tmp, "vllm")])
+    stub("vllm.renderers", __path__=[])
+    stub("vllm.renderers.chat_utils", ChatCompletionMessageParam=dict)
+    stub("vllm.tokenizers", __path__=[os.path.join(tmp, "vllm", "tokenizers")])
+    stub("vllm.tokenizers.hf", HfTokenizer=object, get_cached_tokenizer=lambda t: t)
+    stub("vllm.tokenizers.protocol", TokenizerLike=object)
+    modules = []
+    for name in FILES:
+        mod_name = name[:-3].replace("/", ".")
+        spec = importlib.util.spec_from_file_location(mod_name, os.path.join(tmp, name))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+        modules.append(module)
+    encoding, wrapper = modules
+
+    class Tokenizer:  # what the wrapper asks of the tokenizer it wraps when tokenize=False
+        def get_added_vocab(self):
+            return {}
+
+    return encoding, wrapper.get_deepseek_v41_tokenizer(Tokenizer())
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- cases
+
+def img(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def text(t):
+    return {"type": "text", "text": t}
+
+
+TOOL_LOOP = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What's the weather in Hangzhou, and any news about DeepSeek V4?"},
+    {"role": "assistant", "content": None, "reasoning": "I need the weather and a search.",
+     "tool_calls": [CALL_WEATHER, CALL_SEARCH]},
+    # Results arrive out of call order; the encoder puts them back in call order.
+    {"role": "tool", "tool_call_id": "call_s", "content": "V4 released."},
+    {"role": "tool", "tool_call_id": "call_w", "content": [text("Sunny"), text("25°C")]},
+]
+
+MULTI_TURN = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!", "reasoning": "Greet back."},
+    {"role": "user", "content": "2+2?"},
+]
+
+MID_SYSTEM = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!", "reasoning": "Greet back."},
+    {"role": "system", "content": "From now on answer in French."},
+]
+
+
+def case(name, messages, tools=None, reasoning_effort=None, chat_template_kwargs=None):
+    request = {"messages": messages}
+    if tools is not None:
+        request["tools"] = tools
+    if reasoning_effort is not None:
+        request["reasoning_effort"] = reasoning_effort
+    if chat_template_kwargs is not None:
+        request["chat_template_kwargs"] = chat_template_kwargs
+    return name, request
+
+
+CASES = [
+    case("single_user_default", [{"role": "user", "content": "Hello!"}]),
+    case("single_user_chat", [{"role": "user", "content": "Hello!"}],
+         chat_template_kwargs={"thinking": False}),
+    case("system_user_thinking", [{"role": "system", "content": "You are terse."},
+                                  {"role": "user", "content": "Hello"}]),
+    case("system_user_chat", [{"role": "system", "content": "You are terse."},
+                              {"role": "user", "content": "Hello"}],
+         chat_template_kwargs={"enable_thinking": False}),
+    case("multi_turn_drops_old_reasoning", MULTI_TURN),
+    case("multi_turn_keep_reasoning", MULTI_TURN, chat_template_kwargs={"drop_thinking": False}),
+    case("multi_turn_chat", MULTI_TURN, chat_template_kwargs={"thinking": False}),
+    case("effort_low", [{"role": "user", "content": "Quick one."}], reasoning_effort="low"),
+    case("effort_high", [{"role": "user", "content": "Prove it."}], reasoning_effort="high"),
+    case("effort_xhigh", [{"role": "user", "content": "Prove it."}], reasoning_effort="xhigh"),
+    case("effort_max", MULTI_TURN, reasoning_effort="max"),
+    case("effort_none_is_chat", MULTI_TURN, reasoning_effort="none"),
+    case("effort_max_re_enables_thinking", [{"role": "user", "content": "x"}],
+         reasoning_effort="max", chat_template_kwargs={"thinking": False}),
+    case("effort_max_but_enable_thinking_false", [{"role": "user", "content": "x"}],
+         reasoning_effort="max", chat_template_kwargs={"enable_thinking": False}),
+    case("effort_integer_kwarg", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 33}),
+    case("effort_integer_1", [{"role": "system", "content": "S"}, {"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 1}),
+    case("effort_integer_100", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 100}),
+    case("effort_string_kwarg", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": "low"}),
+    case("effort_request_overrides_kwarg", [{"role": "user", "content": "x"}],
+         reasoning_effort="max", chat_template_kwargs={"reasoning_effort": 20}),
+    case("effort_integer_in_chat_mode", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 60, "thinking": False}),
+    case("tools_with_system", [{"role": "system", "content": "Use tools when useful."},
+                               {"role": "user", "content": "Weather in Paris?"}],
+         tools=[WEATHER, SEARCH, NO_PARAMS]),
+    case("tools_without_system", [{"role": "user", "content": "Weather in Paris?"}],
+         tools=[WEATHER]),
+    case("tools_without_system_chat", [{"role": "user", "content": "Weather in Paris?"}],
+         tools=[WEATHER], chat_template_kwargs={"thinking": False}),
+    case("tools_on_first_system_not_first_message",
+         [{"role": "user", "content": "first"},
+          {"role": "system", "content": "late system"},
+          {"role": "user", "content": "second"}],
+         tools=[NO_PARAMS]),
+    case("tool_loop_with_tools_keeps_reasoning", TOOL_LOOP, tools=[WEATHER, SEARCH]),
+    case("tool_loop_without_tools_drops_reasoning", TOOL_LOOP),
+    case("tool_loop_chat", TOOL_LOOP, tools=[WEATHER, SEARCH],
+         chat_template_kwargs={"thinking": False}),
+    case("tool_loop_then_answer_then_user",
+         TOOL_LOOP + [
+             {"role": "assistant", "content": "Sunny, 25°C; V4 is out.", "reasoning": "Summarise."},
+             {"role": "user", "content": "Thanks! What time is it?"},
+             {"role": "assistant", "content": "", "reasoning_content": "Call get_time.",
+              "tool_calls": [CALL_TIME]},
+             {"role": "tool", "tool_call_id": "call_t", "content": "12:00"},
+             {"role": "user", "content": "And in Tokyo?"},
+         ], tools=[WEATHER, SEARCH, NO_PARAMS]),
+    case("tool_loop_then_answer_then_user_no_tools",
+         TOOL_LOOP + [
+             {"role": "assistant", "content": "Sunny, 25°C; V4 is out.", "reasoning": "Summarise."},
+             {"role": "user", "content": "Thanks!"},
+         ]),
+    case("tool_arguments_not_an_object",
+         [{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": "", "tool_calls": [
+              {"id": "a", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}},
+              {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}},
+              {"id": "c", "type": "function",
+               "function": {"name": "h", "arguments": json.dumps(json.dumps({"x": 1.5}))}},
+              {"id": "d", "type": "function", "function": {"name": "k", "arguments": "{oops"}}]},
+          {"role": "tool", "tool_call_id": "d", "content": "D"},
+          {"role": "tool", "tool_call_id": "a", "content": "A"}]),
+    case("tool_call_arguments_as_object",
+         [{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": "Checking.",
+           "tool_calls": [{"id": "c1", "type": "function",
+                           "function": {"name": "get_weather",
+                                        "arguments": {"unit": "celsius", "location": "Oslo",
+                                                      "days": 1.5}}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "Cold"}],
+         tools=[WEATHER]),
+    case("tool_result_then_user_merge",
+         [{"role": "user", "content": "context"},
+          {"role": "tool", "tool_call_id": "x", "content": "orphan result"},
+          {"role": "user", "content": "and a follow-up"}]),
+    case("consecutive_users_merge",
+         [{"role": "system", "content": "S"},
+          {"role": "user", "content": "one"},
+          {"role": "user", "content": "two"}]),
+    case("developer_role",
+         [{"role": "developer", "content": "Answer in French."},
+          {"role": "user", "content": "Hello"}]),
+    case("developer_before_last_user_dropped_when_thinking",
+         [{"role": "system", "content": "S"},
+          {"role": "developer", "content": "Dev note"},
+          {"role": "user", "content": "Q1"},
+          {"role": "assistant", "content": "A1", "reasoning": "R1"},
+          {"role": "user", "content": "Q2"}]),
+    case("developer_before_last_user_kept_in_chat",
+         [{"role": "system", "content": "S"},
+          {"role": "developer", "content": "Dev note"},
+          {"role": "user", "content": "Q1"},
+          {"role": "assistant", "content": "A1", "reasoning": "R1"},
+          {"role": "user", "content": "Q2"}],
+         chat_template_kwargs={"thinking": False}),
+    case("developer_last_opens_generation",
+         [{"role": "user", "content": "Q1"},
+          {"role": "developer", "content": "Be formal."}]),
+    case("mid_conversation_system_opens_turn", MID_SYSTEM),
+    case("mid_conversation_system_keep_reasoning", MID_SYSTEM,
+         chat_template_kwargs={"drop_thinking": False}),
+    case("mid_conversation_system_chat", MID_SYSTEM, chat_template_kwargs={"thinking": False}),
+    case("mid_conversation_system_then_user",
+         MID_SYSTEM + [{"role": "user", "content": "Salut"}]),
+    case("mid_conversation_system_then_assistant",
+         MID_SYSTEM + [{"role": "assistant", "content": "D'accord.", "reasoning": "OK."},
+                       {"role": "user", "content": "Merci"}]),
+    case("mid_conversation_system_with_tools",
+         MID_SYSTEM + [{"role": "user", "content": "Weather?"}], tools=[WEATHER]),
+    case("system_before_assistant",
+         [{"role": "system", "content": "S"},
+          {"role": "assistant", "content": "Welcome!"},
+          {"role": "user", "content": "Hi"}]),
+    case("tool_results_only_turn_is_not_a_user_turn",
+         [{"role": "user", "content": "Time?"},
+          {"role": "assistant", "content": "", "reasoning": "Call it.", "tool_calls": [CALL_TIME]},
+          {"role": "tool", "tool_call_id": "call_t", "content": "12:00"},
+          {"role": "assistant", "content": "Noon.", "reasoning": "Answer."},
+          {"role": "tool", "tool_call_id": "call_t", "content": "late result"}]),
+    case("content_parts",
+         [{"role": "system", "content": [text("Part A."), text("Part B.")]},
+          {"role": "user", "content": [text("Look:"), {"type": "input_text", "text": "input text"}]},
+          {"role": "assistant", "content": [{"type": "output_text", "text": "Seen."}]},
+          {"role": "user", "content": []}]),
+    case("unicode_cjk_emoji",
+         [{"role": "system", "content": "你是一个乐于助人的助手。🙂"},
+          {"role": "user", "content": "こんにちは！今日は何曜日？ 🇯🇵 — naïve café \u200b tab\tnl\n"},
+          {"role": "assistant", "content": "月曜日です。😀", "reasoning": "曜日を答える。"},
+          {"role": "user", "content": "한국어로도 말해 줘 ✨"}]),
+    case("reasoning_wins_over_reasoning_content",
+         [{"role": "user", "content": "Q"},
+          {"role": "assistant", "content": "A", "reasoning": "R", "reasoning_content": "RC"},
+          {"role": "user", "content": "Q2"}],
+         chat_template_kwargs={"drop_thinking": False}),
+    case("image_after_text", [{"role": "user", "content": [text("Describe this picture."),
+                                                            img("data:a")]}]),
+    case("images_interleaved",
+         [{"role": "system", "content": "You see images."},
+          {"role": "user", "content": [img("data:a"), text("and"), img("data:b"), text("?")]},
+          {"role": "assistant", "content": "Two cats.", "reasoning": "Look."},
+          {"role": "user", "content": [text("And this one?"), img("data:c")]}]),
+    case("image_only_message_then_text_message",
+         [{"role": "user", "content": [img("data:a")]},
+          {"role": "user", "content": "What is it?"}],
+         chat_template_kwargs={"thinking": False}),
+    case("image_with_tools", [{"role": "user", "content": [text("Find this place."), img("data:a")]}],
+         tools=[SEARCH]),
+    case("error_effort_medium", [{"role": "user", "content": "x"}], reasoning_effort="medium"),
+    case("error_effort_minimal", [{"role": "user", "content": "x"}], reasoning_effort="minimal"),
+    case("error_effort_integer_0", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 0}),
+    case("error_effort_integer_101", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 101}),
+    case("error_effort_float", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": 50.0}),
+    case("error_effort_bool", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": True}),
+    case("error_effort_unknown_string", [{"role": "user", "content": "x"}],
+         chat_template_kwargs={"reasoning_effort": "extreme"}),
+    case("error_empty_developer", [{"role": "developer", "content": ""},
+                                   {"role": "user", "content": "x"}],
+         chat_template_kwargs={"thinking": False}),
+    case("error_unknown_role", [{"role": "function", "content": "x"},
+                                {"role": "user", "content": "x"}]),
+    case("error_image_placeholder_in_text",
+         [{"role": "user", "content": "a <｜deepseek_image｜> b"}]),
+    case("error_unsupported_part", [{"role": "user", "content": [{"type": "input_audio"}]}]),
+]
+
+
+def render(tokenizer, request):
+    """The wrapper's prompt text and image order for one request."""
+    kwargs = template_kwargs(request)
+    tools = [tool_dump(t) for t in request.get("tools") or []] or None
+    image_order = []
+    # vLLM's DeepseekV41Renderer passes image_order (renderers/deepseek_v4.py).
+    prompt = tokenizer.apply_chat_template(
+        copy.deepcopy(request["messages"]), tools=tools, image_order=image_order,
+        tokenize=False, **kwargs)
+    return prompt, image_order
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("wheel", help="vllm-0.33.0-*.whl (pip download vllm==0.33.0 --no-deps)")
+    ap.add_argument("--out", default=OUT)
+    args = ap.parse_args()
+    _, tokenizer = load_reference(args.wheel)
+    with zipfile.ZipFile(args.wheel) as z:
+        files = {name: sha256(z.read(name)) for name in FILES}
+    with open(args.wheel, "rb") as f:
+        wheel_sha = sha256(f.read())
+    cases = []
+    for name, request in CASES:
+        entry = {"name": name, "request": request}
+        try:
+            entry["prompt"], entry["image_order"] = render(tokenizer, request)
+        except Exception as e:  # the reference refuses the request
+            entry["error"] = f"{type(e).__name__}: {e}"
+        cases.append(entry)
+    doc = {
+        "generator": "tools/make_v41_chat_fixtures.py",
+        "reference": {"wheel": os.path.basename(args.wheel), "wheel_sha256": wheel_sha,
+                      "files": files},
+        "cases": cases,
+    }
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    errors = sum("error" in c for c in cases)
+    print(f"wrote {len(cases)} cases ({errors} refused) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
