@@ -1,5 +1,6 @@
 //! What every handler shares: the engine handle, the tokenizer, the served name and limits.
 
+use crate::chat::ChatFormat;
 use crate::openai::responses::ResponseStore;
 use crate::openai::ApiError;
 use crate::structured::{Grammar, Requested, Structured};
@@ -62,6 +63,8 @@ impl PromptLimits {
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
+    /// The model family's chat format (V4's unless [`Self::with_chat_format`] says otherwise).
+    pub chat_format: ChatFormat,
     /// The name clients use in `model` (and `/v1/models` lists).
     pub model_name: String,
     /// Where the weights came from (`root` in `/v1/models`).
@@ -106,6 +109,7 @@ impl AppState {
             prompt_limits,
             engine,
             tokenizer,
+            chat_format: ChatFormat::V4,
             model_name,
             model_root,
             api_key,
@@ -137,6 +141,12 @@ impl AppState {
                 format!("structured outputs are unavailable with this model: {e}"),
             )),
         }
+    }
+
+    /// Renders and parses chats in `format` (the checkpoint's family).
+    pub fn with_chat_format(mut self, format: ChatFormat) -> Self {
+        self.chat_format = format;
+        self
     }
 
     /// Keeps at most `bytes` of stored responses (0: none are stored).

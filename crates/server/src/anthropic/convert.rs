@@ -10,8 +10,8 @@
 
 use super::request::{Block, Content, MessagesRequest, SystemField, Tool};
 use crate::chat::{
-    ChatMessage, ContentPart, FunctionCall, FunctionDef, Json, MessageContent, ReasoningEffort,
-    RenderOptions, ToolCall, ToolDef, TypedPart,
+    ChatMessage, ContentPart, FunctionCall, FunctionDef, Json, MessageContent, RenderOptions,
+    ToolCall, ToolDef, TypedPart,
 };
 use crate::openai::ApiError;
 use crate::structured::{flat_format, one_of, Forced, Requested};
@@ -126,30 +126,13 @@ fn render_options(req: &MessagesRequest) -> Result<RenderOptions, ApiError> {
             }
         },
     };
-    let effort = match req.output_config.as_ref().and_then(|o| o.effort.as_deref()) {
-        None => None,
-        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
-            ApiError::invalid(
-                "output_config.effort",
-                format!(
-                    "`output_config.effort` must be one of {}, got {name:?}",
-                    ReasoningEffort::NAMES.join(", ")
-                ),
-            )
-        })?),
-    };
-    let kwargs = match &req.chat_template_kwargs {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::Object(_)) => Some(v),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "chat_template_kwargs",
-                format!("`chat_template_kwargs` must be an object, got {other}"),
-            ))
-        }
-    };
-    let mut opts = RenderOptions::from_openai(None, kwargs);
-    opts.reasoning_effort = effort.or(opts.reasoning_effort);
+    let kwargs = req.chat_template_kwargs.as_ref();
+    let mut opts = crate::openai::render_options(None, kwargs)?;
+    // The effort field wins over the kwargs' (as a request effort does in vLLM's merge).
+    if let Some(effort) = req.output_config.as_ref().and_then(|o| o.effort.as_deref()) {
+        let named = crate::openai::render_options(Some((effort, "output_config.effort")), None)?;
+        opts.effort = named.effort;
+    }
     let chosen = |k| kwargs.is_some_and(|v| v.get(k).is_some());
     if !chosen("thinking") && !chosen("enable_thinking") {
         opts.thinking = thinking;
@@ -493,8 +476,16 @@ fn take_prefill(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::render_chat;
+    use crate::chat::{ChatError, ChatFormat, Effort, ReasoningEffort};
     use crate::openai::ChatFields;
+
+    fn render_chat(
+        m: &[ChatMessage],
+        t: &[ToolDef],
+        o: &RenderOptions,
+    ) -> Result<String, ChatError> {
+        ChatFormat::V4.render(m, t, o)
+    }
 
     fn request(body: &str) -> MessagesRequest {
         serde_json::from_str(body).unwrap()
@@ -615,8 +606,8 @@ mod tests {
         let max = r#"{"messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "adaptive"},
                       "output_config": {"effort": "max"}}"#;
         assert_eq!(
-            conversation(&request(max)).unwrap().opts.reasoning_effort,
-            Some(ReasoningEffort::Max)
+            conversation(&request(max)).unwrap().opts.effort,
+            Some((Effort::Named(ReasoningEffort::Max), "output_config.effort"))
         );
         let c = conversation(&request(
             r#"{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"name": "t", "input_schema": {"type": "object"}}],

@@ -1,7 +1,8 @@
-//! OpenAI messages → the turn list the V4 format renders.
+//! OpenAI messages → the turn list both formats render.
 //!
-//! DeepSeek-V4 has no `tool` role: a tool result is a `<tool_result>` block inside a user
-//! turn. Following the reference encoder (after vLLM's request preprocessing):
+//! DeepSeek-V4 and V4.1 have no `tool` role: a tool result is a `<tool_result>` block inside a
+//! user turn. Following the reference encoders (after vLLM's request preprocessing; V4.1's
+//! differences are [`TurnRules`]):
 //! * a `tool` message joins the previous turn if that is a user turn, else starts one; a `user`
 //!   message likewise joins a preceding user turn as a text block (consecutive user messages
 //!   become one turn whose blocks are separated by a blank line);
@@ -9,14 +10,41 @@
 //!   assistant message that made calls (results whose id is unknown sort first, stably);
 //! * request-level tools attach to the first system message, or to an empty system message
 //!   put in front when there is none;
-//! * text content parts are joined with `"\n\n"`, except for `tool` messages where vLLM joins
-//!   them with `"\n"` before the encoder sees them.
+//! * content parts are joined with `"\n\n"`, an image part being `<｜deepseek_image｜>` where
+//!   it stands (V4's `flatten_content_blocks`, V4.1's `_normalize_messages`), except for V4's
+//!   `tool` messages whose parts vLLM joins with `"\n"` before the encoder sees them.
 
 use super::error::ChatError;
 use super::json::Json;
 use super::messages::{ChatMessage, ContentPart, MessageContent, ToolCall};
 use super::tokens::IMAGE_PLACEHOLDER;
 use std::collections::HashMap;
+
+/// Where the families' message handling differs before their encoders render turns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TurnRules {
+    /// Between a tool message's parts: V4 `"\n"` (vLLM's chat parsing), V4.1 `"\n\n"` (its
+    /// `_normalize_messages` treats every role alike).
+    pub tool_part_sep: &'static str,
+    /// Call arguments that are not a JSON object: V4 refuses them (vLLM's parsing fails);
+    /// V4.1 decodes a string up to twice and else wraps the text as `{"arguments": text}`
+    /// (`encode_arguments_to_dsml`; `""` too).
+    pub wrap_bad_arguments: bool,
+    /// V4.1 refuses message text holding the image placeholder (`_reject_image_placeholder`).
+    pub reject_placeholder: bool,
+}
+
+pub(crate) const V4_RULES: TurnRules = TurnRules {
+    tool_part_sep: "\n",
+    wrap_bad_arguments: false,
+    reject_placeholder: false,
+};
+
+pub(crate) const V41_RULES: TurnRules = TurnRules {
+    tool_part_sep: "\n\n",
+    wrap_bad_arguments: true,
+    reject_placeholder: true,
+};
 
 /// A block of a user turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +92,7 @@ impl Turn {
 pub(crate) fn build_turns(
     messages: &[ChatMessage],
     has_tools: bool,
+    rules: &TurnRules,
 ) -> Result<Vec<Turn>, ChatError> {
     if messages.is_empty() {
         return Err(ChatError::NoMessages);
@@ -71,6 +100,9 @@ pub(crate) fn build_turns(
     let mut turns: Vec<Turn> = Vec::with_capacity(messages.len() + 1);
     let mut tools_placed = false;
     for (index, msg) in messages.iter().enumerate() {
+        if rules.reject_placeholder {
+            reject_placeholder(index, msg)?;
+        }
         match msg.role.as_str() {
             "system" => {
                 let with_tools = has_tools && !tools_placed;
@@ -94,11 +126,11 @@ pub(crate) fn build_turns(
             "tool" => {
                 let block = Block::ToolResult {
                     call_id: msg.tool_call_id.clone().unwrap_or_default(),
-                    content: content_text(index, &msg.content, "\n")?,
+                    content: content_text(index, &msg.content, rules.tool_part_sep)?,
                 };
                 push_user_block(&mut turns, block);
             }
-            "assistant" => turns.push(assistant_turn(index, msg)?),
+            "assistant" => turns.push(assistant_turn(index, msg, rules)?),
             other => {
                 return Err(ChatError::UnknownRole {
                     index,
@@ -129,17 +161,27 @@ fn push_user_block(turns: &mut Vec<Turn>, block: Block) {
     }
 }
 
-/// A user message's text: its images' placeholders first, each on its own line, then its
-/// text parts joined with a blank line (vLLM's default for a text-only chat template: the
-/// placeholders of images the text does not place go in front, joined with "\n").
+/// A user message's text: its parts in order joined with a blank line, each image part as
+/// the placeholder the server later cuts the prompt at for the image's span.
 fn user_text(index: usize, content: &Option<MessageContent>) -> Result<String, ChatError> {
-    let mut images = 0;
-    let text = parts_text(index, content, "\n\n", Some(&mut images))?;
-    let mut lines = vec![IMAGE_PLACEHOLDER; images];
-    if !text.is_empty() || images == 0 {
-        lines.push(&text);
+    parts_text(index, content, "\n\n", true)
+}
+
+/// 400 for message text holding the image placeholder (V4.1): images come as image parts.
+fn reject_placeholder(index: usize, msg: &ChatMessage) -> Result<(), ChatError> {
+    let holds = |t: &str| t.contains(IMAGE_PLACEHOLDER);
+    let in_parts = match &msg.content {
+        Some(MessageContent::Text(s)) => holds(s),
+        Some(MessageContent::Parts(parts)) => parts.iter().any(|p| match p {
+            ContentPart::Text(s) => holds(s),
+            ContentPart::Typed(t) => t.text.as_deref().is_some_and(holds),
+        }),
+        None => false,
+    };
+    if in_parts || msg.reasoning_text().is_some_and(holds) {
+        return Err(ChatError::PlaceholderInText { index });
     }
-    Ok(lines.join("\n"))
+    Ok(())
 }
 
 /// The text of a message's content; array parts are joined with `sep`.
@@ -148,16 +190,16 @@ fn content_text(
     content: &Option<MessageContent>,
     sep: &str,
 ) -> Result<String, ChatError> {
-    parts_text(index, content, sep, None)
+    parts_text(index, content, sep, false)
 }
 
-/// [`content_text`], counting image parts into `images` where the message may hold them
-/// (refusing them where `images` is `None`).
+/// [`content_text`], with image parts as placeholders where the message may hold them
+/// (refused where `images` is false: the engine places images in user turns only).
 fn parts_text(
     index: usize,
     content: &Option<MessageContent>,
     sep: &str,
-    mut images: Option<&mut usize>,
+    images: bool,
 ) -> Result<String, ChatError> {
     let parts = match content {
         None => return Ok(String::new()),
@@ -176,10 +218,8 @@ fn parts_text(
                     texts.push(s);
                 }
             }
-            ContentPart::Typed(t) if t.kind == "image_url" && images.is_some() => {
-                if let Some(n) = images.as_deref_mut() {
-                    *n += 1;
-                }
+            ContentPart::Typed(t) if t.kind == "image_url" && images => {
+                texts.push(IMAGE_PLACEHOLDER);
             }
             ContentPart::Typed(t) => {
                 return Err(ChatError::UnsupportedContentPart {
@@ -193,11 +233,11 @@ fn parts_text(
     Ok(texts.join(sep))
 }
 
-fn assistant_turn(index: usize, msg: &ChatMessage) -> Result<Turn, ChatError> {
+fn assistant_turn(index: usize, msg: &ChatMessage, rules: &TurnRules) -> Result<Turn, ChatError> {
     let mut calls = Vec::with_capacity(msg.tool_calls.len());
     let mut call_ids = Vec::with_capacity(msg.tool_calls.len());
     for (call, tc) in msg.tool_calls.iter().enumerate() {
-        calls.push(parse_call(index, call, tc)?);
+        calls.push(parse_call(index, call, tc, rules)?);
         call_ids.push(tc.id.clone());
     }
     Ok(Turn::Assistant {
@@ -208,7 +248,12 @@ fn assistant_turn(index: usize, msg: &ChatMessage) -> Result<Turn, ChatError> {
     })
 }
 
-fn parse_call(index: usize, call: usize, tc: &ToolCall) -> Result<Call, ChatError> {
+fn parse_call(
+    index: usize,
+    call: usize,
+    tc: &ToolCall,
+    rules: &TurnRules,
+) -> Result<Call, ChatError> {
     if let Some(kind) = tc.r#type.as_deref().filter(|k| *k != "function") {
         return Err(ChatError::UnsupportedToolCallType {
             index,
@@ -221,6 +266,12 @@ fn parse_call(index: usize, call: usize, tc: &ToolCall) -> Result<Call, ChatErro
         call,
         reason,
     };
+    if rules.wrap_bad_arguments {
+        return Ok(Call {
+            name: tc.function.name.clone(),
+            arguments: wrapped_arguments(&tc.function.arguments),
+        });
+    }
     // Empty arguments mean no arguments (vLLM turns "" into {}).
     let arguments = if tc.function.arguments.is_empty() {
         Vec::new()
@@ -235,6 +286,25 @@ fn parse_call(index: usize, call: usize, tc: &ToolCall) -> Result<Call, ChatErro
         name: tc.function.name.clone(),
         arguments,
     })
+}
+
+/// V4.1's reading of call arguments: a JSON object, or a string holding one (decoded up to
+/// twice), else `{"arguments": text}` with the text as given.
+fn wrapped_arguments(text: &str) -> Vec<(String, Json)> {
+    let mut value = Json::Str(text.to_owned());
+    for _ in 0..2 {
+        match &value {
+            Json::Str(s) => match Json::parse(s) {
+                Ok(v) => value = v,
+                Err(_) => break,
+            },
+            _ => break,
+        }
+    }
+    match value {
+        Json::Object(entries) => entries,
+        _ => vec![("arguments".to_owned(), Json::Str(text.to_owned()))],
+    }
 }
 
 /// Reorders the tool results of each user turn into the call order of the most recent

@@ -1,4 +1,5 @@
-//! DSML, DeepSeek's XML-like tool-call markup, in both directions.
+//! DSML, DeepSeek's XML-like tool-call markup, in both directions (V4's spelling shown;
+//! V4.1's has a space after `｜DSML｜` and `calls` for the block: [`Dsml`]).
 //!
 //! ```text
 //! <｜DSML｜tool_calls>
@@ -17,12 +18,19 @@
 
 use super::conversation::Call;
 use super::json::{dict_insert, write_python_object, Json};
-use super::tokens::{DSML, THINK_END, THINK_START, TOOL_CALLS_BLOCK};
+use super::markers::BARS;
+use super::tokens::{Dsml, DSML, THINK_END, THINK_START};
 use super::tools_prompt::TOOLS_TEMPLATE;
 use super::ToolDef;
 
 /// `"\n\n<｜DSML｜tool_calls>\n…\n</｜DSML｜tool_calls>"`, appended to an assistant turn's content.
-pub(crate) fn encode_calls(calls: &[Call]) -> String {
+pub(crate) fn encode_calls(calls: &[Call], dsml: &Dsml) -> String {
+    let Dsml {
+        block,
+        invoke,
+        parameter,
+        ..
+    } = dsml;
     let invokes: Vec<String> = calls
         .iter()
         .map(|call| {
@@ -35,26 +43,26 @@ pub(crate) fn encode_calls(calls: &[Call]) -> String {
                         other => ("false", other.to_python_json()),
                     };
                     format!(
-                        "<{DSML}parameter name=\"{key}\" string=\"{is_str}\">{text}</{DSML}parameter>"
+                        "<{DSML}{parameter} name=\"{key}\" string=\"{is_str}\">{text}</{DSML}{parameter}>"
                     )
                 })
                 .collect();
             format!(
-                "<{DSML}invoke name=\"{}\">\n{}\n</{DSML}invoke>",
+                "<{DSML}{invoke} name=\"{}\">\n{}\n</{DSML}{invoke}>",
                 call.name,
                 params.join("\n")
             )
         })
         .collect();
     format!(
-        "\n\n<{DSML}{TOOL_CALLS_BLOCK}>\n{}\n</{DSML}{TOOL_CALLS_BLOCK}>",
+        "\n\n<{DSML}{block}>\n{}\n</{DSML}{block}>",
         invokes.join("\n")
     )
 }
 
 /// The "## Tools" section of the system prompt: instructions plus one JSON line per function,
 /// serialised like vLLM's `FunctionDefinition.model_dump()`.
-pub(crate) fn tools_section(tools: &[ToolDef]) -> String {
+pub(crate) fn tools_section(tools: &[ToolDef], dsml: &Dsml) -> String {
     let schemas: Vec<String> = tools
         .iter()
         .map(|t| {
@@ -80,13 +88,13 @@ pub(crate) fn tools_section(tools: &[ToolDef]) -> String {
         .collect();
     TOOLS_TEMPLATE
         .replace("{dsml}", DSML)
+        .replace("{block}", dsml.block)
+        .replace("{invoke}", dsml.invoke)
+        .replace("{parameter}", dsml.parameter)
         .replace("{think_start}", THINK_START)
         .replace("{think_end}", THINK_END)
         .replace("{tool_schemas}", &schemas.join("\n"))
 }
-
-/// The ASCII stand-in for `｜` that models sometimes write.
-const BARS: [&str; 2] = ["｜", "|"];
 
 /// Finds the earliest `<｜DSML｜{name}` / `</｜DSML｜{name}` (any bar spelling) at or after
 /// `from`; returns (start, end) byte offsets of the match.
@@ -144,17 +152,17 @@ pub(crate) fn tag_attr(attrs: &str, key: &str) -> Option<String> {
 /// and `</…invoke>`). `truncated`: the output ended inside the invoke, so a trailing
 /// parameter without its closing tag may be cut short — a non-string one is kept only if it
 /// already parses as JSON.
-pub(crate) fn invoke_arguments(body: &str, truncated: bool) -> String {
+pub(crate) fn invoke_arguments(body: &str, truncated: bool, dsml: &Dsml) -> String {
     let mut entries: Vec<(String, Json)> = Vec::new();
     let mut pos = 0;
-    while let Some((_, tag_start)) = find_tag(body, pos, false, "parameter") {
+    while let Some((_, tag_start)) = find_tag(body, pos, false, dsml.parameter) {
         let Some(gt) = body[tag_start..].find('>') else {
             break; // tag itself cut off
         };
         let attrs = &body[tag_start..tag_start + gt];
         let value_start = tag_start + gt + 1;
-        let close = find_tag(body, value_start, true, "parameter");
-        let next = find_tag(body, value_start, false, "parameter");
+        let close = find_tag(body, value_start, true, dsml.parameter);
+        let next = find_tag(body, value_start, false, dsml.parameter);
         let (value_end, resume, closed) = match (close, next) {
             (Some((cs, ce)), Some((ns, _))) if cs < ns => (cs, ce, true),
             (Some((cs, ce)), None) => (cs, ce, true),
@@ -185,6 +193,7 @@ pub(crate) fn invoke_arguments(body: &str, truncated: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::tokens::{DSML_V4, DSML_V41};
 
     #[test]
     fn arguments_from_body() {
@@ -192,9 +201,23 @@ mod tests {
                     <｜DSML｜parameter name=\"n\" string=\"false\"> 3 </｜DSML｜parameter>\n\
                     <|DSML|parameter name=\"o\" string=\"false\">{\"b\":1,\"a\":[1.0]}</|DSML|parameter>\n";
         assert_eq!(
-            invoke_arguments(body, false),
+            invoke_arguments(body, false, &DSML_V4),
             r#"{"city": "杭州", "n": 3, "o": {"b": 1, "a": [1.0]}}"#
         );
+    }
+
+    #[test]
+    fn spaced_parameters_of_v41() {
+        let body =
+            "\n<｜DSML｜ parameter name=\"city\" string=\"true\">杭州</｜DSML｜ parameter>\n\
+                    <|DSML| parameter name=\"n\" string=\"false\">[3]</｜DSML｜ parameter>\n";
+        assert_eq!(
+            invoke_arguments(body, false, &DSML_V41),
+            r#"{"city": "杭州", "n": [3]}"#
+        );
+        // V4's spelling is not a V4.1 parameter.
+        let v4 = "<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>";
+        assert_eq!(invoke_arguments(v4, false, &DSML_V41), "{}");
     }
 
     #[test]
@@ -205,13 +228,16 @@ mod tests {
                     <｜DSML｜parameter name='c' string=\"true\">x\
                     <｜DSML｜parameter name=\"d\" string=\"true\">y";
         assert_eq!(
-            invoke_arguments(body, false),
+            invoke_arguments(body, false, &DSML_V4),
             r#"{"a": [1, 2], "b": "not json", "c": "x", "d": "y"}"#
         );
         let cut = "<｜DSML｜parameter name=\"a\" string=\"false\">[1, 2";
-        assert_eq!(invoke_arguments(cut, true), "{}");
-        assert_eq!(invoke_arguments(cut, false), r#"{"a": "[1, 2"}"#);
-        assert_eq!(invoke_arguments("<｜DSML｜parameter name=\"a", true), "{}");
+        assert_eq!(invoke_arguments(cut, true, &DSML_V4), "{}");
+        assert_eq!(invoke_arguments(cut, false, &DSML_V4), r#"{"a": "[1, 2"}"#);
+        assert_eq!(
+            invoke_arguments("<｜DSML｜parameter name=\"a", true, &DSML_V4),
+            "{}"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Why a request's messages cannot be rendered. Each message names the offending field by its
 //! JSON path in the request so the server can return it as a 400 as is.
 
-/// A conversation the V4 format cannot express.
+/// A conversation the model's chat format cannot express.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChatError {
     #[error("messages: at least one message is required")]
@@ -43,4 +43,23 @@ pub enum ChatError {
     TrailingAssistant { index: usize },
     #[error("tools[{index}].type: {kind:?} is not supported (only \"function\")")]
     UnsupportedToolType { index: usize, kind: String },
+    #[error(
+        "messages[{index}]: the text holds the image placeholder <｜deepseek_image｜>; send \
+         images as image parts"
+    )]
+    PlaceholderInText { index: usize },
+    /// An effort the model's family does not take; `field` is the request field it came from.
+    #[error("{field}: {reason}")]
+    InvalidEffort { field: &'static str, reason: String },
+}
+
+impl ChatError {
+    /// The request field a 400 for this error names.
+    pub fn param(&self) -> &'static str {
+        match self {
+            ChatError::InvalidEffort { field, .. } => field,
+            ChatError::UnsupportedToolType { .. } => "tools",
+            _ => "messages",
+        }
+    }
 }

@@ -1,14 +1,14 @@
-//! Request-level switches of the V4 prompt — thinking mode, reasoning effort, dropping old
-//! reasoning — resolved from an OpenAI request exactly as vLLM (0.34) does for DeepSeek-V4:
+//! Request-level switches of the prompt — thinking mode, reasoning effort, dropping old
+//! reasoning — resolved from an OpenAI request exactly as vLLM 0.33 does for both families:
 //!
 //! * `chat_template_kwargs.thinking` / `.enable_thinking` (Python truthiness, either one on
 //!   enables) choose thinking mode; with neither key the default is **thinking on**.
 //! * A request `reasoning_effort` sets `enable_thinking = (effort != "none")` unless the client
 //!   put `enable_thinking` in `chat_template_kwargs` itself (vLLM's `build_chat_params`).
-//! * The effort is the request's `reasoning_effort`, else a string
-//!   `chat_template_kwargs.reasoning_effort` (vLLM merges the two into one kwargs dict).
-//! * The encoder's effort: absent → `high` in thinking mode; `none` → chat mode;
-//!   `max` → `max`; `low`/`minimal`/`medium` → `low` (no preamble); anything else → `high`.
+//! * The effort is the request's `reasoning_effort`, else
+//!   `chat_template_kwargs.reasoning_effort` (vLLM merges the two into one kwargs dict), kept
+//!   as given ([`Effort`]) until the family reads it: `none` is chat mode in both; V4's
+//!   levels are [`RenderOptions::encoder_effort`], V4.1's `super::v41::effort_budget`.
 //! * `chat_template_kwargs.drop_thinking` (default true) drops earlier turns' reasoning.
 
 use serde::Deserialize;
@@ -77,13 +77,45 @@ impl EncoderEffort {
     }
 }
 
+/// The effort a request asked for, as the chat template receives it: vLLM merges the
+/// request's effort field into `chat_template_kwargs.reasoning_effort`, which may hold any
+/// JSON. Each family reads it its own way (V4 takes names only, V4.1 names and integers
+/// 1–100), so it is kept as given until the family is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effort {
+    /// A name of [`ReasoningEffort::NAMES`].
+    Named(ReasoningEffort),
+    /// Any other string.
+    Unknown(String),
+    /// A JSON integer (V4.1's scale is 1–100).
+    Integer(i64),
+    /// Any other JSON value, as JSON text (a float, a bool, an object …).
+    Other(String),
+}
+
+impl Effort {
+    fn from_json(v: &serde_json::Value) -> Option<Self> {
+        use serde_json::Value as V;
+        Some(match v {
+            // vLLM's merge skips None and "auto" (`merge_kwargs`' unset values).
+            V::Null => return None,
+            V::String(s) if s == "auto" => return None,
+            V::String(s) => {
+                ReasoningEffort::parse(s).map_or(Effort::Unknown(s.clone()), Effort::Named)
+            }
+            V::Number(n) if n.is_i64() => Effort::Integer(n.as_i64().expect("checked")),
+            other => Effort::Other(other.to_string()),
+        })
+    }
+}
+
 /// How to render a conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderOptions {
     /// Thinking requested (after resolving `chat_template_kwargs`; see [`Self::from_openai`]).
     pub thinking: bool,
-    /// The request's `reasoning_effort`; `Some(None)` forces chat mode.
-    pub reasoning_effort: Option<ReasoningEffort>,
+    /// The effort asked for, and the request field it came from (named in errors).
+    pub effort: Option<(Effort, &'static str)>,
     /// Drop reasoning of assistant turns before the last user turn (ignored when tools are
     /// given: the encoder then keeps every turn's reasoning).
     pub drop_thinking: bool,
@@ -94,56 +126,78 @@ impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             thinking: true,
-            reasoning_effort: None,
+            effort: None,
             drop_thinking: true,
         }
     }
 }
 
+/// Where `chat_template_kwargs.reasoning_effort` is named in errors.
+pub const KWARGS_EFFORT: &str = "chat_template_kwargs.reasoning_effort";
+
 impl RenderOptions {
-    /// Resolves the options from a request's `reasoning_effort` and `chat_template_kwargs`
-    /// (a JSON object; anything else is treated as absent).
+    /// Resolves the options from a request's effort field (a name of
+    /// [`ReasoningEffort::NAMES`], and the field's name) and `chat_template_kwargs` (a JSON
+    /// object; anything else is treated as absent), as vLLM's `build_chat_params` merges them.
     pub fn from_openai(
-        reasoning_effort: Option<ReasoningEffort>,
+        reasoning_effort: Option<(ReasoningEffort, &'static str)>,
         chat_template_kwargs: Option<&serde_json::Value>,
     ) -> Self {
         let kwargs = chat_template_kwargs.and_then(|v| v.as_object());
         let get = |key: &str| kwargs.and_then(|m| m.get(key));
         let thinking = get("thinking");
         let mut enable_thinking = get("enable_thinking").map(python_truthy);
-        if let (Some(effort), None) = (reasoning_effort, get("enable_thinking")) {
+        if let (Some((effort, _)), None) = (reasoning_effort, get("enable_thinking")) {
             enable_thinking = Some(effort != ReasoningEffort::None);
         }
         let thinking = match (thinking, enable_thinking) {
             (None, None) => true,
             (t, e) => t.is_some_and(python_truthy) || e.unwrap_or(false),
         };
-        let reasoning_effort = reasoning_effort.or_else(|| {
-            get("reasoning_effort")
-                .and_then(|v| v.as_str())
-                .map(ReasoningEffort::from_name)
-        });
+        let effort = match reasoning_effort {
+            Some((effort, field)) => Some((Effort::Named(effort), field)),
+            None => get("reasoning_effort")
+                .and_then(Effort::from_json)
+                .map(|e| (e, KWARGS_EFFORT)),
+        };
         Self {
             thinking,
-            reasoning_effort,
+            effort,
             drop_thinking: get("drop_thinking").is_none_or(python_truthy),
         }
     }
 
-    /// Whether the prompt ends with `<think>` and the model starts inside its reasoning — the
-    /// `thinking` flag to give [`super::ChatOutputParser::new`].
-    pub fn thinking_mode(&self) -> bool {
-        self.thinking && self.reasoning_effort != Some(ReasoningEffort::None)
+    /// The options with the effort a request field named (e.g. Anthropic's
+    /// `output_config.effort`) in place of any other.
+    pub fn with_effort(mut self, effort: ReasoningEffort, field: &'static str) -> Self {
+        self.effort = Some((Effort::Named(effort), field));
+        self
     }
 
-    /// The effort level the encoder renders (only matters in thinking mode).
+    /// Whether the prompt ends with `<think>` and the model starts inside its reasoning — the
+    /// `thinking` flag to give [`super::ChatOutputParser::new`]. An effort of `none` is chat
+    /// mode in both families.
+    pub fn thinking_mode(&self) -> bool {
+        self.thinking && !matches!(self.effort, Some((Effort::Named(ReasoningEffort::None), _)))
+    }
+
+    /// The effort level the V4 encoder renders (only matters in thinking mode): vLLM's
+    /// `deepseek_v4.py` wrapper — a non-string effort is no effort, `max` is `max`,
+    /// `low`/`minimal`/`medium` are `low`, any other string is `high`, none is `high`.
     pub fn encoder_effort(&self) -> EncoderEffort {
         use ReasoningEffort as R;
-        match self.reasoning_effort {
-            None if self.thinking => EncoderEffort::High,
-            None | Some(R::None | R::Low | R::Minimal | R::Medium) => EncoderEffort::Low,
-            Some(R::Max) => EncoderEffort::Max,
-            Some(R::High | R::Xhigh) => EncoderEffort::High,
+        match &self.effort {
+            None | Some((Effort::Integer(_) | Effort::Other(_), _)) if self.thinking => {
+                EncoderEffort::High
+            }
+            None | Some((Effort::Integer(_) | Effort::Other(_), _)) => EncoderEffort::Low,
+            Some((Effort::Named(R::None | R::Low | R::Minimal | R::Medium), _)) => {
+                EncoderEffort::Low
+            }
+            Some((Effort::Named(R::Max), _)) => EncoderEffort::Max,
+            Some((Effort::Named(R::High | R::Xhigh) | Effort::Unknown(_), _)) => {
+                EncoderEffort::High
+            }
         }
     }
 }
@@ -180,25 +234,39 @@ mod tests {
         assert_eq!(chat.encoder_effort(), EncoderEffort::Low);
 
         // A request effort re-enables thinking unless enable_thinking was given explicitly.
-        let e = o(Some(ReasoningEffort::Max), json!({"thinking": false}));
+        let e = o(
+            Some((ReasoningEffort::Max, "reasoning_effort")),
+            json!({"thinking": false}),
+        );
         assert!(e.thinking_mode());
         assert_eq!(e.encoder_effort(), EncoderEffort::Max);
         let e = o(
-            Some(ReasoningEffort::Max),
+            Some((ReasoningEffort::Max, "reasoning_effort")),
             json!({"enable_thinking": false}),
         );
         assert!(!e.thinking_mode());
 
-        let none = o(Some(ReasoningEffort::None), json!({"thinking": true}));
+        let none = o(
+            Some((ReasoningEffort::None, "reasoning_effort")),
+            json!({"thinking": true}),
+        );
         assert!(!none.thinking_mode());
         assert_eq!(none.encoder_effort(), EncoderEffort::Low);
 
         assert_eq!(
-            o(Some(ReasoningEffort::Medium), json!({})).encoder_effort(),
+            o(
+                Some((ReasoningEffort::Medium, "reasoning_effort")),
+                json!({})
+            )
+            .encoder_effort(),
             EncoderEffort::Low
         );
         assert_eq!(
-            o(Some(ReasoningEffort::Xhigh), json!({})).encoder_effort(),
+            o(
+                Some((ReasoningEffort::Xhigh, "reasoning_effort")),
+                json!({})
+            )
+            .encoder_effort(),
             EncoderEffort::High
         );
         assert!(!o(None, json!({"drop_thinking": false})).drop_thinking);
@@ -209,8 +277,15 @@ mod tests {
         assert_eq!(k.encoder_effort(), EncoderEffort::Max);
         let k = o(None, json!({"reasoning_effort": "none"}));
         assert!(!k.thinking_mode());
+        // V4 reads only strings; V4.1's integers are no effort to it.
+        let k = o(None, json!({"reasoning_effort": 40}));
+        assert_eq!(k.effort, Some((Effort::Integer(40), KWARGS_EFFORT)));
+        assert_eq!(k.encoder_effort(), EncoderEffort::High);
+        let k = o(None, json!({"reasoning_effort": "extreme"}));
+        assert_eq!(k.encoder_effort(), EncoderEffort::High);
+        assert_eq!(o(None, json!({"reasoning_effort": "auto"})).effort, None);
         let k = o(
-            Some(ReasoningEffort::Low),
+            Some((ReasoningEffort::Low, "reasoning_effort")),
             json!({"reasoning_effort": "max"}),
         );
         assert_eq!(k.encoder_effort(), EncoderEffort::Low);

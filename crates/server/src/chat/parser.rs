@@ -1,4 +1,6 @@
-//! Streaming parser of DeepSeek-V4 output: reasoning, content and DSML tool calls.
+//! Streaming parser of DeepSeek-V4 and V4.1 output: reasoning, content and DSML tool calls
+//! (each family's spelling, [`Dsml`]; V4.1's parser is vLLM's V4 parser with V4.1's terminals,
+//! `parser/deepseek_v41.py`).
 //!
 //! Input is detokenized text as the server streams it (BOS/EOS, the only `special` tokens,
 //! already skipped; `<think>`, `</think>` and `｜DSML｜` are non-special added tokens and
@@ -21,6 +23,7 @@
 
 use super::dsml::{invoke_arguments, tag_attr};
 use super::markers::{find_first, held_tail, Found, Marker};
+use super::tokens::Dsml;
 
 /// One piece of parsed output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +55,13 @@ pub struct ParsedOutput {
 }
 
 /// Parses a complete output: the concatenation of what [`ChatOutputParser`] streams for it.
-pub fn parse_chat_output(text: &str, thinking: bool, parse_tool_calls: bool) -> ParsedOutput {
-    let mut parser = ChatOutputParser::new(thinking, parse_tool_calls);
+pub fn parse_chat_output(
+    dsml: &'static Dsml,
+    text: &str,
+    thinking: bool,
+    parse_tool_calls: bool,
+) -> ParsedOutput {
+    let mut parser = ChatOutputParser::new(dsml, thinking, parse_tool_calls);
     let mut deltas = parser.push(text);
     deltas.extend(parser.finish());
     collect_deltas(deltas)
@@ -120,6 +128,7 @@ enum State {
 /// [`finish`](Self::finish) once at the end of generation.
 #[derive(Debug, Clone)]
 pub struct ChatOutputParser {
+    dsml: &'static Dsml,
     state: State,
     parse_tool_calls: bool,
     tool_names: Option<Vec<String>>,
@@ -134,10 +143,12 @@ pub struct ChatOutputParser {
 }
 
 impl ChatOutputParser {
+    /// `dsml`: the family's markup (`ChatFormat::parser` picks it).
     /// `thinking`: the prompt ended with `<think>` (see `RenderOptions::thinking_mode`).
     /// `parse_tool_calls`: recognise DSML tool calls (off: DSML text is plain content).
-    pub fn new(thinking: bool, parse_tool_calls: bool) -> Self {
+    pub fn new(dsml: &'static Dsml, thinking: bool, parse_tool_calls: bool) -> Self {
         Self {
+            dsml,
             state: if thinking {
                 State::Reasoning
             } else {
@@ -190,7 +201,7 @@ impl ChatOutputParser {
     fn step(&mut self, out: &mut Vec<ChatDelta>, finishing: bool) -> bool {
         let wanted = self.wanted();
         let from = self.scan_from.min(self.buf.len());
-        match find_first(&self.buf, from, wanted) {
+        match find_first(self.dsml, &self.buf, from, wanted) {
             Some(found) => {
                 self.scan_from = 0;
                 self.on_marker(found, out, finishing)
@@ -199,7 +210,7 @@ impl ChatOutputParser {
                 let keep = if finishing {
                     0
                 } else {
-                    held_tail(&self.buf, wanted)
+                    held_tail(self.dsml, &self.buf, wanted)
                 };
                 self.on_text(self.buf.len() - keep, out, finishing);
                 false
@@ -397,7 +408,7 @@ impl ChatOutputParser {
         out.push(ChatDelta::ToolCall {
             index: self.next_index,
             name,
-            arguments: invoke_arguments(body, truncated),
+            arguments: invoke_arguments(body, truncated, self.dsml),
         });
         self.next_index += 1;
     }

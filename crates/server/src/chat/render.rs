@@ -16,43 +16,32 @@
 //! altogether. With tools, or `drop_thinking` off, every assistant turn keeps
 //! `reasoning</think>` and every opener is `<think>`. In chat mode no reasoning is rendered.
 
-use super::conversation::{build_turns, Block, Turn};
+use super::conversation::{build_turns, Block, Turn, V4_RULES};
 use super::dsml::{encode_calls, tools_section};
 use super::error::ChatError;
 use super::options::{EncoderEffort, RenderOptions};
 use super::tokens::{
-    ASSISTANT, BOS, EOS, THINK_END, THINK_START, TOOL_RESULT_END, TOOL_RESULT_START, USER,
+    Dsml, ASSISTANT, BOS, DSML_V4, EOS, THINK_END, THINK_START, TOOL_RESULT_END, TOOL_RESULT_START,
+    USER,
 };
 use super::tools_prompt::{EFFORT_HIGH, EFFORT_MAX};
 use super::{ChatMessage, ToolDef};
 
 /// Renders the full prompt (BOS included, ending with the generation prompt
-/// `<｜Assistant｜><think>` or `<｜Assistant｜></think>`). Encode it without adding special
-/// tokens: the BOS is already in the text.
-pub fn render_chat(
+/// `<｜Assistant｜><think>` or `<｜Assistant｜></think>`); `ChatFormat::render` has checked
+/// what both families refuse.
+pub(crate) fn render_v4(
     messages: &[ChatMessage],
     tools: &[ToolDef],
     opts: &RenderOptions,
 ) -> Result<String, ChatError> {
-    for (index, tool) in tools.iter().enumerate() {
-        if tool.r#type != "function" {
-            return Err(ChatError::UnsupportedToolType {
-                index,
-                kind: tool.r#type.clone(),
-            });
-        }
-    }
-    if messages.last().is_some_and(|m| m.role == "assistant") {
-        return Err(ChatError::TrailingAssistant {
-            index: messages.len() - 1,
-        });
-    }
-    let turns = build_turns(messages, !tools.is_empty())?;
+    let turns = build_turns(messages, !tools.is_empty(), &V4_RULES)?;
     let thinking = opts.thinking_mode();
     // The encoder keeps all reasoning as soon as any turn carries tools.
     let drop = opts.drop_thinking && tools.is_empty();
     let turns = if thinking && drop {
-        drop_old_reasoning(turns)
+        let last_user = turns.iter().rposition(Turn::is_user_like);
+        drop_old_reasoning(turns, last_user)
     } else {
         turns
     };
@@ -69,7 +58,13 @@ pub fn render_chat(
     for (index, turn) in turns.iter().enumerate() {
         // Whether reasoning of / the opener before this position belongs to the current turn.
         let current = last_user.is_none_or(|u| index > u);
-        render_turn(&mut prompt, turn, tools, thinking && (!drop || current));
+        render_turn(
+            &mut prompt,
+            turn,
+            tools,
+            thinking && (!drop || current),
+            &DSML_V4,
+        );
         let next = turns.get(index + 1);
         let opens_assistant = match turn {
             Turn::User { .. } | Turn::Developer { .. } | Turn::System { .. } => {
@@ -86,7 +81,15 @@ pub fn render_chat(
     Ok(prompt)
 }
 
-fn render_turn(prompt: &mut String, turn: &Turn, tools: &[ToolDef], with_reasoning: bool) {
+/// One turn's text, the same in both families but for the markup (V4.1 puts `<｜System｜>`
+/// before a later system turn itself).
+pub(crate) fn render_turn(
+    prompt: &mut String,
+    turn: &Turn,
+    tools: &[ToolDef],
+    with_reasoning: bool,
+    dsml: &Dsml,
+) {
     match turn {
         Turn::System {
             content,
@@ -95,7 +98,7 @@ fn render_turn(prompt: &mut String, turn: &Turn, tools: &[ToolDef], with_reasoni
             prompt.push_str(content);
             if *with_tools {
                 prompt.push_str("\n\n");
-                prompt.push_str(&tools_section(tools));
+                prompt.push_str(&tools_section(tools, dsml));
             }
         }
         Turn::Developer { content } => {
@@ -130,17 +133,17 @@ fn render_turn(prompt: &mut String, turn: &Turn, tools: &[ToolDef], with_reasoni
             }
             prompt.push_str(content);
             if !calls.is_empty() {
-                prompt.push_str(&encode_calls(calls));
+                prompt.push_str(&encode_calls(calls, dsml));
             }
             prompt.push_str(EOS);
         }
     }
 }
 
-/// Before the last user/developer turn: assistant turns lose their reasoning and developer
-/// turns are dropped (the encoder's `drop_thinking`).
-fn drop_old_reasoning(turns: Vec<Turn>) -> Vec<Turn> {
-    let Some(last_user) = turns.iter().rposition(Turn::is_user_like) else {
+/// Before the last user turn (`last_user`, each family's definition): assistant turns lose
+/// their reasoning and developer turns are dropped (the encoders' `drop_thinking`).
+pub(crate) fn drop_old_reasoning(turns: Vec<Turn>, last_user: Option<usize>) -> Vec<Turn> {
+    let Some(last_user) = last_user else {
         return turns;
     };
     turns

@@ -1,23 +1,25 @@
-//! Fixed prompt texts of the DeepSeek-V4 chat format. These are part of the model's trained
+//! Fixed prompt texts of the DeepSeek-V4 and V4.1 chat formats. These are part of the model's trained
 //! input format, so they must match the reference encoder byte for byte (the rendering fixtures
 //! in `tests/fixtures/chat_cases.json` check that); they are not prose to edit.
 
-/// The "## Tools" system-prompt section. Placeholders: `{dsml}` (the `｜DSML｜` token),
-/// `{think_start}`, `{think_end}`, and `{tool_schemas}` (one JSON object per line).
+/// The "## Tools" system-prompt section, the same text in both families but for the tag names.
+/// Placeholders: `{dsml}` (the `｜DSML｜` token), `{block}`, `{invoke}`, `{parameter}` (the
+/// family's tag names), `{think_start}`, `{think_end}`, and `{tool_schemas}` (one JSON object
+/// per line).
 pub(crate) const TOOLS_TEMPLATE: &str = concat!(
     "## Tools\n",
     "\n",
-    "You have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<{dsml}tool_calls>\" block like the following:\n",
+    "You have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<{dsml}{block}>\" block like the following:\n",
     "\n",
-    "<{dsml}tool_calls>\n",
-    "<{dsml}invoke name=\"$TOOL_NAME\">\n",
-    "<{dsml}parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</{dsml}parameter>\n",
+    "<{dsml}{block}>\n",
+    "<{dsml}{invoke} name=\"$TOOL_NAME\">\n",
+    "<{dsml}{parameter} name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</{dsml}{parameter}>\n",
     "...\n",
-    "</{dsml}invoke>\n",
-    "<{dsml}invoke name=\"$TOOL_NAME2\">\n",
+    "</{dsml}{invoke}>\n",
+    "<{dsml}{invoke} name=\"$TOOL_NAME2\">\n",
     "...\n",
-    "</{dsml}invoke>\n",
-    "</{dsml}tool_calls>\n",
+    "</{dsml}{invoke}>\n",
+    "</{dsml}{block}>\n",
     "\n",
     "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n",
     "\n",
@@ -48,3 +50,8 @@ pub(crate) const EFFORT_MAX: &str = concat!(
     "Do not stop reasoning until you have independently verified the solution from multiple angles and are certain that no assumption remains unchecked and no error remains undiscovered.\n",
     "\n",
 );
+
+/// V4.1's effort preamble (thinking mode, first message only, after `<｜System｜>`); `{budget}`
+/// is the level, 1–100 (vLLM's `deepseek_v41_encoding.py` `REASONING_EFFORT_TEMPLATE`).
+pub(crate) const V41_EFFORT_TEMPLATE: &str =
+    "Reasoning Effort: {budget} (range 1-100, the higher the value, the more thorough the reasoning)\n\n";

@@ -1,8 +1,8 @@
 //! `/v1/chat/completions`: the fields beyond [`super::SamplingFields`] and the response shapes
 //! (whole responses and stream chunks share [`ChatCompletionResponse`]).
 
-use super::Usage;
-use crate::chat::{ChatMessage, ToolDef};
+use super::{ApiError, Usage};
+use crate::chat::{ChatMessage, ReasoningEffort, RenderOptions, ToolDef};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -63,4 +63,41 @@ pub struct ChatCompletionResponse {
     pub choices: Vec<ChatChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+}
+
+/// The render options of a chat request of any API: its effort field (a name of
+/// [`ReasoningEffort::NAMES`], as vLLM's request types take it; `(value, field)`) and
+/// `chat_template_kwargs` (an object), merged as vLLM's `build_chat_params` merges them. A
+/// value the model's family does not take is refused when the conversation is rendered.
+pub fn render_options(
+    effort: Option<(&str, &'static str)>,
+    chat_template_kwargs: Option<&Value>,
+) -> Result<RenderOptions, ApiError> {
+    let effort = match effort {
+        None => None,
+        Some((name, field)) => Some(
+            ReasoningEffort::parse(name)
+                .map(|e| (e, field))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        field,
+                        format!(
+                            "`{field}` must be one of {}, got {name:?}",
+                            ReasoningEffort::NAMES.join(", ")
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let kwargs = match chat_template_kwargs {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object, got {other}"),
+            ))
+        }
+    };
+    Ok(RenderOptions::from_openai(effort, kwargs))
 }

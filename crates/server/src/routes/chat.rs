@@ -1,15 +1,14 @@
-//! `POST /v1/chat/completions`: messages rendered in DeepSeek-V4's format, output parsed back
-//! into `reasoning_content`, `content` and `tool_calls`, streamed or whole.
+//! `POST /v1/chat/completions`: messages rendered in the model's chat format, output parsed
+//! back into `reasoning_content`, `content` and `tool_calls`, streamed or whole; and what the
+//! three chat APIs share on the way in ([`ChatRequest`], [`render_options`], [`encode_chat`]).
 
 use super::{blocking, body_bytes, sse, Shared};
 use crate::chat::image_urls;
-use crate::chat::{
-    render_chat, ChatDelta, ChatMessage, ChatOutputParser, ReasoningEffort, RenderOptions, ToolDef,
-};
+use crate::chat::{ChatDelta, ChatFormat, ChatMessage, ChatOutputParser, RenderOptions, ToolDef};
 use crate::generation::{ChoiceDelta, Generation};
 use crate::images::{self, ImageLimits, PlacedImage};
 use crate::openai::{
-    check_sequences, fields, n_samples, resolve_max_tokens, ApiError, ChatChoice,
+    check_sequences, fields, n_samples, render_options, resolve_max_tokens, ApiError, ChatChoice,
     ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
@@ -27,6 +26,8 @@ use serde_json::{json, Map, Value};
 
 /// A chat request made ready for the engine.
 pub(crate) struct ChatPrompt {
+    /// The format it was rendered in (its answer is parsed in the same).
+    pub format: ChatFormat,
     /// Image spans included.
     pub ids: Vec<u32>,
     /// The prompt's images, decoded and placed (not yet through the tower).
@@ -38,12 +39,24 @@ pub(crate) struct ChatPrompt {
     pub forced: Option<Requested>,
 }
 
+impl ChatPrompt {
+    /// The parser of one choice's answer: the format's, reading calls of the offered tools
+    /// only (none when tool calls are not parsed).
+    pub fn parser(&self) -> ChatOutputParser {
+        let names = self.tool_names.clone();
+        let parser = self.format.parser(self.thinking, names.is_some());
+        parser.with_tool_names(names.unwrap_or_default())
+    }
+}
+
 /// What every chat API family translates its request into before rendering: the
 /// conversation, its tools and switches, and text the answer continues (Anthropic's prefill).
 pub(crate) struct ChatRequest<'a> {
+    /// The model's chat format.
+    pub format: ChatFormat,
     pub messages: &'a [ChatMessage],
     pub tools: &'a [ToolDef],
-    pub opts: RenderOptions,
+    pub opts: &'a RenderOptions,
     /// Whether tool calls are parsed out of the answer.
     pub parse_tools: bool,
     /// A call the answer must make (`tool_choice` forcing one).
@@ -61,16 +74,24 @@ pub(crate) fn encode_chat(
     req: &ChatRequest,
     limits: &PromptLimits,
 ) -> Result<ChatPrompt, ApiError> {
-    let mut text = render_chat(req.messages, req.tools, &req.opts)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let mut text = req
+        .format
+        .render(req.messages, req.tools, &req.opts)
+        .map_err(|e| ApiError::invalid(e.param(), e.to_string()))?;
     text.push_str(req.prefill);
     limits.check_text("messages", &text)?;
     let (ids, images) = prompt_ids(tok, &text, req)?;
     let forced = match &req.forced {
-        Some(f) => Some(forced_call(req.tools, f, "tool_choice")?),
+        Some(f) => Some(forced_call(
+            req.tools,
+            f,
+            req.format.markup(),
+            "tool_choice",
+        )?),
         None => None,
     };
     Ok(ChatPrompt {
+        format: req.format,
         ids,
         images,
         thinking: req.opts.thinking_mode(),
@@ -137,6 +158,7 @@ pub(crate) fn check_takes_images(st: &Shared, messages: &[ChatMessage]) -> Resul
 /// The conversation of an OpenAI chat request, rendered and tokenized (shared with
 /// `/tokenize`).
 pub(crate) fn chat_prompt(
+    format: ChatFormat,
     tok: &Tokenizer,
     f: &ChatFields,
     limits: &PromptLimits,
@@ -168,32 +190,17 @@ pub(crate) fn chat_prompt(
             ))
         }
     };
-    let effort = match f.reasoning_effort.as_deref() {
-        None => None,
-        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
-            ApiError::invalid(
-                "reasoning_effort",
-                format!(
-                    "`reasoning_effort` must be one of {}, got {name:?}",
-                    ReasoningEffort::NAMES.join(", ")
-                ),
-            )
-        })?),
-    };
-    let kwargs = match &f.chat_template_kwargs {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::Object(_)) => Some(v),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "chat_template_kwargs",
-                format!("`chat_template_kwargs` must be an object, got {other}"),
-            ))
-        }
-    };
+    let opts = render_options(
+        f.reasoning_effort
+            .as_deref()
+            .map(|e| (e, "reasoning_effort")),
+        f.chat_template_kwargs.as_ref(),
+    )?;
     let req = ChatRequest {
+        format,
         messages: &f.messages,
         tools: f.tools.as_deref().unwrap_or_default(),
-        opts: RenderOptions::from_openai(effort, kwargs),
+        opts: &opts,
         parse_tools,
         forced,
         prefill: "",
@@ -262,7 +269,7 @@ pub async fn chat_completions(
     let state = st.clone();
     let (mut prompt, cf, grammar) = blocking(&st, move || {
         let vision = state.engine.vision().map(|v| &**v);
-        let prompt = chat_prompt(&tok, &cf, &limits, vision)?;
+        let prompt = chat_prompt(state.chat_format, &tok, &cf, &limits, vision)?;
         let requested = one_of(requested.into_iter().chain(prompt.forced.clone()).collect())?;
         let grammar = state.grammar(requested.as_ref())?;
         Ok((prompt, cf, grammar))
@@ -293,12 +300,7 @@ pub async fn chat_completions(
         &opts,
         grammar.as_ref().map(|g| (g, prompt.thinking)),
     )?;
-    let parsers = (0..opts.n)
-        .map(|_| {
-            let p = ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some());
-            p.with_tool_names(prompt.tool_names.clone().unwrap_or_default())
-        })
-        .collect();
+    let parsers = (0..opts.n).map(|_| prompt.parser()).collect();
     let out = ChatOutput {
         head: ChatCompletionResponse {
             id: response_id("chatcmpl"),
@@ -583,7 +585,9 @@ mod tests {
                 usage: None,
             },
             tok,
-            parsers: vec![ChatOutputParser::new(true, true).with_tool_names(["get_weather"])],
+            parsers: vec![ChatFormat::V4
+                .parser(true, true)
+                .with_tool_names(["get_weather"])],
             tool_calls: vec![0],
             prompt_tokens: 1,
             want_logprobs: false,

@@ -53,8 +53,7 @@ pub async fn messages(
         st.engine.max_model_len(),
     )?;
     let params = sf.sampling_params(max_tokens, None)?;
-    let parser = ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some())
-        .with_tool_names(prompt.tool_names.clone().unwrap_or_default());
+    let parser = prompt.parser();
     let out = MessageOutput {
         id: response_id("msg").replacen('-', "_", 1),
         model: st.model_name.clone(),
@@ -117,9 +116,10 @@ fn prepare(st: &Shared, req: &MessagesRequest) -> Result<(ChatPrompt, bool), Api
     let conv = conversation(req)?;
     check_takes_images(st, &conv.messages)?;
     let chat = ChatRequest {
+        format: st.chat_format,
         messages: &conv.messages,
         tools: &conv.tools,
-        opts: conv.opts,
+        opts: &conv.opts,
         parse_tools: conv.parse_tools,
         forced: conv.forced.clone(),
         prefill: conv.prefill.as_deref().unwrap_or_default(),

@@ -63,9 +63,10 @@ pub async fn create(
         let messages = conv.messages();
         check_takes_images(&state, &messages)?;
         let chat = ChatRequest {
+            format: state.chat_format,
             messages: &messages,
             tools: &conv.tools,
-            opts: conv.opts,
+            opts: &conv.opts,
             parse_tools: conv.parse_tools,
             forced: conv.forced.clone(),
             prefill: "",
@@ -219,8 +220,7 @@ struct ResponseOutput {
 impl ResponseOutput {
     fn new(prompt: &ChatPrompt, conv: Conversation, head: Head, st: Shared) -> Self {
         Self {
-            parser: ChatOutputParser::new(prompt.thinking, prompt.tool_names.is_some())
-                .with_tool_names(prompt.tool_names.clone().unwrap_or_default()),
+            parser: prompt.parser(),
             items: Items::new(conv.names, conv.single_tool_call),
             history: conv.history,
             prompt_tokens: prompt.ids.len(),

@@ -50,7 +50,7 @@ pub async fn tokenize(
             let state = st.clone();
             blocking(&st, move || {
                 let vision = state.engine.vision().map(|v| &**v);
-                super::chat::chat_prompt(&tok, &cf, &limits, vision)
+                super::chat::chat_prompt(state.chat_format, &tok, &cf, &limits, vision)
             })
             .await?
             .ids

@@ -246,24 +246,34 @@ mod tests {
     }
 
     /// A forced call's grammar takes what the encoder writes for it (one call, parallel
-    /// calls, an optional parameter left out) and the chat parser reads the calls back;
-    /// arguments off the schema are masked.
+    /// calls, an optional parameter left out) in each family's markup, and that family's chat
+    /// parser reads the calls back; arguments off the schema are masked.
     #[test]
     fn a_forced_call_follows_the_dsml_format_and_the_schema() {
+        for format in [crate::chat::ChatFormat::V4, crate::chat::ChatFormat::V41] {
+            forced_call_in(format);
+        }
+    }
+
+    fn forced_call_in(format: crate::chat::ChatFormat) {
         let (tok, s) = setup();
         let d = crate::chat::tokens::DSML;
+        let dsml = format.markup();
+        let (block_name, invoke, parameter) = (dsml.block, dsml.invoke, dsml.parameter);
         let call = |name: &str, params: &[(&str, bool, &str)]| {
             let p: String = params
                 .iter()
                 .map(|(k, is_str, v)| {
-                    format!("<{d}parameter name=\"{k}\" string=\"{is_str}\">{v}</{d}parameter>\n")
+                    format!(
+                        "<{d}{parameter} name=\"{k}\" string=\"{is_str}\">{v}</{d}{parameter}>\n"
+                    )
                 })
                 .collect();
-            format!("<{d}invoke name=\"{name}\">\n{p}</{d}invoke>")
+            format!("<{d}{invoke} name=\"{name}\">\n{p}</{d}{invoke}>")
         };
         let block = |calls: &[String]| {
             format!(
-                "\n\n<{d}tool_calls>\n{}\n</{d}tool_calls>",
+                "\n\n<{d}{block_name}>\n{}\n</{d}{block_name}>",
                 calls.join("\n")
             )
         };
@@ -281,6 +291,7 @@ mod tests {
             .compile(&req(tool_call_grammar(
                 &tools,
                 &Forced::Any { parallel: true },
+                dsml,
             )
             .unwrap()))
             .unwrap();
@@ -293,14 +304,14 @@ mod tests {
             )]),
         ] {
             walk(&tok, any.constraint(false).as_mut(), &text);
-            let parsed = crate::chat::parse_chat_output(&text, false, true);
+            let parsed = crate::chat::parse_chat_output(dsml, &text, false, true);
             assert!(
                 !parsed.tool_calls.is_empty() && parsed.content.is_empty(),
                 "{parsed:?}"
             );
         }
         let parsed =
-            crate::chat::parse_chat_output(&block(std::slice::from_ref(&paris)), false, true);
+            crate::chat::parse_chat_output(dsml, &block(std::slice::from_ref(&paris)), false, true);
         assert_eq!(
             parsed.tool_calls[0].arguments,
             r#"{"city": "Paris <3>", "days": 3, "unit": "C"}"#
@@ -310,6 +321,7 @@ mod tests {
             .compile(&req(tool_call_grammar(
                 &tools,
                 &Forced::Named("now".into()),
+                dsml,
             )
             .unwrap()))
             .unwrap();
@@ -318,7 +330,7 @@ mod tests {
             named.constraint(false).as_mut(),
             &block(std::slice::from_ref(&now)),
         );
-        assert!(tool_call_grammar(&tools, &Forced::Named("missing".into())).is_none());
+        assert!(tool_call_grammar(&tools, &Forced::Named("missing".into()), dsml).is_none());
         // Off the schema: a string where an integer goes, a unit outside the enum, a missing
         // required parameter.
         for bad in [

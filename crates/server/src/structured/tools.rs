@@ -1,5 +1,5 @@
 //! A forced tool call (`tool_choice` `required` or a named function; Anthropic's `any` and
-//! `tool`) as a grammar over DeepSeek-V4's DSML call format, the arguments held to each
+//! `tool`) as a grammar over the model family's DSML call format ([`Dsml`]), the arguments held to each
 //! tool's schema: a parameter whose schema is a string is written `string="true"` as raw
 //! text (one of its `enum` when it has one; within its `minLength`/`maxLength`; up to the
 //! closing tag, which it cannot contain), any other `string="false"` as JSON matching its
@@ -7,7 +7,7 @@
 //! This is what `render::encode_calls` writes and the chat parser reads back.
 
 use super::grammar::{bounded_whitespace, Requested, Spec};
-use crate::chat::tokens::{DSML, TOOL_CALLS_BLOCK};
+use crate::chat::tokens::{Dsml, DSML};
 use crate::chat::{Json, ToolDef};
 use crate::openai::ApiError;
 use serde_json::Value;
@@ -20,16 +20,21 @@ pub enum Forced {
     Named(String),
 }
 
-/// The constraint of a forced call, named by `field` (the request's `tool_choice`): a 400
-/// when there are no tools, or none of the name asked for.
-pub fn forced_call(tools: &[ToolDef], forced: &Forced, field: &str) -> Result<Requested, ApiError> {
+/// The constraint of a forced call in `dsml`'s markup, named by `field` (the request's
+/// `tool_choice`): a 400 when there are no tools, or none of the name asked for.
+pub fn forced_call(
+    tools: &[ToolDef],
+    forced: &Forced,
+    dsml: &Dsml,
+    field: &str,
+) -> Result<Requested, ApiError> {
     if tools.is_empty() {
         return Err(ApiError::invalid(
             field,
             "a tool call is forced, but the request offers no tools",
         ));
     }
-    let spec = tool_call_grammar(tools, forced).ok_or_else(|| {
+    let spec = tool_call_grammar(tools, forced, dsml).ok_or_else(|| {
         let names: Vec<&str> = tools.iter().map(|t| t.function.name.as_str()).collect();
         ApiError::invalid(
             field,
@@ -46,7 +51,13 @@ pub fn forced_call(tools: &[ToolDef], forced: &Forced, field: &str) -> Result<Re
 }
 
 /// The grammar of a forced call; `None` names a tool that was not offered.
-pub fn tool_call_grammar(tools: &[ToolDef], forced: &Forced) -> Option<Spec> {
+pub fn tool_call_grammar(tools: &[ToolDef], forced: &Forced, dsml: &Dsml) -> Option<Spec> {
+    let Dsml {
+        block,
+        invoke,
+        parameter,
+        ..
+    } = dsml;
     let lit = |s: &str| serde_json::to_string(s).expect("strings serialise");
     let mut rules = Vec::new();
     let mut invokes = Vec::new();
@@ -56,9 +67,9 @@ pub fn tool_call_grammar(tools: &[ToolDef], forced: &Forced) -> Option<Spec> {
                 continue;
             }
         }
-        let params = parameters(t, i, &lit, &mut rules);
-        let open = lit(&format!("<{DSML}invoke name=\"{}\">\n", t.function.name));
-        let close = lit(&format!("</{DSML}invoke>"));
+        let params = parameters(t, i, parameter, &lit, &mut rules);
+        let open = lit(&format!("<{DSML}{invoke} name=\"{}\">\n", t.function.name));
+        let close = lit(&format!("</{DSML}{invoke}>"));
         rules.push(format!("invoke_{i}: {open} {params} {close}"));
         invokes.push(format!("invoke_{i}"));
     }
@@ -71,8 +82,8 @@ pub fn tool_call_grammar(tools: &[ToolDef], forced: &Forced) -> Option<Spec> {
         Forced::Any { parallel: true } => "call+",
         _ => "call",
     };
-    let start = lit(&format!("\n\n<{DSML}{TOOL_CALLS_BLOCK}>\n"));
-    let end = lit(&format!("</{DSML}{TOOL_CALLS_BLOCK}>"));
+    let start = lit(&format!("\n\n<{DSML}{block}>\n"));
+    let end = lit(&format!("</{DSML}{block}>"));
     let mut lark = vec![
         format!("start: {start} {calls} {end}"),
         format!("call: ({}) \"\\n\"", invokes.join(" | ")),
@@ -85,6 +96,7 @@ pub fn tool_call_grammar(tools: &[ToolDef], forced: &Forced) -> Option<Spec> {
 fn parameters(
     t: &ToolDef,
     i: usize,
+    parameter: &str,
     lit: &dyn Fn(&str) -> String,
     rules: &mut Vec<String>,
 ) -> String {
@@ -118,9 +130,9 @@ fn parameters(
         let rule = format!("p_{i}_{j}");
         let is_string = prop.get("type").and_then(Value::as_str) == Some("string");
         let open = lit(&format!(
-            "<{DSML}parameter name=\"{name}\" string=\"{is_string}\">"
+            "<{DSML}{parameter} name=\"{name}\" string=\"{is_string}\">"
         ));
-        let close = lit(&format!("</{DSML}parameter>"));
+        let close = lit(&format!("</{DSML}{parameter}>"));
         // A string's text runs to the closing tag (the rule's stop, which it consumes).
         let body = if !is_string {
             format!("%json {} {close}", bounded_whitespace(prop))

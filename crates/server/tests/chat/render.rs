@@ -1,7 +1,7 @@
-//! `render_chat` against the reference encoder's output for the same OpenAI requests.
+//! Both chat formats against the reference encoders' output for the same OpenAI requests.
 
 use deepinfer_server::chat::{
-    render_chat, ChatError, ChatMessage, ReasoningEffort, RenderOptions, ToolDef,
+    ChatError, ChatFormat, ChatMessage, ReasoningEffort, RenderOptions, ToolDef,
 };
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -41,7 +41,10 @@ pub struct Request {
 
 impl Request {
     pub fn options(&self) -> RenderOptions {
-        RenderOptions::from_openai(self.reasoning_effort, self.chat_template_kwargs.as_ref())
+        RenderOptions::from_openai(
+            self.reasoning_effort.map(|e| (e, "reasoning_effort")),
+            self.chat_template_kwargs.as_ref(),
+        )
     }
 }
 
@@ -97,7 +100,7 @@ fn renders_like_the_reference_encoder() {
                 case.name
             );
         }
-        let got = render_chat(&case.request.messages, &case.request.tools, &opts);
+        let got = ChatFormat::V4.render(&case.request.messages, &case.request.tools, &opts);
         match (&case.prompt, &case.error, got) {
             (Some(want), None, Ok(got)) if *want == got => {}
             (None, Some(_), Err(_)) => {}
@@ -182,7 +185,7 @@ fn rejections_name_the_offending_field() {
     ];
     for (json, want) in cases {
         assert_eq!(
-            render_chat(&msgs(json), &[], &opts),
+            ChatFormat::V4.render(&msgs(json), &[], &opts),
             Err(want.clone()),
             "{json}"
         );
@@ -191,7 +194,9 @@ fn rejections_name_the_offending_field() {
     let tools: Vec<ToolDef> =
         serde_json::from_str(r#"[{"type":"function","function":{"name":"f"}},{"type":"web_search","function":{"name":"g"}}]"#)
             .unwrap();
-    let err = render_chat(&msgs(r#"[{"role":"user","content":"a"}]"#), &tools, &opts).unwrap_err();
+    let err = ChatFormat::V4
+        .render(&msgs(r#"[{"role":"user","content":"a"}]"#), &tools, &opts)
+        .unwrap_err();
     assert_eq!(
         err,
         ChatError::UnsupportedToolType {
@@ -217,25 +222,28 @@ fn lenient_message_shapes() {
         thinking: false,
         ..RenderOptions::default()
     };
-    let p = render_chat(&m, &[], &opts).unwrap();
+    let p = ChatFormat::V4.render(&m, &[], &opts).unwrap();
     assert!(p.ends_with("<｜User｜>q2<｜Assistant｜></think>"), "{p}");
 }
 
-/// A user message's images become placeholders in front of its text, one a line, as vLLM
-/// places images its text does not; the server cuts the prompt there for their spans.
+/// A user message's parts stay in order, images as placeholders joined like text (vLLM's
+/// layout in both families; the fixtures' image cases pin it); the server cuts the prompt at
+/// the placeholders, the i-th for the i-th image part.
 #[test]
-fn user_images_render_as_placeholders_before_the_text() {
+fn user_images_render_as_placeholders_where_they_stand() {
     let opts = RenderOptions::default();
     let json = r#"[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"},{"type":"image_url","image_url":"y"}]},{"role":"user","content":[{"type":"image_url","image_url":{"url":"z"}}]}]"#;
     let messages = msgs(json);
-    let text = render_chat(&messages, &[], &opts).unwrap();
     let ph = "<｜deepseek_image｜>";
-    assert!(
-        text.contains(&format!(
-            "<｜User｜>{ph}\n{ph}\na\n\nb\n\n{ph}<｜Assistant｜>"
-        )),
-        "{text}"
-    );
+    for format in [ChatFormat::V4, ChatFormat::V41] {
+        let text = format.render(&messages, &[], &opts).unwrap();
+        assert!(
+            text.contains(&format!(
+                "<｜User｜>a\n\n{ph}\n\nb\n\n{ph}\n\n{ph}<｜Assistant｜>"
+            )),
+            "{text}"
+        );
+    }
     let urls = deepinfer_server::chat::image_urls(&messages);
     let urls: Vec<_> = urls.iter().map(|(f, u)| (f.as_str(), *u)).collect();
     assert_eq!(
@@ -246,4 +254,94 @@ fn user_images_render_as_placeholders_before_the_text() {
             ("messages[1].content[0]", Some("z"))
         ]
     );
+}
+
+#[derive(Deserialize)]
+struct V41Fixtures {
+    reference: V41Reference,
+    cases: Vec<V41Case>,
+}
+
+#[derive(Deserialize)]
+struct V41Reference {
+    wheel: String,
+    files: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct V41Case {
+    name: String,
+    request: Request,
+    prompt: Option<String>,
+    error: Option<String>,
+    /// The order vLLM feeds the request's images in (by their place among its image parts).
+    image_order: Option<Vec<usize>>,
+}
+
+/// V4.1's format against prompts rendered by vLLM 0.33's own V4.1 wrapper and encoder
+/// (tools/make_v41_chat_fixtures.py): every role, efforts as names and integers, tools, tool
+/// round trips with results out of call order, mid-conversation system turns, thinking and
+/// drop-thinking on and off, images; and the requests vLLM refuses, refused.
+#[test]
+fn v41_renders_like_vllms_v41_encoder() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_cases_v41.json");
+    let fx: V41Fixtures =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("parse");
+    assert!(fx.reference.wheel.starts_with("vllm-0.33.0-"));
+    assert_eq!(fx.reference.files.len(), 2);
+    assert!(fx.cases.iter().filter(|c| c.prompt.is_some()).count() >= 25);
+    let mut failures = Vec::new();
+    for case in &fx.cases {
+        let got = ChatFormat::V41.render(
+            &case.request.messages,
+            &case.request.tools,
+            &case.request.options(),
+        );
+        match (&case.prompt, &case.error, &got) {
+            (Some(want), None, Ok(got)) if want == got => {}
+            (None, Some(_), Err(_)) => {}
+            (want, err, got) => failures.push(format!(
+                "--- {}\nwant: {want:?}\nerr:  {err:?}\ngot:  {got:?}",
+                case.name
+            )),
+        }
+        // The engine puts the i-th image part's span at the i-th placeholder: vLLM's order.
+        if let Some(order) = &case.image_order {
+            let n = deepinfer_server::chat::image_urls(&case.request.messages).len();
+            assert_eq!(*order, (0..n).collect::<Vec<_>>(), "{}", case.name);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} case(s) differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// A V4.1 effort the family does not take is refused naming the field it came from.
+#[test]
+fn v41_effort_errors_name_their_field() {
+    let m = msgs(r#"[{"role":"user","content":"x"}]"#);
+    let named = RenderOptions::from_openai(
+        Some((ReasoningEffort::Medium, "output_config.effort")),
+        None,
+    );
+    let err = ChatFormat::V41.render(&m, &[], &named).unwrap_err();
+    assert_eq!(err.param(), "output_config.effort");
+    assert!(err.to_string().contains("\"medium\""), "{err}");
+    // V4 maps the same name to its low tier.
+    assert!(ChatFormat::V4.render(&m, &[], &named).is_ok());
+    for bad in ["0", "101", "50.0", "true", "\"extreme\""] {
+        let kwargs: serde_json::Value =
+            serde_json::from_str(&format!(r#"{{"reasoning_effort": {bad}}}"#)).unwrap();
+        let opts = RenderOptions::from_openai(None, Some(&kwargs));
+        let err = ChatFormat::V41.render(&m, &[], &opts).unwrap_err();
+        assert_eq!(
+            err.param(),
+            "chat_template_kwargs.reasoning_effort",
+            "{bad}"
+        );
+        assert!(err.to_string().contains(bad), "{err}");
+    }
 }

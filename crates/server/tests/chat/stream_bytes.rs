@@ -3,7 +3,7 @@
 //! incremental detokenizer and the streaming parser, as the server streams it; no content
 //! delta holds any part of the markup, and the call comes out whole.
 
-use deepinfer_server::chat::{ChatDelta, ChatOutputParser};
+use deepinfer_server::chat::{ChatDelta, ChatFormat};
 use deepinfer_server::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::collections::HashMap;
 
@@ -26,18 +26,27 @@ fn byte_tokens(tok: &Tokenizer) -> HashMap<u8, u32> {
     map
 }
 
+/// Both families' markup (V4.1's spaced tags included).
 #[test]
 fn dsml_split_at_every_byte_never_shows_in_content() {
+    for format in [ChatFormat::V4, ChatFormat::V41] {
+        split_at_every_byte(format);
+    }
+}
+
+fn split_at_every_byte(format: ChatFormat) {
     let tok = tokenizer();
     let bytes = byte_tokens(&tok);
     let d = "｜DSML｜";
+    let m = format.markup();
+    let (block, invoke, param) = (m.block, m.invoke, m.parameter);
     let text = format!(
-        "Checking.\n\n<{d}tool_calls>\n<{d}invoke name=\"get_weather\">\n\
-         <{d}parameter name=\"city\" string=\"true\">Paris</{d}parameter>\n</{d}invoke>\n</{d}tool_calls>"
+        "Checking.\n\n<{d}{block}>\n<{d}{invoke} name=\"get_weather\">\n\
+         <{d}{param} name=\"city\" string=\"true\">Paris</{d}{param}>\n</{d}{invoke}>\n</{d}{block}>"
     );
     let ids: Vec<u32> = text.bytes().map(|b| bytes[&b]).collect();
     let mut detok = IncrementalDetokenizer::with_prompt(tok.clone(), &[], true);
-    let mut parser = ChatOutputParser::new(false, true).with_tool_names(["get_weather"]);
+    let mut parser = format.parser(false, true).with_tool_names(["get_weather"]);
     let mut deltas = Vec::new();
     for &id in &ids {
         deltas.extend(parser.push(&detok.push(id)));

@@ -1,7 +1,7 @@
 //! Rendered prompts through the real V4 tokenizer: every marker must be its single added token.
 
 use super::render::Request;
-use deepinfer_server::chat::{parse_chat_output, render_chat};
+use deepinfer_server::chat::{parse_chat_output, ChatFormat};
 use deepinfer_server::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
@@ -57,7 +57,9 @@ fn rendered_prompts_tokenize_markers_as_single_ids() {
     for thinking in [true, false] {
         let mut opts = request.options();
         opts.thinking = thinking;
-        let prompt = render_chat(&request.messages, &request.tools, &opts).unwrap();
+        let prompt = ChatFormat::V4
+            .render(&request.messages, &request.tools, &opts)
+            .unwrap();
         let ids = tok.encode(&prompt, false).unwrap();
         assert_eq!(ids[0], 0, "BOS first");
         assert_eq!(ids.iter().filter(|&&i| i == 0).count(), 1);
@@ -87,14 +89,16 @@ fn rendered_prompts_tokenize_markers_as_single_ids() {
 fn decoded_generation_parses() {
     let tok = Tokenizer::from_dir(tokenizer_dir()).unwrap();
     let request: Request = serde_json::from_str(REQUEST).unwrap();
-    let prompt = render_chat(&request.messages, &request.tools, &request.options()).unwrap();
+    let prompt = ChatFormat::V4
+        .render(&request.messages, &request.tools, &request.options())
+        .unwrap();
     let start = prompt.find("<｜Assistant｜><think>").unwrap() + "<｜Assistant｜><think>".len();
     let turn = &prompt
         [start..prompt.find("<｜end▁of▁sentence｜>").unwrap() + "<｜end▁of▁sentence｜>".len()];
     let ids = tok.encode(turn, false).unwrap();
     assert_eq!(ids.last(), Some(&1));
     let text = tok.decode(&ids, true);
-    let out = parse_chat_output(&text, true, true);
+    let out = parse_chat_output(ChatFormat::V4.markup(), &text, true, true);
     assert_eq!(out.reasoning.as_deref(), Some("Use the tool."));
     assert_eq!(out.content, "Let me check.");
     assert_eq!(out.tool_calls.len(), 1);

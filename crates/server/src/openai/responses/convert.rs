@@ -9,8 +9,8 @@
 
 use super::request::{Content, Input, Item, ResponsesRequest, Tool};
 use crate::chat::{
-    ChatMessage, ContentPart, FunctionCall, FunctionDef, MessageContent, ReasoningEffort,
-    RenderOptions, ToolCall, ToolDef, TypedPart,
+    ChatMessage, ContentPart, FunctionCall, FunctionDef, MessageContent, RenderOptions, ToolCall,
+    ToolDef, TypedPart,
 };
 use crate::openai::ApiError;
 use crate::structured::Forced;
@@ -110,26 +110,11 @@ pub fn conversation(
 /// `reasoning.effort` as Chat Completions' `reasoning_effort` (`none` is chat mode; thinking
 /// is on otherwise, V4's default); vLLM's `chat_template_kwargs` apply as there.
 fn render_options(req: &ResponsesRequest) -> Result<RenderOptions, ApiError> {
-    let effort = match req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
-        None => None,
-        Some(name) => Some(ReasoningEffort::parse(name).ok_or_else(|| {
-            ApiError::invalid(
-                "reasoning.effort",
-                format!(
-                    "`reasoning.effort` must be one of {}, got {name:?}",
-                    ReasoningEffort::NAMES.join(", ")
-                ),
-            )
-        })?),
-    };
-    match &req.chat_template_kwargs {
-        None | Some(Value::Null) => Ok(RenderOptions::from_openai(effort, None)),
-        Some(v @ Value::Object(_)) => Ok(RenderOptions::from_openai(effort, Some(v))),
-        Some(other) => Err(ApiError::invalid(
-            "chat_template_kwargs",
-            format!("`chat_template_kwargs` must be an object, got {other}"),
-        )),
-    }
+    let effort = req.reasoning.as_ref().and_then(|r| r.effort.as_deref());
+    crate::openai::render_options(
+        effort.map(|e| (e, "reasoning.effort")),
+        req.chat_template_kwargs.as_ref(),
+    )
 }
 
 type Names = Vec<(String, Option<String>, String)>;
@@ -378,8 +363,16 @@ fn reasoning_text(item: &Item) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::render_chat;
+    use crate::chat::{ChatError, ChatFormat};
     use crate::openai::ChatFields;
+
+    fn render_chat(
+        m: &[ChatMessage],
+        t: &[ToolDef],
+        o: &RenderOptions,
+    ) -> Result<String, ChatError> {
+        ChatFormat::V4.render(m, t, o)
+    }
 
     fn request(body: &str) -> ResponsesRequest {
         serde_json::from_str(body).unwrap()
@@ -396,8 +389,8 @@ mod tests {
         let effort = f
             .reasoning_effort
             .as_deref()
-            .map(ReasoningEffort::from_name);
-        let opts = RenderOptions::from_openai(effort, None);
+            .map(|e| (e, "reasoning_effort"));
+        let opts = crate::openai::render_options(effort, None).unwrap();
         render_chat(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts).unwrap()
     }
 
