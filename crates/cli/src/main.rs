@@ -2,6 +2,7 @@
 
 mod bench;
 mod chat;
+mod chat_format_args;
 mod engine_args;
 mod generate;
 mod hub;

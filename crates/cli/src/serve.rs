@@ -2,6 +2,7 @@
 //! synthetic model with the real tokenizer (written once into the cache directory), so the
 //! first command on a fresh machine works without downloading anything.
 
+use crate::chat_format_args::ChatFormatArgs;
 use crate::engine_args::EngineArgs;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -28,6 +29,8 @@ pub struct ServeArgs {
     /// synthetic model with the real tokenizer, built on first use in the cache directory.
     #[arg(long)]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    chat_format: ChatFormatArgs,
     /// Address to bind; loopback unless told otherwise.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -159,6 +162,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let start = Instant::now();
     let model = load_model(&dir, &args.engine)?;
+    let format = args.chat_format.resolve(&dir, &model.config, &tokenizer)?;
     if tokenizer.vocab_size() > model.config.vocab_size {
         tracing::warn!(
             tokenizer = tokenizer.vocab_size(),
@@ -183,7 +187,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.api_key.clone(),
             args.max_pending_requests,
         )
-        .with_response_store(args.responses_store_mib.saturating_mul(1 << 20)),
+        .with_response_store(args.responses_store_mib.saturating_mul(1 << 20))
+        .with_chat_format(format),
     );
     // On the cores no compute thread is pinned to, when there are such (--cpu-affinity
     // naming fewer than all, or --threads below it): requests are parsed and tokenised there

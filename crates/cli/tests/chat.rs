@@ -6,7 +6,7 @@
 
 mod support;
 
-use deepinfer_server::chat::{parse_chat_output, render_chat, ChatMessage, RenderOptions};
+use deepinfer_server::chat::{parse_chat_output, ChatFormat, ChatMessage, RenderOptions};
 use deepinfer_server::tokenizer::Tokenizer;
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
@@ -300,7 +300,9 @@ fn a_greedy_answer_is_what_the_engine_generates_for_the_rendered_prompt() {
         )),
         ..ChatMessage::default()
     };
-    let text = render_chat(&[user], &[], &RenderOptions::default()).unwrap();
+    let text = ChatFormat::V4
+        .render(&[user], &[], &RenderOptions::default())
+        .unwrap();
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let ids: Vec<String> = tokenizer
         .encode(&text, false)
@@ -326,7 +328,8 @@ fn a_greedy_answer_is_what_the_engine_generates_for_the_rendered_prompt() {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
-    let parsed = parse_chat_output(&tokenizer.decode(&tokens, true), true, false);
+    let text = tokenizer.decode(&tokens, true);
+    let parsed = parse_chat_output(ChatFormat::V4.markup(), &text, true, false);
     let reasoning = parsed
         .reasoning
         .expect("thinking mode starts in the reasoning");

@@ -627,7 +627,7 @@ async fn ctrl_c_lets_in_flight_streams_finish() {
 /// streamed; thinking mode splits reasoning from content.
 #[tokio::test]
 async fn chat_equals_the_engine_greedy_whole_and_streamed() {
-    use deepinfer_server::chat::parse_chat_output;
+    use deepinfer_server::chat::{parse_chat_output, ChatFormat};
     let server = Server::start(&[]);
     let root = server.model_root().await;
     let tok = Tokenizer::from_dir(&root).unwrap();
@@ -646,7 +646,8 @@ async fn chat_equals_the_engine_greedy_whole_and_streamed() {
         let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone()).unwrap();
         assert_eq!(ids[0], 0, "BOS first");
         let out = &engine_greedy(&root, std::slice::from_ref(&ids), 10)[0];
-        let want = parse_chat_output(&tok.decode(out, true), thinking, false);
+        let text = tok.decode(out, true);
+        let want = parse_chat_output(ChatFormat::V4.markup(), &text, thinking, false);
 
         let (status, v) = post(&server, "/v1/chat/completions", req.clone()).await;
         assert_eq!(status, 200, "{v}");

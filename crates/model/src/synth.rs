@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 pub use generate::draw_values;
 pub use plan::{tensor_plan, Init, PlannedTensor};
 pub use presets::{preset, DenseFormat, SynthSpec, PRESETS};
-pub use writer::{write_checkpoint_sharded, SHARD_BYTES};
+pub use writer::{tokenizer_json, write_checkpoint_sharded, SHARD_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {

@@ -1,8 +1,8 @@
 //! One answer as it streams: token ids to text (the server's incremental detokenizer, so a
 //! character split across tokens is never shown in halves), text to reasoning and content
-//! (the server's V4 output parser), and the numbers shown after it.
+//! (the server's output parser of the model's format), and the numbers shown after it.
 
-use deepinfer_server::chat::{ChatDelta, ChatOutputParser};
+use deepinfer_server::chat::{ChatDelta, ChatFormat, ChatOutputParser};
 use deepinfer_server::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::time::Instant;
 
@@ -16,12 +16,12 @@ pub(super) struct AnswerText {
 
 impl AnswerText {
     /// `thinking`: the prompt ended with `<think>`, so the answer starts in its reasoning.
-    pub fn new(tokenizer: &Tokenizer, prompt: &[u32], thinking: bool) -> Self {
+    pub fn new(tokenizer: &Tokenizer, prompt: &[u32], format: ChatFormat, thinking: bool) -> Self {
         Self {
             // BOS/EOS are the only special tokens; the V4 markers survive skipping them.
             detok: IncrementalDetokenizer::with_prompt(tokenizer.clone(), prompt, true),
             // No tools are offered, so DSML in the output is plain text.
-            parser: ChatOutputParser::new(thinking, false),
+            parser: format.parser(thinking, false),
             reasoning: String::new(),
             content: String::new(),
         }

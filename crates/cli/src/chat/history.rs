@@ -1,4 +1,4 @@
-//! The conversation so far, rendered whole in DeepSeek-V4's chat format for every turn: the
+//! The conversation so far, rendered whole in the model's chat format for every turn: the
 //! earlier turns come out as the same tokens each time, so the engine's prefix cache holds
 //! them and a turn computes little more than its own message.
 //!
@@ -7,23 +7,30 @@
 //! last user turn is dropped), not the chat's.
 
 use anyhow::{Context, Result};
-use deepinfer_server::chat::{render_chat, ChatMessage, MessageContent, RenderOptions};
+use deepinfer_server::chat::{ChatFormat, ChatMessage, MessageContent, RenderOptions};
 use deepinfer_server::tokenizer::Tokenizer;
 
 pub(super) struct History {
+    format: ChatFormat,
     messages: Vec<ChatMessage>,
     options: RenderOptions,
 }
 
 impl History {
-    pub fn new(thinking: bool) -> Self {
+    pub fn new(format: ChatFormat, thinking: bool) -> Self {
         Self {
+            format,
             messages: Vec::new(),
             options: RenderOptions {
                 thinking,
                 ..RenderOptions::default()
             },
         }
+    }
+
+    /// The format answers are parsed in.
+    pub fn format(&self) -> ChatFormat {
+        self.format
     }
 
     /// Whether answers start inside the reasoning (the prompt ends with `<think>`).
@@ -58,7 +65,8 @@ impl History {
 
     /// The prompt for the next answer: the whole conversation, tokenized.
     pub fn prompt_ids(&self, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
-        let text = render_chat(&self.messages, &[], &self.options)
+        let text = (self.format)
+            .render(&self.messages, &[], &self.options)
             .context("rendering the conversation")?;
         // The rendered text carries its own BOS.
         tokenizer
@@ -82,12 +90,12 @@ mod tests {
     use deepinfer_server::chat::tokens::{ASSISTANT, EOS, THINK_END, THINK_START, USER};
 
     fn render(h: &History) -> String {
-        render_chat(&h.messages, &[], &h.options).unwrap()
+        h.format.render(&h.messages, &[], &h.options).unwrap()
     }
 
     #[test]
     fn earlier_turns_keep_their_text_and_lose_reasoning_in_thinking_mode() {
-        let mut h = History::new(true);
+        let mut h = History::new(ChatFormat::V4, true);
         h.push_user("hi".into());
         let first = render(&h);
         assert!(first.ends_with(&format!("{USER}hi{ASSISTANT}{THINK_START}")));
@@ -102,7 +110,7 @@ mod tests {
 
     #[test]
     fn chat_mode_prompts_extend_each_other() {
-        let mut h = History::new(false);
+        let mut h = History::new(ChatFormat::V4, false);
         assert!(!h.thinking());
         h.push_user("hi".into());
         let first = render(&h);

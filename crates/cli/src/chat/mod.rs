@@ -11,6 +11,7 @@ mod history;
 mod input;
 mod session;
 
+use crate::chat_format_args::ChatFormatArgs;
 use crate::engine_args::EngineArgs;
 use crate::serve::{default_model, force_output, load_model, DEFAULT_MODEL_NAME};
 use anyhow::{Context, Result};
@@ -27,6 +28,8 @@ pub struct ChatArgs {
     /// repo id (org/name). Default: the small synthetic model `deepinfer serve` uses.
     #[arg(long)]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    chat_format: ChatFormatArgs,
     /// Sampling temperature; 0 is greedy (the same answer every time). The default is vLLM's.
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
@@ -77,6 +80,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let start = Instant::now();
     let model = load_model(&dir, &args.engine)?;
+    let format = args.chat_format.resolve(&dir, &model.config, &tokenizer)?;
     let mut config = args.engine.config(&model.config, &name)?;
     force_output(&mut config, &tokenizer, args.debug_force_output.as_deref())?;
     // Checked before the engine starts: a bad flag should not wait for the first message.
@@ -90,7 +94,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     let chatted = events::start().and_then(|(tx, rx)| {
-        let mut chat = session::Chat::new(handle.clone(), tokenizer, &args, tx, rx);
+        let mut chat = session::Chat::new(handle.clone(), tokenizer, format, &args, tx, rx);
         eprintln!(
             "chatting with `{name}`, thinking {}; /help for commands, Ctrl-D to leave",
             session::on_off(chat.thinking())

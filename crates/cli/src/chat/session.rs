@@ -11,6 +11,7 @@ use deepinfer_engine::engine::{EngineError, EngineHandle};
 use deepinfer_engine::request::{FinishReason, RequestId};
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_server::chat::ChatDelta;
+use deepinfer_server::chat::ChatFormat;
 use deepinfer_server::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Stdout};
@@ -53,6 +54,7 @@ impl Chat {
     pub fn new(
         engine: EngineHandle,
         tokenizer: Tokenizer,
+        format: ChatFormat,
         args: &ChatArgs,
         tx: Sender<Event>,
         events: Receiver<Event>,
@@ -60,7 +62,7 @@ impl Chat {
         Self {
             engine,
             tokenizer,
-            history: History::new(!args.no_think),
+            history: History::new(format, !args.no_think),
             params: args.params(),
             seed: args.seed,
             display: Display::new(std::io::stdout(), std::io::stdout().is_terminal()),
@@ -181,7 +183,8 @@ impl Chat {
                 return Ok(());
             }
         };
-        let mut text = AnswerText::new(&self.tokenizer, &prompt, self.history.thinking());
+        let format = self.history.format();
+        let mut text = AnswerText::new(&self.tokenizer, &prompt, format, self.history.thinking());
         let mut stats = Stats::new(prompt.len());
         let ending = self.stream(turn, id, &mut text, &mut stats)?;
         self.display.end()?;

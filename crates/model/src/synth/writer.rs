@@ -207,13 +207,32 @@ pub fn write_checkpoint_sharded(
     for (name, bytes) in [
         ("model.safetensors.index.json", pretty(&index)),
         ("config.json", pretty(config)),
-        ("tokenizer.json", TOKENIZER_JSON.to_vec()),
+        ("tokenizer.json", tokenizer_json(spec.config.v41.is_some())),
         ("tokenizer_config.json", TOKENIZER_CONFIG.to_vec()),
     ] {
         let path = out.join(name);
         std::fs::write(&path, bytes).map_err(io_err(&path))?;
     }
     Ok(())
+}
+
+/// The `tokenizer.json` a synthetic checkpoint ships: V4's, and for V4.1 V4's with id 128799
+/// named `<｜System｜>` as V4.1's tokenizer names it (a placeholder in V4's), so V4.1's chat
+/// format tokenizes as it does on a real V4.1 checkpoint. It is flagged non-special like the
+/// other role markers: decoding with `skip_special_tokens` keeps it, as it keeps `<｜User｜>`.
+pub fn tokenizer_json(v41: bool) -> Vec<u8> {
+    const V4_ENTRY: &str = "\"content\": \"<｜place▁holder▁no▁799｜>\",\n      \"single_word\": false,\n      \"lstrip\": false,\n      \"rstrip\": false,\n      \"normalized\": false,\n      \"special\": true";
+    const V41_ENTRY: &str = "\"content\": \"<｜System｜>\",\n      \"single_word\": false,\n      \"lstrip\": false,\n      \"rstrip\": false,\n      \"normalized\": false,\n      \"special\": false";
+    let text = std::str::from_utf8(TOKENIZER_JSON).expect("the tokenizer is UTF-8");
+    if !v41 {
+        return TOKENIZER_JSON.to_vec();
+    }
+    assert_eq!(
+        text.matches(V4_ENTRY).count(),
+        1,
+        "the V4 tokenizer's id 128799 entry moved"
+    );
+    text.replacen(V4_ENTRY, V41_ENTRY, 1).into_bytes()
 }
 
 fn pretty(v: &Value) -> Vec<u8> {

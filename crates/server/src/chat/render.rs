@@ -34,6 +34,7 @@ pub(crate) fn render_v4(
     messages: &[ChatMessage],
     tools: &[ToolDef],
     opts: &RenderOptions,
+    preamble: fn(&RenderOptions) -> &'static str,
 ) -> Result<String, ChatError> {
     let turns = build_turns(messages, !tools.is_empty(), &V4_RULES)?;
     let thinking = opts.thinking_mode();
@@ -49,11 +50,7 @@ pub(crate) fn render_v4(
 
     let mut prompt = String::from(BOS);
     if thinking {
-        prompt.push_str(match opts.encoder_effort() {
-            EncoderEffort::Low => "",
-            EncoderEffort::High => EFFORT_HIGH,
-            EncoderEffort::Max => EFFORT_MAX,
-        });
+        prompt.push_str(preamble(opts));
     }
     for (index, turn) in turns.iter().enumerate() {
         // Whether reasoning of / the opener before this position belongs to the current turn.
@@ -79,6 +76,24 @@ pub(crate) fn render_v4(
         }
     }
     Ok(prompt)
+}
+
+/// The effort preamble of vLLM 0.33's V4 encoder (the 0731 checkpoints' tiers).
+pub(crate) fn official_preamble(opts: &RenderOptions) -> &'static str {
+    match opts.encoder_effort() {
+        EncoderEffort::Low => "",
+        EncoderEffort::High => EFFORT_HIGH,
+        EncoderEffort::Max => EFFORT_MAX,
+    }
+}
+
+/// The effort preamble of the preview checkpoints' encoder: only `max` has one, the
+/// "Absolute maximum" text (its `REASONING_EFFORT_MAX`).
+pub(crate) fn preview_preamble(opts: &RenderOptions) -> &'static str {
+    match opts.encoder_effort() {
+        EncoderEffort::Max => EFFORT_HIGH,
+        EncoderEffort::Low | EncoderEffort::High => "",
+    }
 }
 
 /// One turn's text, the same in both families but for the markup (V4.1 puts `<｜System｜>`

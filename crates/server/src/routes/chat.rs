@@ -76,7 +76,7 @@ pub(crate) fn encode_chat(
 ) -> Result<ChatPrompt, ApiError> {
     let mut text = req
         .format
-        .render(req.messages, req.tools, &req.opts)
+        .render(req.messages, req.tools, req.opts)
         .map_err(|e| ApiError::invalid(e.param(), e.to_string()))?;
     text.push_str(req.prefill);
     limits.check_text("messages", &text)?;
