@@ -2,8 +2,8 @@
 
 Usage: python tools/anthropic_e2e.py MODEL http://127.0.0.1:PORT http://127.0.0.1:TOOL_PORT
 The second server runs with `--debug-force-output` set to the text that
-`tools/openai_e2e.py --print-tool-script` prints (reasoning, text and a DeepSeek-V4 DSML tool
-call). Covers Messages create and stream (the SDK's own accumulation of the event stream),
+`tools/openai_e2e.py --print-tool-script [v41]` prints (reasoning, text and a DSML tool call
+in the served model's family's markup). Covers Messages create and stream (the SDK's own accumulation of the event stream),
 count_tokens, the prefix cache in `cache_read_input_tokens`, a tool-use round trip with
 thinking on, and the SDK's exception types for our errors. Exits non-zero on the first
 failed check. Run by tools/clients_e2e.sh.

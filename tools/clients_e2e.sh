@@ -4,10 +4,12 @@
 #     against the default model and against a second server whose output is scripted to a
 #     DSML tool call (the hidden test hook --debug-force-output); `openai` and `anthropic`
 #     with images (tools/openai_vision_e2e.py) against checkpoints with a vision tower (synth
-#     presets `tiny-v41-vision`, `tiny-v4-vision`) and the text-only default model;
+#     presets `tiny-v41-vision`, `tiny-v4-vision`) and the text-only default model; the
+#     `openai` and `anthropic` checks again against a DeepSeek-V4.1 model (synth preset
+#     `tiny-v41`, V4.1's chat format) whose scripted call is in V4.1's spaced markup;
 #  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
 #     Responses API) each completing a turn (`claude -p`, `codex exec`) against a server
-#     scripted to think, then answer.
+#     scripted to think, then answer: the default (V4) model's, then a V4.1 model's.
 # Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
 # into target/openai-venv, Claude Code and Codex into target/agents on first use.
 set -euo pipefail
@@ -56,8 +58,12 @@ script=$("$venv/bin/python" tools/openai_e2e.py --print-tool-script)
 start_server --debug-force-output "$script"
 tool_url=$url tool_pid=$pid
 "$venv/bin/python" tools/openai_e2e.py "$main_url" "$tool_url"
-model=$("$venv/bin/python" -c 'import json, sys, urllib.request
-print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["id"])' "$main_url")
+# served_name URL: the model a server serves.
+served_name() {
+    "$venv/bin/python" -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"][0]["id"])' "$1"
+}
+model=$(served_name "$main_url")
 "$venv/bin/python" tools/anthropic_e2e.py "$model" "$main_url" "$tool_url"
 target/debug/deepinfer synth --preset tiny-v41-vision --out "$scratch/vision"
 target/debug/deepinfer synth --preset tiny-v4-vision --out "$scratch/vision-v4"
@@ -66,7 +72,16 @@ vision_url=$url vision_pid=$pid
 start_server --model "$scratch/vision-v4"
 v4_url=$url v4_pid=$pid
 "$venv/bin/python" tools/openai_vision_e2e.py "$vision_url" "$main_url" "$v4_url"
-stop_servers "$main_pid" "$tool_pid" "$vision_pid" "$v4_pid"
+# DeepSeek-V4.1 in its own chat format: the same checks, the scripted call in V4.1's markup.
+target/debug/deepinfer synth --preset tiny-v41 --out "$scratch/v41"
+start_server --model "$scratch/v41"
+v41_url=$url v41_pid=$pid
+start_server --model "$scratch/v41" --debug-force-output \
+    "$("$venv/bin/python" tools/openai_e2e.py --print-tool-script v41)"
+v41_tool_url=$url v41_tool_pid=$pid
+"$venv/bin/python" tools/openai_e2e.py "$v41_url" "$v41_tool_url"
+"$venv/bin/python" tools/anthropic_e2e.py "$(served_name "$v41_url")" "$v41_url" "$v41_tool_url"
+stop_servers "$main_pid" "$tool_pid" "$vision_pid" "$v4_pid" "$v41_pid" "$v41_tool_pid"
 echo "servers stopped cleanly"
 
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
@@ -78,16 +93,21 @@ if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.
         @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 fi
 bin="$PWD/$agents/node_modules/.bin"
-start_server --debug-force-output "The user wants a greeting.</think>Hi from deepinfer."
 home="$scratch/home"
 mkdir -p "$home/.codex" "$scratch/work"
-out=$(cd "$scratch/work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
-    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
-    timeout 600 "$bin/claude" -p "say hi" --model "$model")
-echo "claude -p: $out"
-[ "$out" = "Hi from deepinfer." ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
-cat > "$home/.codex/config.toml" <<TOML
-model = "$model"
+# agents_turn ARGS...: starts a server (ARGS after the script) scripted to think, then greet;
+# Claude Code and Codex each print the greeting.
+agents_turn() {
+    start_server --debug-force-output "The user wants a greeting.</think>Hi from deepinfer." "$@"
+    local served
+    served=$(served_name "$url")
+    out=$(cd "$scratch/work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
+        timeout 600 "$bin/claude" -p "say hi" --model "$served")
+    echo "claude -p ($served): $out"
+    [ "$out" = "Hi from deepinfer." ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
+    cat > "$home/.codex/config.toml" <<TOML
+model = "$served"
 model_provider = "local"
 [model_providers.local]
 name = "local"
@@ -95,10 +115,13 @@ base_url = "$url/v1"
 wire_api = "responses"
 env_key = "LOCAL_API_KEY"
 TOML
-out=$(cd "$scratch/work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
-    timeout 600 "$bin/codex" exec --skip-git-repo-check "say hi" 2>"$scratch/codex.err") \
-    || { cat "$scratch/codex.err" >&2; exit 1; }
-echo "codex exec: $out"
-[ "$out" = "Hi from deepinfer." ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
-stop_servers "$pid"
+    out=$(cd "$scratch/work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
+        timeout 600 "$bin/codex" exec --skip-git-repo-check "say hi" 2>"$scratch/codex.err") \
+        || { cat "$scratch/codex.err" >&2; exit 1; }
+    echo "codex exec ($served): $out"
+    [ "$out" = "Hi from deepinfer." ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
+    stop_servers "$pid"
+}
+agents_turn
+agents_turn --model "$scratch/v41"
 echo "clients e2e: all passed"

@@ -1,14 +1,15 @@
 """Drives a running `deepinfer serve` with the official `openai` Python package.
 
 Usage: python tools/openai_e2e.py http://127.0.0.1:PORT [http://127.0.0.1:TOOL_PORT]
-       python tools/openai_e2e.py --print-tool-script
+       python tools/openai_e2e.py --print-tool-script [v41]
 Covers completions, chat streaming (with usage), a tool-call round trip (tool definitions,
 the assistant's call and the tool's result sent back), logprobs and error mapping, and the
 Responses API (create, stream accumulated by the SDK, store with `previous_response_id`,
 retrieve and delete, function calls). The
 optional second server runs with `--debug-force-output` set to the text that
 `--print-tool-script` prints (a DeepSeek-V4 DSML tool call: a model with random weights
-never writes one), and the script checks the parsed call exactly, whole and streamed.
+never writes one; with `v41`, the same call in DeepSeek-V4.1's spaced markup for a V4.1
+model's server), and the script checks the parsed call exactly, whole and streamed.
 Exits non-zero on the first failed check. Run by tools/clients_e2e.sh.
 """
 
@@ -30,8 +31,14 @@ TOOL_SCRIPT = (
     f"</{DSML}invoke>\n</{DSML}tool_calls>"
 )
 
-if sys.argv[1:] == ["--print-tool-script"]:
-    sys.stdout.buffer.write(TOOL_SCRIPT.encode())
+# V4.1 writes the same markup with a space after the DSML token and `calls` for the block.
+V41_TOOL_SCRIPT = (TOOL_SCRIPT.replace(f"{DSML}tool_calls", f"{DSML} calls")
+                   .replace(f"{DSML}invoke", f"{DSML} invoke")
+                   .replace(f"{DSML}parameter", f"{DSML} parameter"))
+
+if sys.argv[1:2] == ["--print-tool-script"]:
+    script = V41_TOOL_SCRIPT if sys.argv[2:] == ["v41"] else TOOL_SCRIPT
+    sys.stdout.buffer.write(script.encode())
     sys.exit(0)
 
 base = sys.argv[1].rstrip("/") + "/v1"

@@ -102,13 +102,16 @@ def main():
     vision_url, text_url = sys.argv[1], sys.argv[2]
     v, t = client_for(vision_url), client_for(text_url)
     image = open(f"{FIXTURES}/src_300x220.png", "rb").read()
-    msgs = messages(data_url(image))
+    # Text after the image (where the user put it) long enough that the prompt fills a cache
+    # block (128 tokens) and the image lies inside it.
+    text = "Describe the picture in detail. " * 12
+    msgs = messages(data_url(image), text=text)
 
     first = chat(v, msgs)
     assert first.usage.completion_tokens == 6 and first.choices[0].finish_reason == "length"
     count = tokenize_count(vision_url, msgs)
     assert first.usage.prompt_tokens == count, (first.usage.prompt_tokens, count)
-    text_only = tokenize_count(vision_url, [{"role": "user", "content": "Describe the picture."}])
+    text_only = tokenize_count(vision_url, [{"role": "user", "content": text}])
     print(f"image prompt: {count} tokens ({count - text_only} for the image), answered")
 
     again = chat(v, msgs)
@@ -119,10 +122,10 @@ def main():
 
     # The same size, one pixel apart: the span's first block must not be reused.
     other = png(300, 220)
-    o1 = chat(v, messages(data_url(other)))
-    o2 = chat(v, messages(data_url(png(300, 220, lambda x, y: (1, 2, 3) if (x, y) == (0, 0) else (x * 7 % 256, y * 5 % 256, (x + y) % 256)))))
+    o1 = chat(v, messages(data_url(other), text=text))
+    o2 = chat(v, messages(data_url(png(300, 220, lambda x, y: (1, 2, 3) if (x, y) == (0, 0) else (x * 7 % 256, y * 5 % 256, (x + y) % 256))), text=text))
     assert o1.usage.prompt_tokens == o2.usage.prompt_tokens
-    before_image = 16  # BOS and the user marker: far less than a block
+    before_image = 16  # what a hit of the text before the image would be: far less than a block
     assert o2.usage.prompt_tokens_details.cached_tokens < before_image, o2.usage
     print("another image of the same size: no cache hit past the text before it")
 

@@ -128,6 +128,12 @@ async fn v41_prompts_are_v41s_format() {
         assert_eq!(tok.decode(&ids, false), want, "{}", case["name"]);
         let systems = want.matches("<｜System｜>").count();
         assert_eq!(ids.iter().filter(|&&i| i == 128799).count(), systems);
+        // What the engine prefills for the same request is that prompt.
+        let mut chat = case["request"].clone();
+        chat["max_tokens"] = json!(1);
+        let (status, v) = post(&server, "/v1/chat/completions", &chat).await;
+        assert_eq!(status, 200, "{}: {v}", case["name"]);
+        assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{}", case["name"]);
         checked += 1;
     }
     assert!(checked >= 25, "{checked}");
@@ -358,4 +364,47 @@ async fn a_second_v41_turn_hits_the_prefix_cache() {
         "cached {cached} of {first_prompt}: {b}"
     );
     server.wait_idle().await;
+}
+
+/// V4's effort tiers by flag: `preview` gives `max` the "Absolute maximum" preamble and the
+/// default none; the flag is refused for a V4.1 checkpoint, naming it.
+#[tokio::test]
+async fn v4_effort_profiles_and_their_flag() {
+    let server = Server::start(&["--reasoning-effort-profile", "preview"]);
+    let tok = Tokenizer::from_dir(server.model_root().await).unwrap();
+    let rendered = |v: &Value| {
+        let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+        tok.decode(&ids, false)
+    };
+    let user = json!([{"role": "user", "content": "x"}]);
+    let (_, t) = post(
+        &server,
+        "/tokenize",
+        &json!({"messages": user, "reasoning_effort": "max"}),
+    )
+    .await;
+    assert!(
+        rendered(&t).starts_with("<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum"),
+        "{}",
+        rendered(&t)
+    );
+    let (_, t) = post(&server, "/tokenize", &json!({"messages": user})).await;
+    assert_eq!(
+        rendered(&t),
+        "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜><think>"
+    );
+    server.wait_idle().await;
+
+    let out = Command::new(binary())
+        .args(["serve", "--port", "0", "--model", v41_model()])
+        .args(["--reasoning-effort-profile", "preview"])
+        .env("DEEPINFER_CACHE_DIR", support::cache_dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--reasoning-effort-profile: DeepSeek-V4.1"),
+        "{err}"
+    );
 }

@@ -97,9 +97,8 @@ impl Effort {
     fn from_json(v: &serde_json::Value) -> Option<Self> {
         use serde_json::Value as V;
         Some(match v {
-            // vLLM's merge skips None and "auto" (`merge_kwargs`' unset values).
+            // Both wrappers read a null effort as none given.
             V::Null => return None,
-            V::String(s) if s == "auto" => return None,
             V::String(s) => {
                 ReasoningEffort::parse(s).map_or(Effort::Unknown(s.clone()), Effort::Named)
             }
@@ -283,7 +282,7 @@ mod tests {
         assert_eq!(k.encoder_effort(), EncoderEffort::High);
         let k = o(None, json!({"reasoning_effort": "extreme"}));
         assert_eq!(k.encoder_effort(), EncoderEffort::High);
-        assert_eq!(o(None, json!({"reasoning_effort": "auto"})).effort, None);
+        assert_eq!(o(None, json!({"reasoning_effort": null})).effort, None);
         let k = o(
             Some((ReasoningEffort::Low, "reasoning_effort")),
             json!({"reasoning_effort": "max"}),

@@ -3,6 +3,7 @@
 
 use super::{ApiError, Usage};
 use crate::chat::{ChatMessage, ReasoningEffort, RenderOptions, ToolDef};
+use crate::structured::Forced;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -100,4 +101,41 @@ pub fn render_options(
         }
     };
     Ok(RenderOptions::from_openai(effort, kwargs))
+}
+
+/// `tool_choice` of Chat Completions or Responses: `"auto"` (the default), `"none"`,
+/// `"required"` or a named function whose name is at `name_field` (`function.name` in Chat
+/// Completions, `name` in Responses). Returns whether calls are parsed, and the call forced.
+pub fn tool_choice(
+    value: Option<&Value>,
+    parallel: bool,
+    name_field: &'static str,
+) -> Result<(bool, Option<Forced>), ApiError> {
+    Ok(match value {
+        None => (true, None),
+        Some(Value::String(s)) if s == "auto" => (true, None),
+        Some(Value::String(s)) if s == "none" => (false, None),
+        Some(Value::String(s)) if s == "required" => (true, Some(Forced::Any { parallel })),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = name_field
+                .split('.')
+                .try_fold(v, |v, key| v.get(key))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("tool_choice.{name_field}"),
+                        format!("a named `tool_choice` needs `{name_field}`"),
+                    )
+                })?;
+            (true, Some(Forced::Named(name.to_owned())))
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, got {other}"
+                ),
+            ))
+        }
+    })
 }

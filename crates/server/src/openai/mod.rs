@@ -9,8 +9,8 @@ pub mod responses;
 mod sampling;
 
 pub use chat::{
-    render_options, ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs,
-    TopLogprob,
+    render_options, tool_choice, ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob,
+    ChatLogprobs, TopLogprob,
 };
 pub use completions::{
     CompletionChoice, CompletionFields, CompletionLogprobs, CompletionResponse, PromptField, Usage,

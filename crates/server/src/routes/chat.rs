@@ -8,8 +8,9 @@ use crate::chat::{ChatDelta, ChatFormat, ChatMessage, ChatOutputParser, RenderOp
 use crate::generation::{ChoiceDelta, Generation};
 use crate::images::{self, ImageLimits, PlacedImage};
 use crate::openai::{
-    check_sequences, fields, n_samples, render_options, resolve_max_tokens, ApiError, ChatChoice,
-    ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields, TopLogprob,
+    check_sequences, fields, n_samples, render_options, resolve_max_tokens, tool_choice, ApiError,
+    ChatChoice, ChatCompletionResponse, ChatFields, ChatLogprob, ChatLogprobs, SamplingFields,
+    TopLogprob,
 };
 use crate::state::{response_id, unix_now, PromptLimits};
 use crate::structured::{forced_call, one_of, Forced, Requested, VllmFields};
@@ -171,25 +172,7 @@ pub(crate) fn chat_prompt(
         ));
     }
     let parallel = f.parallel_tool_calls.unwrap_or(true);
-    let (parse_tools, forced) = match &f.tool_choice {
-        None => (true, None),
-        Some(Value::String(s)) if s == "auto" => (true, None),
-        Some(Value::String(s)) if s == "none" => (false, None),
-        Some(Value::String(s)) if s == "required" => (true, Some(Forced::Any { parallel })),
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
-            let name = name.ok_or_else(|| {
-                ApiError::invalid("tool_choice.function.name", "a named `tool_choice` needs `function.name`")
-            })?;
-            (true, Some(Forced::Named(name.to_owned())))
-        }
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!("`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, got {other}"),
-            ))
-        }
-    };
+    let (parse_tools, forced) = tool_choice(f.tool_choice.as_ref(), parallel, "function.name")?;
     let opts = render_options(
         f.reasoning_effort
             .as_deref()

@@ -14,7 +14,6 @@ use crate::chat::{
 };
 use crate::openai::ApiError;
 use crate::structured::Forced;
-use serde_json::Value;
 
 /// What a Responses request renders as.
 #[derive(Debug)]
@@ -59,29 +58,18 @@ pub fn conversation(
     }
     let (tools, names) = tools(req.tools.as_deref().unwrap_or_default())?;
     let parallel = req.parallel_tool_calls != Some(false);
-    let (parse_tools, forced) = match &req.tool_choice {
-        None => (true, None),
-        Some(Value::String(s)) if s == "auto" => (true, None),
-        Some(Value::String(s)) if s == "none" => (false, None),
-        Some(Value::String(s)) if s == "required" => (true, Some(Forced::Any { parallel })),
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = v.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid("tool_choice.name", "a named `tool_choice` needs `name`")
-            })?;
-            // Codex's namespaced tools are offered by their flat name.
-            let flat = names
+    let (parse_tools, forced) =
+        crate::openai::tool_choice(req.tool_choice.as_ref(), parallel, "name")?;
+    // Codex's namespaced tools are offered by their flat name.
+    let forced = forced.map(|f| match f {
+        Forced::Named(name) => Forced::Named(
+            names
                 .iter()
-                .find(|(flat, ns, own)| flat == name || (ns.is_some() && own == name))
-                .map_or_else(|| name.to_owned(), |(flat, ..)| flat.clone());
-            (true, Some(Forced::Named(flat)))
-        }
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!("`tool_choice` {other} is not supported (\"auto\", \"none\", \"required\" or a function)"),
-            ))
-        }
-    };
+                .find(|(flat, ns, own)| *flat == name || (ns.is_some() && *own == name))
+                .map_or(name, |(flat, ..)| flat.clone()),
+        ),
+        any => any,
+    });
     let parse_tools = parse_tools && !tools.is_empty();
     let mut history = previous;
     match &req.input {
