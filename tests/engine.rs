@@ -9,6 +9,7 @@ use deepinfer_engine::engine::{self, EngineConfig, EngineCore, EngineError, Engi
 use deepinfer_engine::request::FinishReason;
 use deepinfer_engine::sampling_params::SamplingParams;
 use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::scripted::{ScriptedOutput, ScriptedTurn};
 use std::thread::JoinHandle;
 
 type Join = JoinHandle<Result<EngineCore, EngineError>>;
@@ -215,10 +216,22 @@ impl WithEos for SamplingParams {
 
 /// The test hook behind `serve --debug-force-output`: every request generates the script,
 /// then EOS, through the scheduler and sampler (both requests of a batch, whatever their
-/// sampling settings), and ids outside the vocabulary are a startup error.
+/// sampling settings); a prompt ending in a turn's trigger generates that turn's text
+/// instead; ids outside the vocabulary are a startup error.
 #[test]
 fn a_forced_output_script_is_generated_then_eos() {
-    let script = vec![7, 8, 9, 10];
+    let script = ScriptedOutput {
+        turns: vec![
+            ScriptedTurn {
+                after: Some(vec![6, 6]),
+                output: vec![11, 12],
+            },
+            ScriptedTurn {
+                after: None,
+                output: vec![7, 8, 9, 10],
+            },
+        ],
+    };
     let start_with = |forced_output| {
         engine::start(
             load("tiny-c", "official"),
@@ -242,6 +255,8 @@ fn a_forced_output_script_is_generated_then_eos() {
     let (_, a) = h.add_request(vec![3, 1, 4], greedy(16).with_eos()).unwrap();
     let (_, b) = h.add_request(vec![2, 7], sampled).unwrap();
     let (_, c) = h.add_request(vec![5], greedy(2)).unwrap();
+    let (_, d) = h.add_request(vec![6, 6, 3], greedy(16).with_eos()).unwrap();
+    assert_eq!(collect(d), (vec![11, 12, 1], Some(FinishReason::Stop)));
     for rx in [a, b] {
         let (toks, reason) = collect(rx);
         assert_eq!(toks, [7, 8, 9, 10, 1]);
@@ -251,7 +266,9 @@ fn a_forced_output_script_is_generated_then_eos() {
     h.shutdown();
     assert_pools_empty(join);
 
-    let err = start_with(Some(vec![7, 96])).err().expect("must fail");
+    let err = start_with(Some(ScriptedOutput::always(vec![7, 96])))
+        .err()
+        .expect("must fail");
     assert!(err.to_string().contains("forced_output"), "{err}");
 }
 

@@ -8,8 +8,10 @@
 #     `openai` and `anthropic` checks again against a DeepSeek-V4.1 model (synth preset
 #     `tiny-v41`, V4.1's chat format) whose scripted call is in V4.1's spaced markup;
 #  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
-#     Responses API) each completing a turn (`claude -p`, `codex exec`) against a server
-#     scripted to think, then answer: the default (V4) model's, then a V4.1 model's.
+#     Responses API) each completing a tool round trip (`claude -p`, `codex exec`: the model
+#     calls the agent's shell tool, the agent runs it and sends the result, the model answers)
+#     against a server scripted as that conversation (the hidden hooks --debug-force-output
+#     and --debug-force-output-after): the default (V4) model's, then a V4.1 model's.
 # Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
 # into target/openai-venv, Claude Code and Codex into target/agents on first use.
 set -euo pipefail
@@ -85,7 +87,7 @@ stop_servers "$main_pid" "$tool_pid" "$vision_pid" "$v4_pid" "$v41_pid" "$v41_to
 echo "servers stopped cleanly"
 
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
-# scripted answer thinks first; only the text after </think> is printed.
+# scripted answers think first; only the text after </think> is printed.
 agents=target/agents
 if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ]; then
     mkdir -p "$agents"
@@ -94,18 +96,37 @@ if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.
 fi
 bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
-mkdir -p "$home/.codex" "$scratch/work"
-# agents_turn ARGS...: starts a server (ARGS after the script) scripted to think, then greet;
-# Claude Code and Codex each print the greeting.
+mkdir -p "$home/.codex"
+# dsml_call FAMILY TOOL PARAM VALUE: the scripted answer that calls TOOL with PARAM=VALUE, in
+# the family's markup (v4: `<｜DSML｜tool_calls>`, v41: `<｜DSML｜ calls>` and spaced tags).
+dsml_call() {
+    local d="｜DSML｜" sp="" block="tool_calls"
+    if [ "$1" = v41 ]; then sp=" " block=" calls"; fi
+    printf 'The user wants me to run a command.</think>\n\n<%s%s>\n<%s%sinvoke name="%s">\n<%s%sparameter name="%s" string="true">%s</%s%sparameter>\n</%s%sinvoke>\n</%s%s>' \
+        "$d" "$block" "$d" "$sp" "$2" "$d" "$sp" "$3" "$4" "$d" "$sp" "$d" "$sp" "$d" "$block"
+}
+answer="Done: the file is written."
+# agents_turn FAMILY ARGS...: Claude Code and Codex each run a tool round trip against a server
+# (ARGS after the script) scripted as a conversation: a user message gets a call of the
+# agent's shell tool, the tool's result the answer. The agent runs the command (it writes a
+# file) and prints the answer.
 agents_turn() {
-    start_server --debug-force-output "The user wants a greeting.</think>Hi from deepinfer." "$@"
-    local served
+    local family=$1 served work
+    shift
+    start_server --debug-force-output "$(dsml_call "$family" Bash command 'echo ran > tool-ran.txt')" \
+        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
     served=$(served_name "$url")
-    out=$(cd "$scratch/work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
+    work="$scratch/claude-$family"
+    mkdir -p "$work"
+    out=$(cd "$work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
-        timeout 600 "$bin/claude" -p "say hi" --model "$served")
-    echo "claude -p ($served): $out"
-    [ "$out" = "Hi from deepinfer." ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
+        timeout 600 "$bin/claude" -p "write the file" --model "$served" --allowedTools Bash)
+    echo "claude -p ($family): $out"
+    [ "$out" = "$answer" ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
+    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Claude Code did not run the tool" >&2; exit 1; }
+    stop_servers "$pid"
+    start_server --debug-force-output "$(dsml_call "$family" exec_command cmd 'echo ran > tool-ran.txt')" \
+        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
     cat > "$home/.codex/config.toml" <<TOML
 model = "$served"
 model_provider = "local"
@@ -115,13 +136,16 @@ base_url = "$url/v1"
 wire_api = "responses"
 env_key = "LOCAL_API_KEY"
 TOML
-    out=$(cd "$scratch/work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
-        timeout 600 "$bin/codex" exec --skip-git-repo-check "say hi" 2>"$scratch/codex.err") \
-        || { cat "$scratch/codex.err" >&2; exit 1; }
-    echo "codex exec ($served): $out"
-    [ "$out" = "Hi from deepinfer." ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
+    work="$scratch/codex-$family"
+    mkdir -p "$work"
+    out=$(cd "$work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
+        timeout 600 "$bin/codex" exec --skip-git-repo-check --sandbox workspace-write \
+        "write the file" 2>"$scratch/codex.err") || { cat "$scratch/codex.err" >&2; exit 1; }
+    echo "codex exec ($family): $out"
+    [ "$out" = "$answer" ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
+    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Codex did not run the tool" >&2; exit 1; }
     stop_servers "$pid"
 }
-agents_turn
-agents_turn --model "$scratch/v41"
+agents_turn v4
+agents_turn v41 --model "$scratch/v41"
 echo "clients e2e: all passed"

@@ -7,6 +7,7 @@ use crate::engine_args::EngineArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::engine::{self, EngineConfig};
+use deepinfer_engine::scripted::{ScriptedOutput, ScriptedTurn};
 use deepinfer_model::kernels::numa;
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
@@ -80,6 +81,13 @@ pub struct ServeArgs {
     /// so end-to-end tests script its output with this. Never use it to serve.
     #[arg(long, hide = true, value_name = "TEXT")]
     debug_force_output: Option<String>,
+    /// Test hook, hidden from --help, repeatable: a request whose prompt ends with the tokens
+    /// of AFTER (give or take the generation prompt) generates TEXT instead; the first that
+    /// matches wins, --debug-force-output is the rest's. So a script holds a conversation:
+    /// `--debug-force-output-after 'tool_result>' 'Done.'` answers a tool's result where
+    /// --debug-force-output made the call.
+    #[arg(long, hide = true, num_args = 2, value_names = ["AFTER", "TEXT"])]
+    debug_force_output_after: Vec<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -171,7 +179,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     let mut config = args.engine.config(&model.config, &name)?;
-    force_output(&mut config, &tokenizer, args.debug_force_output.as_deref())?;
+    let after: Vec<(&str, &str)> = args
+        .debug_force_output_after
+        .chunks_exact(2)
+        .map(|p| (p[0].as_str(), p[1].as_str()))
+        .collect();
+    force_output(
+        &mut config,
+        &tokenizer,
+        args.debug_force_output.as_deref(),
+        &after,
+    )?;
     let (handle, join) = engine::start(model, config)?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -256,22 +274,38 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
 }
 
-/// The `--debug-force-output` test hook: every request generates exactly the tokens of
-/// `text`, then EOS.
+/// The `--debug-force-output` test hooks: a request whose prompt ends with one of `after`'s
+/// triggers generates that turn's text, any other `text` (when given), then EOS.
 pub(crate) fn force_output(
     config: &mut EngineConfig,
     tokenizer: &Tokenizer,
     text: Option<&str>,
+    after: &[(&str, &str)],
 ) -> Result<()> {
+    let encode = |what: &str, flag: &str| {
+        tokenizer
+            .encode(what, false)
+            .with_context(|| format!("tokenizing {flag}"))
+    };
+    let mut turns = Vec::new();
+    for (trigger, output) in after {
+        turns.push(ScriptedTurn {
+            after: Some(encode(trigger, "--debug-force-output-after's AFTER")?),
+            output: encode(output, "--debug-force-output-after's TEXT")?,
+        });
+    }
     if let Some(text) = text {
-        let ids = tokenizer
-            .encode(text, false)
-            .context("tokenizing --debug-force-output")?;
+        turns.push(ScriptedTurn {
+            after: None,
+            output: encode(text, "--debug-force-output")?,
+        });
+    }
+    if !turns.is_empty() {
         tracing::warn!(
-            tokens = ids.len(),
-            "--debug-force-output: every request generates the scripted text (a test hook)"
+            turns = turns.len(),
+            "--debug-force-output: requests generate the scripted text (a test hook)"
         );
-        config.forced_output = Some(ids);
+        config.forced_output = Some(ScriptedOutput { turns });
     }
     Ok(())
 }

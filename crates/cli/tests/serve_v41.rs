@@ -171,10 +171,19 @@ async fn v41_prompts_are_v41s_format() {
 }
 
 /// The scripted V4.1 answer through Chat Completions, whole and streamed: reasoning, content
-/// and both calls, nothing of the markup in any delta.
+/// and both calls, nothing of the markup in any delta; the calls' results sent back (out of
+/// call order) get the script's answer to a tool result.
 #[tokio::test]
 async fn v41_calls_come_back_as_openai_tool_calls() {
-    let server = Server::start(&["--model", v41_model(), "--debug-force-output", &script()]);
+    let server = Server::start(&[
+        "--model",
+        v41_model(),
+        "--debug-force-output",
+        &script(),
+        "--debug-force-output-after",
+        "tool_result>",
+        "Both came back.</think>Sunny, and it is noon.",
+    ]);
     let req = json!({"messages": [{"role": "user", "content": "Weather in Paris and the time?"}],
                      "tools": openai_tools(), "max_tokens": 400});
     let (status, v) = post(&server, "/v1/chat/completions", &req).await;
@@ -226,6 +235,42 @@ async fn v41_calls_come_back_as_openai_tool_calls() {
     assert_eq!((reasoning.as_str(), content.as_str()), (REASONING, CONTENT));
     let acc: Vec<(&str, &str)> = acc.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
     assert_eq!(acc, calls);
+
+    // The round trip: the calls and their results (out of call order) in the next turn.
+    let mut next = req.clone();
+    let ids: Vec<&Value> = msg["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["id"])
+        .collect();
+    next["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": CONTENT, "tool_calls": msg["tool_calls"]}),
+        json!({"role": "tool", "tool_call_id": ids[1], "content": "12:00"}),
+        json!({"role": "tool", "tool_call_id": ids[0], "content": "sunny"}),
+    ]);
+    let (status, t) = post(&server, "/tokenize", &next).await;
+    assert_eq!(status, 200, "{t}");
+    let tok = Tokenizer::from_dir(v41_model()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone()).unwrap();
+    let rendered = tok.decode(&ids, false);
+    let results = "<｜User｜><tool_result>sunny</tool_result>\n\n<tool_result>12:00</tool_result>";
+    assert!(
+        rendered.ends_with(&format!("{results}<｜Assistant｜><think>")),
+        "{rendered}"
+    );
+    assert!(rendered.contains(&format!("<{D} parameter name=\"zones\" string=\"false\">")));
+    let (status, v) = post(&server, "/v1/chat/completions", &next).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["reasoning_content"],
+        "Both came back."
+    );
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "Sunny, and it is noon."
+    );
 
     // Without tools the markup is text, and tool_choice "none" leaves it so too.
     let mut plain = req.clone();

@@ -15,6 +15,7 @@ use crate::runner::{ModelRunner, RunnerError, StepSeq};
 use crate::sampler::{SampleRow, Sampler};
 use crate::sampling_params::{ParamError, SamplingParams};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::scripted::ScriptedOutput;
 use crate::sequence::Sequence;
 use crate::spec::{SpecMethod, SpeculativeConfig, Speculator, StepRecord, StepTiming};
 use deepinfer_model::config::ModelConfig;
@@ -33,11 +34,11 @@ pub struct EngineConfig {
     pub cache: CacheConfig,
     /// The `model_name` label of every metric (the served model name).
     pub model_name: String,
-    /// Test hook, `None` in production: every sequence generates exactly these tokens, then
-    /// EOS, whatever the model says (see [`Sampler::scripted`]). It lets end-to-end tests see
-    /// tool calls and reasoning from a model with random weights through the whole serving
-    /// path.
-    pub forced_output: Option<Vec<u32>>,
+    /// Test hook, `None` in production: a sequence whose prompt the script matches generates
+    /// exactly its turn's tokens, then EOS, whatever the model says (see [`Sampler::scripted`]).
+    /// It lets end-to-end tests see tool calls and reasoning from a model with random weights
+    /// through the whole serving path, and agents finish a tool round trip.
+    pub forced_output: Option<ScriptedOutput>,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<SpeculativeConfig>,
     /// The prefix cache's disk tier (`None`: memory only).
@@ -481,11 +482,11 @@ fn validate(config: &EngineConfig, model: &Model) -> Result<(), EngineError> {
         );
     }
     let vocab = model.config.vocab_size;
-    if let Some(&id) = config
+    if let Some(id) = config
         .forced_output
         .iter()
-        .flatten()
-        .find(|&&id| id as usize >= vocab)
+        .flat_map(ScriptedOutput::tokens)
+        .find(|&id| id as usize >= vocab)
     {
         return invalid(
             "forced_output",

@@ -11,5 +11,6 @@ pub mod runner;
 pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
+pub mod scripted;
 pub mod sequence;
 pub mod spec;

@@ -17,6 +17,7 @@
 
 use crate::constraint::TokenMask;
 use crate::sampling_params::SamplingParams;
+use crate::scripted::ScriptedOutput;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use std::cmp::Ordering;
@@ -87,8 +88,8 @@ pub struct Sampler {
     seen: Vec<bool>,
     /// Ids whose `counts`/`seen` entries were set, so resetting costs O(history), not O(vocab).
     touched: Vec<u32>,
-    /// Test hook (see [`Sampler::scripted`]): the output every row must produce.
-    script: Option<Vec<u32>>,
+    /// Test hook (see [`Sampler::scripted`]): the output rows must produce.
+    script: Option<ScriptedOutput>,
 }
 
 impl Sampler {
@@ -96,13 +97,14 @@ impl Sampler {
         Self::default()
     }
 
-    /// A test hook, never used in production: every row's token at output index `i` is
-    /// `script[i]`, and the row's first EOS id once the script is spent, whatever the logits
-    /// say. A model with random weights never writes tool calls or reasoning markers, so
+    /// A test hook, never used in production: a row's token at output index `i` is the
+    /// `i`-th of its prompt's script text ([`ScriptedOutput::for_prompt`]), and the row's
+    /// first EOS id once the text is spent, whatever the logits say (a prompt no turn of the
+    /// script matches is sampled as usual). A model with random weights never writes tool calls or reasoning markers, so
     /// end-to-end tests of the output parsers script the model's text this way; everything
     /// after the choice of token (logprobs from the raw logits, stop checks, detokenization)
     /// runs as usual. No RNG is drawn for a scripted row.
-    pub fn scripted(script: Vec<u32>) -> Self {
+    pub fn scripted(script: ScriptedOutput) -> Self {
         Self {
             script: Some(script),
             ..Self::default()
@@ -112,7 +114,7 @@ impl Sampler {
     /// The scripted token of `row`, when a script is set (a row without EOS ids falls back
     /// to normal sampling after the script).
     fn scripted_token(&self, row: &SampleRow<'_>) -> Option<u32> {
-        let script = self.script.as_ref()?;
+        let script = self.script.as_ref()?.for_prompt(row.prompt_ids)?;
         script
             .get(row.output_ids.len())
             .or_else(|| row.eos_ids.first())
@@ -582,7 +584,7 @@ mod tests {
 
     #[test]
     fn a_script_overrides_the_logits_then_ends_with_eos() {
-        let mut sampler = Sampler::scripted(vec![4, 2]);
+        let mut sampler = Sampler::scripted(ScriptedOutput::always(vec![4, 2]));
         let params = SamplingParams {
             temperature: 0.7,
             logprobs: Some(1),

@@ -13,6 +13,7 @@ use axum::http::{Request, StatusCode};
 use deepinfer_engine::cache::{CacheBudget, CacheConfig};
 use deepinfer_engine::engine::{self, EngineConfig};
 use deepinfer_engine::scheduler::SchedulerConfig;
+use deepinfer_engine::scripted::ScriptedOutput;
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
 use deepinfer_server::body::BodyLimits;
@@ -321,7 +322,7 @@ fn start() -> Harness {
         },
         model_name: "fuzz".into(),
         // Every generation writes these tokens then EOS: short, whatever the model says.
-        forced_output: Some(script),
+        forced_output: Some(ScriptedOutput::always(script)),
         speculative: None,
         prefix_disk: None,
     };

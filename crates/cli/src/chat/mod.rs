@@ -82,7 +82,12 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     let model = load_model(&dir, &args.engine)?;
     let format = args.chat_format.resolve(&dir, &model.config, &tokenizer)?;
     let mut config = args.engine.config(&model.config, &name)?;
-    force_output(&mut config, &tokenizer, args.debug_force_output.as_deref())?;
+    force_output(
+        &mut config,
+        &tokenizer,
+        args.debug_force_output.as_deref(),
+        &[],
+    )?;
     // Checked before the engine starts: a bad flag should not wait for the first message.
     args.params()
         .validate(model.config.vocab_size)
