@@ -40,12 +40,12 @@ OUT = os.path.join(ROOT, "crates", "server", "tests", "fixtures", "chat_cases_v4
 FILES = ("vllm/tokenizers/deepseek_v41_encoding.py", "vllm/tokenizers/deepseek_v41.py")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_chat_fixtures import (  # noqa: E402  (the V4 cases' tools and vLLM's request merge)
-    CALL_SEARCH,
+from make_chat_fixtures import (  # noqa: E402  (the V4 cases' conversations and tools, vLLM's request merge)
     CALL_TIME,
-    CALL_WEATHER,
+    MULTI_TURN,
     NO_PARAMS,
     SEARCH,
+    TOOL_LOOP,
     WEATHER,
     template_kwargs,
     tool_dump,
@@ -97,23 +97,6 @@ def img(url):
 def text(t):
     return {"type": "text", "text": t}
 
-
-TOOL_LOOP = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What's the weather in Hangzhou, and any news about DeepSeek V4?"},
-    {"role": "assistant", "content": None, "reasoning": "I need the weather and a search.",
-     "tool_calls": [CALL_WEATHER, CALL_SEARCH]},
-    # Results arrive out of call order; the encoder puts them back in call order.
-    {"role": "tool", "tool_call_id": "call_s", "content": "V4 released."},
-    {"role": "tool", "tool_call_id": "call_w", "content": [text("Sunny"), text("25°C")]},
-]
-
-MULTI_TURN = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": "Hello!", "reasoning": "Greet back."},
-    {"role": "user", "content": "2+2?"},
-]
 
 MID_SYSTEM = [
     {"role": "system", "content": "Be brief."},

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-use support::{binary, read_sse, sse_chunks, Server};
+use support::{binary, post_json as post, read_sse, sse_chunks, Server};
 
 const D: &str = "｜DSML｜";
 
@@ -35,21 +35,6 @@ fn v41_model() -> &'static str {
         }
         dir.to_str().unwrap().to_owned()
     })
-}
-
-async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
 }
 
 async fn post_stream(server: &Server, path: &str, body: &Value) -> String {

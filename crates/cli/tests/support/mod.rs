@@ -235,6 +235,20 @@ impl SseEvents {
     }
 }
 
+/// POSTs `body` as JSON to `path`: the status and the answer (JSON, else its text as a string).
+pub async fn post_json(server: &Server, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(server.url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
 /// Reads a streamed response to its end; the events joined, checked to be whole UTF-8.
 pub async fn read_sse(mut r: reqwest::Response) -> String {
     let mut events = SseEvents::default();

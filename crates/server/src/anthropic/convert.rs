@@ -476,16 +476,8 @@ fn take_prefill(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::{ChatError, ChatFormat, Effort, ReasoningEffort};
+    use crate::chat::{ChatFormat, Effort, ReasoningEffort};
     use crate::openai::ChatFields;
-
-    fn render_chat(
-        m: &[ChatMessage],
-        t: &[ToolDef],
-        o: &RenderOptions,
-    ) -> Result<String, ChatError> {
-        ChatFormat::V4.render(m, t, o)
-    }
 
     fn request(body: &str) -> MessagesRequest {
         serde_json::from_str(body).unwrap()
@@ -494,7 +486,10 @@ mod tests {
     /// The prompt a Messages request renders, with its prefill.
     fn rendered(body: &str) -> String {
         let c = conversation(&request(body)).unwrap();
-        render_chat(&c.messages, &c.tools, &c.opts).unwrap() + c.prefill.as_deref().unwrap_or("")
+        ChatFormat::V4
+            .render(&c.messages, &c.tools, &c.opts)
+            .unwrap()
+            + c.prefill.as_deref().unwrap_or("")
     }
 
     /// The prompt the same conversation renders as an OpenAI chat request: that path is
@@ -503,7 +498,9 @@ mod tests {
         let f: ChatFields = serde_json::from_str(body).unwrap();
         let kwargs = serde_json::from_str::<Value>(body).unwrap()["chat_template_kwargs"].clone();
         let opts = RenderOptions::from_openai(None, Some(&kwargs));
-        render_chat(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts).unwrap()
+        ChatFormat::V4
+            .render(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts)
+            .unwrap()
     }
 
     /// An agent's second turn: system blocks (Claude Code's billing header among them), a

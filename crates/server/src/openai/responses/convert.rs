@@ -351,23 +351,17 @@ fn reasoning_text(item: &Item) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::{ChatError, ChatFormat};
+    use crate::chat::ChatFormat;
     use crate::openai::ChatFields;
-
-    fn render_chat(
-        m: &[ChatMessage],
-        t: &[ToolDef],
-        o: &RenderOptions,
-    ) -> Result<String, ChatError> {
-        ChatFormat::V4.render(m, t, o)
-    }
 
     fn request(body: &str) -> ResponsesRequest {
         serde_json::from_str(body).unwrap()
     }
 
     fn rendered(c: &Conversation) -> String {
-        render_chat(&c.messages(), &c.tools, &c.opts).unwrap()
+        ChatFormat::V4
+            .render(&c.messages(), &c.tools, &c.opts)
+            .unwrap()
     }
 
     /// The prompt an OpenAI chat request renders: that path is pinned byte for byte to
@@ -379,7 +373,9 @@ mod tests {
             .as_deref()
             .map(|e| (e, "reasoning_effort"));
         let opts = crate::openai::render_options(effort, None).unwrap();
-        render_chat(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts).unwrap()
+        ChatFormat::V4
+            .render(&f.messages, f.tools.as_deref().unwrap_or_default(), &opts)
+            .unwrap()
     }
 
     /// An agent's second turn as items (Codex's shape: developer messages, a namespace of
