@@ -5,22 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{read_sse, Server};
-
-async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
+use support::{post_json as post, read_sse, Server};
 
 /// A streamed response's events, checked to be numbered 0, 1, 2, … and named by their type.
 async fn stream(server: &Server, body: &Value) -> Vec<Value> {

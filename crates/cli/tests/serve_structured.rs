@@ -7,22 +7,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{metric, Server};
-
-async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
+use support::{metric, post_json as post, Server};
 
 fn schema() -> Value {
     json!({"type": "object", "properties": {
