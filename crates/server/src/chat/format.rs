@@ -13,7 +13,7 @@ use super::tokens::{
 use super::v41::render_v41;
 use super::{ChatMessage, ToolDef};
 
-/// The chat format of a model family (docs/MODEL.md §13).
+/// The chat format of a model family (docs/MODEL.md §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChatFormat {
     /// DeepSeek-V4 (Flash, Pro, 0731, Flash-Vision-Exp): vLLM's `deepseek_v4_encoding.py`,
@@ -73,7 +73,7 @@ impl ChatFormat {
         }
     }
 
-    /// vLLM's name for the family's tokenizer mode and parsers.
+    /// The name the start-up log prints: vLLM's tokenizer-mode name for the family.
     pub fn name(self) -> &'static str {
         match self {
             ChatFormat::V4 => "deepseek_v4",
