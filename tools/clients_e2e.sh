@@ -7,7 +7,9 @@
 #     presets `tiny-v41-vision`, `tiny-v4-vision`) and the text-only default model; the
 #     `openai` and `anthropic` checks again against a DeepSeek-V4.1 model (synth preset
 #     `tiny-v41`, V4.1's chat format) whose scripted call is in V4.1's spaced markup;
-#  2. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
+#  2. `llm` (PyPI, 0.36) running a tool round trip through its `--functions` tools against a
+#     V4 and a V4.1 model, each server scripted as that conversation;
+#  3. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
 #     Responses API) each completing a tool round trip (`claude -p`, `codex exec`: the model
 #     calls the agent's shell tool, the agent runs it and sends the result, the model answers)
 #     against a server scripted as that conversation (the hidden hooks --debug-force-output
@@ -20,7 +22,8 @@ venv=target/openai-venv
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check 'openai>=1.40,<4' 'anthropic>=0.40,<1'
+"$venv/bin/pip" install --quiet --disable-pip-version-check 'openai>=1.40,<4' 'anthropic>=0.40,<1' \
+    'llm==0.36'
 cargo build --locked -p deepinfer-cli
 pids=()
 logs=()
@@ -54,6 +57,41 @@ stop_servers() {
     done
 }
 
+# dsml_call FAMILY TOOL PARAM VALUE: the scripted answer that calls TOOL with PARAM=VALUE, in
+# the family's markup (v4: `<｜DSML｜tool_calls>`, v41: `<｜DSML｜ calls>` and spaced tags).
+dsml_call() {
+    local d="｜DSML｜" sp="" block="tool_calls"
+    if [ "$1" = v41 ]; then sp=" " block=" calls"; fi
+    printf 'The user wants me to run a command.</think>\n\n<%s%s>\n<%s%sinvoke name="%s">\n<%s%sparameter name="%s" string="true">%s</%s%sparameter>\n</%s%sinvoke>\n</%s%s>' \
+        "$d" "$block" "$d" "$sp" "$2" "$d" "$sp" "$3" "$4" "$d" "$sp" "$d" "$sp" "$d" "$block"
+}
+answer="Done: the file is written."
+# llm_turn FAMILY ARGS...: `llm` (PyPI) runs a tool round trip against a server (ARGS after
+# the script) scripted as that conversation: its --functions tool writes a file, the answer
+# is printed. The model is configured as its docs tell a user (extra-openai-models.yaml).
+llm_turn() {
+    local family=$1 work="$scratch/llm-$1" llm="$PWD/$venv/bin/llm"
+    shift
+    start_server --debug-force-output "$(dsml_call "$family" write_marker text ran)" \
+        --debug-force-output-after 'tool_result>' "The tool answered.</think>$answer" "$@"
+    mkdir -p "$work/home"
+    cat > "$work/home/extra-openai-models.yaml" <<YAML
+- model_id: deepinfer
+  model_name: $(served_name "$url")
+  api_base: $url/v1
+  supports_tools: true
+YAML
+    out=$(cd "$work" && LLM_USER_PATH="$work/home" timeout 300 "$llm" -m deepinfer \
+        --functions 'def write_marker(text: str) -> str:
+    "Writes text to marker.txt."
+    open("marker.txt", "w").write(text)
+    return "written"' "write the marker")
+    echo "llm ($family): $out"
+    [ "$out" = "$answer" ] || { echo "llm did not print the server's answer" >&2; exit 1; }
+    [ "$(cat "$work/marker.txt")" = ran ] || { echo "llm did not run the tool" >&2; exit 1; }
+    stop_servers "$pid"
+}
+
 start_server
 main_url=$url main_pid=$pid
 script=$("$venv/bin/python" tools/openai_e2e.py --print-tool-script)
@@ -85,6 +123,8 @@ v41_tool_url=$url v41_tool_pid=$pid
 "$venv/bin/python" tools/anthropic_e2e.py "$(served_name "$v41_url")" "$v41_url" "$v41_tool_url"
 stop_servers "$main_pid" "$tool_pid" "$vision_pid" "$v4_pid" "$v41_pid" "$v41_tool_pid"
 echo "servers stopped cleanly"
+llm_turn v4
+llm_turn v41 --model "$scratch/v41"
 
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
 # scripted answers think first; only the text after </think> is printed.
@@ -97,15 +137,6 @@ fi
 bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
 mkdir -p "$home/.codex"
-# dsml_call FAMILY TOOL PARAM VALUE: the scripted answer that calls TOOL with PARAM=VALUE, in
-# the family's markup (v4: `<｜DSML｜tool_calls>`, v41: `<｜DSML｜ calls>` and spaced tags).
-dsml_call() {
-    local d="｜DSML｜" sp="" block="tool_calls"
-    if [ "$1" = v41 ]; then sp=" " block=" calls"; fi
-    printf 'The user wants me to run a command.</think>\n\n<%s%s>\n<%s%sinvoke name="%s">\n<%s%sparameter name="%s" string="true">%s</%s%sparameter>\n</%s%sinvoke>\n</%s%s>' \
-        "$d" "$block" "$d" "$sp" "$2" "$d" "$sp" "$3" "$4" "$d" "$sp" "$d" "$sp" "$d" "$block"
-}
-answer="Done: the file is written."
 # agents_turn FAMILY ARGS...: Claude Code and Codex each run a tool round trip against a server
 # (ARGS after the script) scripted as a conversation: a user message gets a call of the
 # agent's shell tool, the tool's result the answer. The agent runs the command (it writes a
