@@ -13,9 +13,10 @@
 #     Responses API) each completing a tool round trip (`claude -p`, `codex exec`: the model
 #     calls the agent's shell tool, the agent runs it and sends the result, the model answers)
 #     against a server scripted as that conversation (the hidden hooks --debug-force-output
-#     and --debug-force-output-after): the default (V4) model's, then a V4.1 model's.
+#     and --debug-force-output-after): the default (V4) model's, then a V4.1 model's; and
+#     opencode (npm opencode-ai, Chat Completions) the same with its `bash` tool.
 # Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
-# into target/openai-venv, Claude Code and Codex into target/agents on first use.
+# into target/openai-venv, Claude Code, Codex and opencode into target/agents on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/openai-venv
@@ -129,10 +130,11 @@ llm_turn v41 --model "$scratch/v41"
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
 # scripted answers think first; only the text after </think> is printed.
 agents=target/agents
-if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ]; then
+if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ] \
+    || [ ! -x "$agents/node_modules/.bin/opencode" ]; then
     mkdir -p "$agents"
     npm install --prefix "$agents" --no-audit --no-fund --loglevel=error \
-        @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
+        @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33
 fi
 bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
@@ -177,6 +179,34 @@ TOML
     [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Codex did not run the tool" >&2; exit 1; }
     stop_servers "$pid"
 }
+# opencode_turn FAMILY ARGS...: opencode (npm opencode-ai, Chat Completions through an
+# `@ai-sdk/openai-compatible` provider in opencode.json, as its docs tell a user) runs the
+# same round trip with its `bash` tool (`--auto` approves it).
+opencode_turn() {
+    local family=$1 work="$scratch/opencode-$1"
+    shift
+    start_server --debug-force-output "$(dsml_call "$family" bash command 'echo ran > tool-ran.txt')" \
+        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+    mkdir -p "$work"
+    cat > "$work/opencode.json" <<JSON
+{
+  "\$schema": "https://opencode.ai/config.json",
+  "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "deepinfer",
+               "options": {"baseURL": "$url/v1"},
+               "models": {"$(served_name "$url")": {"name": "deepinfer"}}}},
+  "model": "local/$(served_name "$url")"
+}
+JSON
+    out=$(cd "$work" && HOME="$home" timeout 600 "$bin/opencode" run --auto "write the file" 2>&1) \
+        || { echo "$out" >&2; exit 1; }
+    echo "opencode run ($family): ${out##*$'\n'}"
+    # Its output is decorated (the model, the command it ran); the answer is the last line.
+    printf '%s\n' "$out" | grep -qxF "$answer" || { echo "$out" >&2; echo "opencode did not print the server's answer" >&2; exit 1; }
+    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "opencode did not run the tool" >&2; exit 1; }
+    stop_servers "$pid"
+}
 agents_turn v4
 agents_turn v41 --model "$scratch/v41"
+opencode_turn v4
+opencode_turn v41 --model "$scratch/v41"
 echo "clients e2e: all passed"
