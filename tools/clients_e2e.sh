@@ -14,12 +14,15 @@
 #     calls the agent's shell tool, the agent runs it and sends the result, the model answers)
 #     against a server scripted as that conversation (the hidden hooks --debug-force-output
 #     and --debug-force-output-after): the default (V4) model's, then a V4.1 model's; and
-#     opencode (npm opencode-ai, Chat Completions) the same with its `bash` tool.
+#     opencode (npm opencode-ai) and Qwen Code (npm @qwen-code/qwen-code), both over Chat
+#     Completions, the same with their shell tools;
+#  4. aider (PyPI aider-chat 0.86.1) applying the file edit a scripted answer writes, against
+#     both models.
 # Servers are stopped with Ctrl-C (SIGINT) and must exit cleanly. Installs the Python packages
-# into target/openai-venv, Claude Code, Codex and opencode into target/agents on first use.
+# into target/openai-venv, the npm clients into target/agents on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=target/openai-venv
+venv="$PWD/target/openai-venv"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
@@ -71,7 +74,7 @@ answer="Done: the file is written."
 # the script) scripted as that conversation: its --functions tool writes a file, the answer
 # is printed. The model is configured as its docs tell a user (extra-openai-models.yaml).
 llm_turn() {
-    local family=$1 work="$scratch/llm-$1" llm="$PWD/$venv/bin/llm"
+    local family=$1 work="$scratch/llm-$1" llm="$venv/bin/llm"
     shift
     start_server --debug-force-output "$(dsml_call "$family" write_marker text ran)" \
         --debug-force-output-after 'tool_result>' "The tool answered.</think>$answer" "$@"
@@ -130,12 +133,16 @@ llm_turn v41 --model "$scratch/v41"
 # The agents, pinned to the versions this was checked with. Both ask for reasoning, so the
 # scripted answers think first; only the text after </think> is printed.
 agents=target/agents
-if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ] \
-    || [ ! -x "$agents/node_modules/.bin/opencode" ]; then
-    mkdir -p "$agents"
-    npm install --prefix "$agents" --no-audit --no-fund --loglevel=error \
-        @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33
-fi
+# Qwen Code 0.15 is the last that runs on Node.js 20 (later ones ask for 22).
+clients="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33 @qwen-code/qwen-code@0.15.10"
+for b in claude codex opencode qwen; do
+    if [ ! -x "$agents/node_modules/.bin/$b" ]; then
+        mkdir -p "$agents"
+        # shellcheck disable=SC2086 # the list splits into packages
+        npm install --prefix "$agents" --no-audit --no-fund --loglevel=error $clients
+        break
+    fi
+done
 bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
 mkdir -p "$home/.codex"
@@ -207,6 +214,53 @@ JSON
 }
 agents_turn v4
 agents_turn v41 --model "$scratch/v41"
+# qwen_turn FAMILY ARGS...: Qwen Code (npm @qwen-code/qwen-code, Chat Completions with
+# `--auth-type openai --openai-base-url`) runs the same round trip with its
+# `run_shell_command` tool (`--yolo` approves it).
+qwen_turn() {
+    local family=$1 work="$scratch/qwen-$1"
+    shift
+    start_server --debug-force-output "$(dsml_call "$family" run_shell_command command 'echo ran > tool-ran.txt')" \
+        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+    mkdir -p "$work"
+    out=$(cd "$work" && HOME="$home" timeout 600 "$bin/qwen" --auth-type openai \
+        --openai-base-url "$url/v1" --openai-api-key unused -m "$(served_name "$url")" --yolo \
+        "write the file")
+    echo "qwen ($family): $out"
+    [ "$out" = "$answer" ] || { echo "Qwen Code did not print the server's answer" >&2; exit 1; }
+    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Qwen Code did not run the tool" >&2; exit 1; }
+    stop_servers "$pid"
+}
 opencode_turn v4
 opencode_turn v41 --model "$scratch/v41"
+qwen_turn v4
+qwen_turn v41 --model "$scratch/v41"
+
+# aider (PyPI aider-chat, in its own venv: it pins its own openai) has no tool calls: it
+# edits files from the answer's text. Its turn: the model (scripted to think, then write a
+# file in aider's `whole` edit format) answers, aider applies the edit.
+aider_venv="$PWD/target/aider-venv"
+if [ ! -x "$aider_venv/bin/aider" ]; then
+    python3 -m venv "$aider_venv"
+    "$aider_venv/bin/pip" install --quiet --disable-pip-version-check 'aider-chat==0.86.1'
+fi
+aider_turn() {
+    local family=$1 work="$scratch/aider-$1"
+    shift
+    start_server --debug-force-output "$(printf 'I will write the file.</think>tool-ran.txt\n```\nran\n```')" "$@"
+    mkdir -p "$work"
+    # LITELLM_LOCAL_MODEL_COST_MAP: litellm reads its model table from the package, not the web.
+    out=$(cd "$work" && HOME="$home" OPENAI_API_KEY=unused LITELLM_LOCAL_MODEL_COST_MAP=True \
+        timeout 600 "$aider_venv/bin/aider" --model "openai/$(served_name "$url")" \
+        --openai-api-base "$url/v1" --message "write ran into tool-ran.txt" --no-git \
+        --yes-always --no-check-update --no-show-model-warnings --no-analytics --no-pretty \
+        --no-stream </dev/null 2>&1) || { echo "$out" >&2; exit 1; }
+    echo "aider ($family): $(printf '%s\n' "$out" | grep -F 'Applied edit')"
+    printf '%s\n' "$out" | grep -qxF "Applied edit to tool-ran.txt" \
+        || { echo "$out" >&2; echo "aider did not apply the answer's edit" >&2; exit 1; }
+    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "aider did not write the file" >&2; exit 1; }
+    stop_servers "$pid"
+}
+aider_turn v4
+aider_turn v41 --model "$scratch/v41"
 echo "clients e2e: all passed"
