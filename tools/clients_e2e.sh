@@ -70,14 +70,31 @@ dsml_call() {
         "$d" "$block" "$d" "$sp" "$2" "$d" "$sp" "$3" "$4" "$d" "$sp" "$d" "$sp" "$d" "$block"
 }
 answer="Done: the file is written."
-# llm_turn FAMILY ARGS...: `llm` (PyPI) runs a tool round trip against a server (ARGS after
-# the script) scripted as that conversation: its --functions tool writes a file, the answer
-# is printed. The model is configured as its docs tell a user (extra-openai-models.yaml).
+shell_cmd="echo ran > tool-ran.txt"
+# tool_server FAMILY TOOL PARAM VALUE ARGS...: starts a server (ARGS after the script) scripted
+# as a tool round trip: a user message gets a call of TOOL with PARAM=VALUE, the tool's
+# result the answer.
+tool_server() {
+    local family=$1 tool=$2 param=$3 value=$4
+    shift 4
+    start_server --debug-force-output "$(dsml_call "$family" "$tool" "$param" "$value")" \
+        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+}
+# tool_ran CLIENT WORK: the client's tool wrote "ran" into WORK/tool-ran.txt.
+tool_ran() {
+    [ "$(cat "$2/tool-ran.txt")" = ran ] || { echo "$1 did not run the tool" >&2; exit 1; }
+}
+# round_trip_done CLIENT WORK OUT: the client printed exactly the answer, and its tool ran.
+round_trip_done() {
+    [ "$3" = "$answer" ] || { echo "$1 did not print the server's answer" >&2; exit 1; }
+    tool_ran "$1" "$2"
+}
+# llm_turn FAMILY ARGS...: `llm` (PyPI) runs a tool round trip with its --functions tool (it
+# writes the file). The model is configured as its docs tell a user (extra-openai-models.yaml).
 llm_turn() {
     local family=$1 work="$scratch/llm-$1" llm="$venv/bin/llm"
     shift
-    start_server --debug-force-output "$(dsml_call "$family" write_marker text ran)" \
-        --debug-force-output-after 'tool_result>' "The tool answered.</think>$answer" "$@"
+    tool_server "$family" write_marker text ran "$@"
     mkdir -p "$work/home"
     cat > "$work/home/extra-openai-models.yaml" <<YAML
 - model_id: deepinfer
@@ -87,12 +104,11 @@ llm_turn() {
 YAML
     out=$(cd "$work" && LLM_USER_PATH="$work/home" timeout 300 "$llm" -m deepinfer \
         --functions 'def write_marker(text: str) -> str:
-    "Writes text to marker.txt."
-    open("marker.txt", "w").write(text)
+    "Writes text to tool-ran.txt."
+    open("tool-ran.txt", "w").write(text)
     return "written"' "write the marker")
     echo "llm ($family): $out"
-    [ "$out" = "$answer" ] || { echo "llm did not print the server's answer" >&2; exit 1; }
-    [ "$(cat "$work/marker.txt")" = ran ] || { echo "llm did not run the tool" >&2; exit 1; }
+    round_trip_done llm "$work" "$out"
     stop_servers "$pid"
 }
 
@@ -146,29 +162,31 @@ done
 bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
 mkdir -p "$home/.codex"
-# agents_turn FAMILY ARGS...: Claude Code and Codex each run a tool round trip against a server
-# (ARGS after the script) scripted as a conversation: a user message gets a call of the
-# agent's shell tool, the tool's result the answer. The agent runs the command (it writes a
-# file) and prints the answer.
-agents_turn() {
-    local family=$1 served work
+# Each *_turn FAMILY ARGS... has an agent run a tool round trip against a server (ARGS after
+# the script) scripted as that conversation: the model calls the agent's shell tool, the
+# agent runs the command (it writes a file) and sends the result, the model answers.
+# Claude Code over the Messages API, its `Bash` tool allowed.
+claude_turn() {
+    local family=$1 work="$scratch/claude-$1"
     shift
-    start_server --debug-force-output "$(dsml_call "$family" Bash command 'echo ran > tool-ran.txt')" \
-        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
-    served=$(served_name "$url")
-    work="$scratch/claude-$family"
+    tool_server "$family" Bash command "$shell_cmd" "$@"
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
-        timeout 600 "$bin/claude" -p "write the file" --model "$served" --allowedTools Bash)
+        timeout 600 "$bin/claude" -p "write the file" --model "$(served_name "$url")" \
+        --allowedTools Bash)
     echo "claude -p ($family): $out"
-    [ "$out" = "$answer" ] || { echo "Claude Code did not print the server's answer" >&2; exit 1; }
-    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Claude Code did not run the tool" >&2; exit 1; }
+    round_trip_done "Claude Code" "$work" "$out"
     stop_servers "$pid"
-    start_server --debug-force-output "$(dsml_call "$family" exec_command cmd 'echo ran > tool-ran.txt')" \
-        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+}
+# Codex over the Responses API (a provider in config.toml), its `exec_command` tool in a
+# workspace-write sandbox.
+codex_turn() {
+    local family=$1 work="$scratch/codex-$1"
+    shift
+    tool_server "$family" exec_command cmd "$shell_cmd" "$@"
     cat > "$home/.codex/config.toml" <<TOML
-model = "$served"
+model = "$(served_name "$url")"
 model_provider = "local"
 [model_providers.local]
 name = "local"
@@ -176,24 +194,21 @@ base_url = "$url/v1"
 wire_api = "responses"
 env_key = "LOCAL_API_KEY"
 TOML
-    work="$scratch/codex-$family"
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
         timeout 600 "$bin/codex" exec --skip-git-repo-check --sandbox workspace-write \
         "write the file" 2>"$scratch/codex.err") || { cat "$scratch/codex.err" >&2; exit 1; }
     echo "codex exec ($family): $out"
-    [ "$out" = "$answer" ] || { cat "$scratch/codex.err" >&2; echo "Codex did not print the server's answer" >&2; exit 1; }
-    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Codex did not run the tool" >&2; exit 1; }
+    [ "$out" = "$answer" ] || cat "$scratch/codex.err" >&2
+    round_trip_done Codex "$work" "$out"
     stop_servers "$pid"
 }
-# opencode_turn FAMILY ARGS...: opencode (npm opencode-ai, Chat Completions through an
-# `@ai-sdk/openai-compatible` provider in opencode.json, as its docs tell a user) runs the
-# same round trip with its `bash` tool (`--auto` approves it).
+# opencode over Chat Completions (an `@ai-sdk/openai-compatible` provider in opencode.json,
+# as its docs tell a user), its `bash` tool approved by `--auto`.
 opencode_turn() {
-    local family=$1 work="$scratch/opencode-$1"
+    local family=$1 work="$scratch/opencode-$1" line
     shift
-    start_server --debug-force-output "$(dsml_call "$family" bash command 'echo ran > tool-ran.txt')" \
-        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+    tool_server "$family" bash command "$shell_cmd" "$@"
     mkdir -p "$work"
     cat > "$work/opencode.json" <<JSON
 {
@@ -206,35 +221,33 @@ opencode_turn() {
 JSON
     out=$(cd "$work" && HOME="$home" timeout 600 "$bin/opencode" run --auto "write the file" 2>&1) \
         || { echo "$out" >&2; exit 1; }
-    echo "opencode run ($family): ${out##*$'\n'}"
-    # Its output is decorated (the model, the command it ran); the answer is the last line.
-    printf '%s\n' "$out" | grep -qxF "$answer" || { echo "$out" >&2; echo "opencode did not print the server's answer" >&2; exit 1; }
-    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "opencode did not run the tool" >&2; exit 1; }
+    # Its output is decorated (the model, the command it ran); the answer is a line of it.
+    line=$(printf '%s\n' "$out" | grep -xF "$answer" || echo "$out" >&2)
+    echo "opencode run ($family): $line"
+    round_trip_done opencode "$work" "$line"
     stop_servers "$pid"
 }
-agents_turn v4
-agents_turn v41 --model "$scratch/v41"
-# qwen_turn FAMILY ARGS...: Qwen Code (npm @qwen-code/qwen-code, Chat Completions with
-# `--auth-type openai --openai-base-url`) runs the same round trip with its
-# `run_shell_command` tool (`--yolo` approves it).
+# Qwen Code over Chat Completions (`--auth-type openai --openai-base-url`), its
+# `run_shell_command` tool approved by `--yolo`.
 qwen_turn() {
     local family=$1 work="$scratch/qwen-$1"
     shift
-    start_server --debug-force-output "$(dsml_call "$family" run_shell_command command 'echo ran > tool-ran.txt')" \
-        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+    tool_server "$family" run_shell_command command "$shell_cmd" "$@"
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" timeout 600 "$bin/qwen" --auth-type openai \
         --openai-base-url "$url/v1" --openai-api-key unused -m "$(served_name "$url")" --yolo \
         "write the file")
     echo "qwen ($family): $out"
-    [ "$out" = "$answer" ] || { echo "Qwen Code did not print the server's answer" >&2; exit 1; }
-    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "Qwen Code did not run the tool" >&2; exit 1; }
+    round_trip_done "Qwen Code" "$work" "$out"
     stop_servers "$pid"
 }
-opencode_turn v4
-opencode_turn v41 --model "$scratch/v41"
-qwen_turn v4
-qwen_turn v41 --model "$scratch/v41"
+for family in v4 v41; do
+    model_args=()
+    if [ "$family" = v41 ]; then model_args=(--model "$scratch/v41"); fi
+    for turn in claude_turn codex_turn opencode_turn qwen_turn; do
+        "$turn" "$family" "${model_args[@]}"
+    done
+done
 
 # aider (PyPI aider-chat, in its own venv: it pins its own openai) has no tool calls: it
 # edits files from the answer's text. Its turn: the model (scripted to think, then write a
@@ -258,7 +271,7 @@ aider_turn() {
     echo "aider ($family): $(printf '%s\n' "$out" | grep -F 'Applied edit')"
     printf '%s\n' "$out" | grep -qxF "Applied edit to tool-ran.txt" \
         || { echo "$out" >&2; echo "aider did not apply the answer's edit" >&2; exit 1; }
-    [ "$(cat "$work/tool-ran.txt")" = ran ] || { echo "aider did not write the file" >&2; exit 1; }
+    tool_ran aider "$work"
     stop_servers "$pid"
 }
 aider_turn v4

@@ -11,6 +11,7 @@ mod memory;
 mod ranks;
 #[cfg(test)]
 mod readme_commands;
+mod script_args;
 mod serve;
 mod synth;
 mod thread_args;

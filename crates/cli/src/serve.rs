@@ -4,10 +4,10 @@
 
 use crate::chat_format_args::ChatFormatArgs;
 use crate::engine_args::EngineArgs;
+use crate::script_args::ScriptArgs;
 use anyhow::{Context, Result};
 use clap::Args;
-use deepinfer_engine::engine::{self, EngineConfig};
-use deepinfer_engine::scripted::{ScriptedOutput, ScriptedTurn};
+use deepinfer_engine::engine;
 use deepinfer_model::kernels::numa;
 use deepinfer_model::synth::{preset, write_checkpoint};
 use deepinfer_model::v4::Model;
@@ -75,19 +75,8 @@ pub struct ServeArgs {
     /// none.
     #[arg(long, default_value_t = 64)]
     responses_store_mib: usize,
-    /// Test hook, hidden from --help: every request generates exactly the tokens of TEXT,
-    /// then EOS, through the whole engine path (scheduler, sampler, detokenizer, stop strings,
-    /// chat parsers). A tiny model with random weights never writes tool calls or reasoning,
-    /// so end-to-end tests script its output with this. Never use it to serve.
-    #[arg(long, hide = true, value_name = "TEXT")]
-    debug_force_output: Option<String>,
-    /// Test hook, hidden from --help, repeatable: a request whose prompt ends with the tokens
-    /// of AFTER (give or take the generation prompt) generates TEXT instead; the first that
-    /// matches wins, --debug-force-output is the rest's. So a script holds a conversation:
-    /// `--debug-force-output-after 'tool_result>' 'Done.'` answers a tool's result where
-    /// --debug-force-output made the call.
-    #[arg(long, hide = true, num_args = 2, value_names = ["AFTER", "TEXT"])]
-    debug_force_output_after: Vec<String>,
+    #[command(flatten)]
+    script: ScriptArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -171,25 +160,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let start = Instant::now();
     let model = load_model(&dir, &args.engine)?;
     let format = args.chat_format.resolve(&dir, &model.config, &tokenizer)?;
-    if tokenizer.vocab_size() > model.config.vocab_size {
-        tracing::warn!(
-            tokenizer = tokenizer.vocab_size(),
-            model = model.config.vocab_size,
-            "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
-        );
-    }
+    warn_larger_vocab(&tokenizer, model.config.vocab_size);
     let mut config = args.engine.config(&model.config, &name)?;
-    let after: Vec<(&str, &str)> = args
-        .debug_force_output_after
-        .chunks_exact(2)
-        .map(|p| (p[0].as_str(), p[1].as_str()))
-        .collect();
-    force_output(
-        &mut config,
-        &tokenizer,
-        args.debug_force_output.as_deref(),
-        &after,
-    )?;
+    args.script.apply(&mut config, &tokenizer)?;
     let (handle, join) = engine::start(model, config)?;
     eprintln!(
         "loaded {} in {:.1} s",
@@ -274,40 +247,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
 }
 
-/// The `--debug-force-output` test hooks: a request whose prompt ends with one of `after`'s
-/// triggers generates that turn's text, any other `text` (when given), then EOS.
-pub(crate) fn force_output(
-    config: &mut EngineConfig,
-    tokenizer: &Tokenizer,
-    text: Option<&str>,
-    after: &[(&str, &str)],
-) -> Result<()> {
-    let encode = |what: &str, flag: &str| {
-        tokenizer
-            .encode(what, false)
-            .with_context(|| format!("tokenizing {flag}"))
-    };
-    let mut turns = Vec::new();
-    for (trigger, output) in after {
-        turns.push(ScriptedTurn {
-            after: Some(encode(trigger, "--debug-force-output-after's AFTER")?),
-            output: encode(output, "--debug-force-output-after's TEXT")?,
-        });
-    }
-    if let Some(text) = text {
-        turns.push(ScriptedTurn {
-            after: None,
-            output: encode(text, "--debug-force-output")?,
-        });
-    }
-    if !turns.is_empty() {
+/// Warns when the tokenizer knows ids the model does not (prompts using them are refused).
+fn warn_larger_vocab(tokenizer: &Tokenizer, vocab_size: usize) {
+    if tokenizer.vocab_size() > vocab_size {
         tracing::warn!(
-            turns = turns.len(),
-            "--debug-force-output: requests generate the scripted text (a test hook)"
+            tokenizer = tokenizer.vocab_size(),
+            model = vocab_size,
+            "the tokenizer knows more ids than the model's vocabulary; prompts using them are refused"
         );
-        config.forced_output = Some(ScriptedOutput { turns });
     }
-    Ok(())
 }
 
 /// How long a split server answers 503 on `/health` after its engine failed before the job

@@ -68,16 +68,7 @@ async fn split_server_answers_like_one_process_and_dies_whole() {
 #[tokio::test]
 async fn a_failed_step_turns_health_503_then_ends_the_job() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(support::binary())
-        .args(["synth", "--preset", "tiny", "--out"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::synth("tiny", dir.path());
     let model = dir.path().to_str().unwrap();
     let server = Server::start_ranks(
         2,

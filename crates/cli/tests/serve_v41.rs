@@ -22,16 +22,7 @@ fn v41_model() -> &'static str {
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-v41-tiny");
         if !dir.join("config.json").is_file() {
-            let out = Command::new(binary())
-                .args(["synth", "--preset", "tiny-v41", "--out"])
-                .arg(&dir)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            support::synth("tiny-v41", &dir);
         }
         dir.to_str().unwrap().to_owned()
     })

@@ -13,7 +13,8 @@ mod session;
 
 use crate::chat_format_args::ChatFormatArgs;
 use crate::engine_args::EngineArgs;
-use crate::serve::{default_model, force_output, load_model, DEFAULT_MODEL_NAME};
+use crate::script_args::ScriptArgs;
+use crate::serve::{default_model, load_model, DEFAULT_MODEL_NAME};
 use anyhow::{Context, Result};
 use clap::Args;
 use deepinfer_engine::engine;
@@ -48,10 +49,8 @@ pub struct ChatArgs {
     /// Start with thinking mode off (`/think` turns it on).
     #[arg(long)]
     no_think: bool,
-    /// Test hook, hidden from --help: every answer is exactly the tokens of TEXT, then EOS
-    /// (as `serve --debug-force-output`), so tests can script reasoning from a random model.
-    #[arg(long, hide = true, value_name = "TEXT")]
-    debug_force_output: Option<String>,
+    #[command(flatten)]
+    script: ScriptArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -82,12 +81,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     let model = load_model(&dir, &args.engine)?;
     let format = args.chat_format.resolve(&dir, &model.config, &tokenizer)?;
     let mut config = args.engine.config(&model.config, &name)?;
-    force_output(
-        &mut config,
-        &tokenizer,
-        args.debug_force_output.as_deref(),
-        &[],
-    )?;
+    args.script.apply(&mut config, &tokenizer)?;
     // Checked before the engine starts: a bad flag should not wait for the first message.
     args.params()
         .validate(model.config.vocab_size)

@@ -24,6 +24,16 @@ pub fn binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deepinfer")))
 }
 
+/// Writes the synthetic checkpoint `preset` into `out` with `deepinfer synth`.
+pub fn synth(preset: &str, out: &std::path::Path) {
+    let o = Command::new(binary())
+        .args(["synth", "--preset", preset, "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// The binary under test as `mpirun -n N` starts it (oversubscribed: the tests run more
 /// ranks than this machine has cores).
 pub fn mpirun(n: usize) -> Command {
