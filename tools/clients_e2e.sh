@@ -7,11 +7,13 @@
 #     presets `tiny-v41-vision`, `tiny-v4-vision`) and the text-only default model; the
 #     `openai` and `anthropic` checks again against a DeepSeek-V4.1 model (synth preset
 #     `tiny-v41`, V4.1's chat format) whose scripted call is in V4.1's spaced markup;
-#  2. `llm` (PyPI, 0.36) running a tool round trip through its `--functions` tools against a
+#  2. `llm` (PyPI, 0.36) running a tool round trip (two parallel calls) through its `--functions`
+#     tools against a
 #     V4 and a V4.1 model, each server scripted as that conversation;
 #  3. Claude Code (npm @anthropic-ai/claude-code, Messages API) and Codex (npm @openai/codex,
 #     Responses API) each completing a tool round trip (`claude -p`, `codex exec`: the model
-#     calls the agent's shell tool, the agent runs it and sends the result, the model answers)
+#     makes two parallel calls of the agent's shell tool in one answer, the agent runs both
+#     and sends their results, the model answers)
 #     against a server scripted as that conversation (the hidden hooks --debug-force-output
 #     and --debug-force-output-after): the default (V4) model's, then a V4.1 model's; and
 #     opencode (npm opencode-ai) and Qwen Code (npm @qwen-code/qwen-code), both over Chat
@@ -61,40 +63,51 @@ stop_servers() {
     done
 }
 
-# dsml_call FAMILY TOOL PARAM VALUE: the scripted answer that calls TOOL with PARAM=VALUE, in
-# the family's markup (v4: `<｜DSML｜tool_calls>`, v41: `<｜DSML｜ calls>` and spaced tags).
+# dsml_call FAMILY TOOL PARAM VALUE...: the scripted answer that calls TOOL once per VALUE
+# (parallel calls in one answer), each with PARAM=VALUE, in the family's markup (v4:
+# `<｜DSML｜tool_calls>`, v41: `<｜DSML｜ calls>` and spaced tags).
 dsml_call() {
-    local d="｜DSML｜" sp="" block="tool_calls"
+    local d="｜DSML｜" sp="" block="tool_calls" tool=$2 param=$3 v
     if [ "$1" = v41 ]; then sp=" " block=" calls"; fi
-    printf 'The user wants me to run a command.</think>\n\n<%s%s>\n<%s%sinvoke name="%s">\n<%s%sparameter name="%s" string="true">%s</%s%sparameter>\n</%s%sinvoke>\n</%s%s>' \
-        "$d" "$block" "$d" "$sp" "$2" "$d" "$sp" "$3" "$4" "$d" "$sp" "$d" "$sp" "$d" "$block"
+    shift 3
+    printf 'The user wants me to run commands.</think>\n\n<%s%s>' "$d" "$block"
+    for v in "$@"; do
+        printf '\n<%s%sinvoke name="%s">\n<%s%sparameter name="%s" string="true">%s</%s%sparameter>\n</%s%sinvoke>' \
+            "$d" "$sp" "$tool" "$d" "$sp" "$param" "$v" "$d" "$sp" "$d" "$sp"
+    done
+    printf '\n</%s%s>' "$d" "$block"
 }
-answer="Done: the file is written."
-shell_cmd="echo ran > tool-ran.txt"
-# tool_server FAMILY TOOL PARAM VALUE ARGS...: starts a server (ARGS after the script) scripted
-# as a tool round trip: a user message gets a call of TOOL with PARAM=VALUE, the tool's
-# result the answer.
+answer="Done: the files are written."
+# The two commands of every agent's round trip: two calls in one answer.
+shell_cmds=("echo ran > tool-ran.txt" "echo ran > tool-ran-2.txt")
+# tool_server FAMILY TOOL PARAM VALUE1 VALUE2 ARGS...: starts a server (ARGS after the
+# script) scripted as a tool round trip: a user message gets two parallel calls of TOOL, with
+# PARAM=VALUE1 and PARAM=VALUE2; the tools' results get the answer.
 tool_server() {
-    local family=$1 tool=$2 param=$3 value=$4
-    shift 4
-    start_server --debug-force-output "$(dsml_call "$family" "$tool" "$param" "$value")" \
-        --debug-force-output-after 'tool_result>' "The command ran.</think>$answer" "$@"
+    local family=$1 tool=$2 param=$3 v1=$4 v2=$5
+    shift 5
+    start_server --debug-force-output "$(dsml_call "$family" "$tool" "$param" "$v1" "$v2")" \
+        --debug-force-output-after 'tool_result>' "The commands ran.</think>$answer" "$@"
 }
-# tool_ran CLIENT WORK: the client's tool wrote "ran" into WORK/tool-ran.txt.
+# tool_ran CLIENT WORK FILE...: the client's tool wrote "ran" into each WORK/FILE.
 tool_ran() {
-    [ "$(cat "$2/tool-ran.txt")" = ran ] || { echo "$1 did not run the tool" >&2; exit 1; }
+    local client=$1 work=$2 f
+    shift 2
+    for f in "$@"; do
+        [ "$(cat "$work/$f" 2>/dev/null)" = ran ] || { echo "$client did not write $f" >&2; exit 1; }
+    done
 }
-# round_trip_done CLIENT WORK OUT: the client printed exactly the answer, and its tool ran.
+# round_trip_done CLIENT WORK OUT: the client printed exactly the answer, and ran both calls.
 round_trip_done() {
     [ "$3" = "$answer" ] || { echo "$1 did not print the server's answer" >&2; exit 1; }
-    tool_ran "$1" "$2"
+    tool_ran "$1" "$2" tool-ran.txt tool-ran-2.txt
 }
 # llm_turn FAMILY ARGS...: `llm` (PyPI) runs a tool round trip with its --functions tool (it
 # writes the file). The model is configured as its docs tell a user (extra-openai-models.yaml).
 llm_turn() {
     local family=$1 work="$scratch/llm-$1" llm="$venv/bin/llm"
     shift
-    tool_server "$family" write_marker text ran "$@"
+    tool_server "$family" write_marker name tool-ran.txt tool-ran-2.txt "$@"
     mkdir -p "$work/home"
     cat > "$work/home/extra-openai-models.yaml" <<YAML
 - model_id: deepinfer
@@ -103,10 +116,10 @@ llm_turn() {
   supports_tools: true
 YAML
     out=$(cd "$work" && LLM_USER_PATH="$work/home" timeout 300 "$llm" -m deepinfer \
-        --functions 'def write_marker(text: str) -> str:
-    "Writes text to tool-ran.txt."
-    open("tool-ran.txt", "w").write(text)
-    return "written"' "write the marker")
+        --functions 'def write_marker(name: str) -> str:
+    "Writes ran into the file name."
+    open(name, "w").write("ran")
+    return "written"' "write the markers")
     echo "llm ($family): $out"
     round_trip_done llm "$work" "$out"
     stop_servers "$pid"
@@ -163,17 +176,18 @@ bin="$PWD/$agents/node_modules/.bin"
 home="$scratch/home"
 mkdir -p "$home/.codex"
 # Each *_turn FAMILY ARGS... has an agent run a tool round trip against a server (ARGS after
-# the script) scripted as that conversation: the model calls the agent's shell tool, the
-# agent runs the command (it writes a file) and sends the result, the model answers.
+# the script) scripted as that conversation: the model calls the agent's shell tool twice in
+# one answer, the agent runs both commands (each writes a file) and sends the results, the
+# model answers.
 # Claude Code over the Messages API, its `Bash` tool allowed.
 claude_turn() {
     local family=$1 work="$scratch/claude-$1"
     shift
-    tool_server "$family" Bash command "$shell_cmd" "$@"
+    tool_server "$family" Bash command "${shell_cmds[@]}" "$@"
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
-        timeout 600 "$bin/claude" -p "write the file" --model "$(served_name "$url")" \
+        timeout 600 "$bin/claude" -p "write the files" --model "$(served_name "$url")" \
         --allowedTools Bash)
     echo "claude -p ($family): $out"
     round_trip_done "Claude Code" "$work" "$out"
@@ -184,7 +198,7 @@ claude_turn() {
 codex_turn() {
     local family=$1 work="$scratch/codex-$1"
     shift
-    tool_server "$family" exec_command cmd "$shell_cmd" "$@"
+    tool_server "$family" exec_command cmd "${shell_cmds[@]}" "$@"
     cat > "$home/.codex/config.toml" <<TOML
 model = "$(served_name "$url")"
 model_provider = "local"
@@ -197,7 +211,7 @@ TOML
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" CODEX_HOME="$home/.codex" LOCAL_API_KEY=unused \
         timeout 600 "$bin/codex" exec --skip-git-repo-check --sandbox workspace-write \
-        "write the file" 2>"$scratch/codex.err") || { cat "$scratch/codex.err" >&2; exit 1; }
+        "write the files" 2>"$scratch/codex.err") || { cat "$scratch/codex.err" >&2; exit 1; }
     echo "codex exec ($family): $out"
     [ "$out" = "$answer" ] || cat "$scratch/codex.err" >&2
     round_trip_done Codex "$work" "$out"
@@ -208,7 +222,7 @@ TOML
 opencode_turn() {
     local family=$1 work="$scratch/opencode-$1" line
     shift
-    tool_server "$family" bash command "$shell_cmd" "$@"
+    tool_server "$family" bash command "${shell_cmds[@]}" "$@"
     mkdir -p "$work"
     cat > "$work/opencode.json" <<JSON
 {
@@ -219,7 +233,7 @@ opencode_turn() {
   "model": "local/$(served_name "$url")"
 }
 JSON
-    out=$(cd "$work" && HOME="$home" timeout 600 "$bin/opencode" run --auto "write the file" 2>&1) \
+    out=$(cd "$work" && HOME="$home" timeout 600 "$bin/opencode" run --auto "write the files" 2>&1) \
         || { echo "$out" >&2; exit 1; }
     # Its output is decorated (the model, the command it ran); the answer is a line of it.
     line=$(printf '%s\n' "$out" | grep -xF "$answer" || echo "$out" >&2)
@@ -232,11 +246,11 @@ JSON
 qwen_turn() {
     local family=$1 work="$scratch/qwen-$1"
     shift
-    tool_server "$family" run_shell_command command "$shell_cmd" "$@"
+    tool_server "$family" run_shell_command command "${shell_cmds[@]}" "$@"
     mkdir -p "$work"
     out=$(cd "$work" && HOME="$home" timeout 600 "$bin/qwen" --auth-type openai \
         --openai-base-url "$url/v1" --openai-api-key unused -m "$(served_name "$url")" --yolo \
-        "write the file")
+        "write the files")
     echo "qwen ($family): $out"
     round_trip_done "Qwen Code" "$work" "$out"
     stop_servers "$pid"
@@ -271,7 +285,7 @@ aider_turn() {
     echo "aider ($family): $(printf '%s\n' "$out" | grep -F 'Applied edit')"
     printf '%s\n' "$out" | grep -qxF "Applied edit to tool-ran.txt" \
         || { echo "$out" >&2; echo "aider did not apply the answer's edit" >&2; exit 1; }
-    tool_ran aider "$work"
+    tool_ran aider "$work" tool-ran.txt
     stop_servers "$pid"
 }
 aider_turn v4
