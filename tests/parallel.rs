@@ -510,6 +510,7 @@ fn prefix_on_disk_scenario(world: &Placement) {
         dir: dir.path().to_path_buf(),
         max_bytes: 1 << 30,
         checkpoint: [1; 32],
+        kernels: deepinfer_kernels::cpu::family(),
     };
     let (h, join) = start_on(world, sched.clone(), 64 << 20, 2, None);
     let cold = run(&h);

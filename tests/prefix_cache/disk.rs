@@ -19,6 +19,7 @@ fn disk_config(dir: &Path, checkpoint: [u8; 32]) -> DiskConfig {
         dir: dir.to_path_buf(),
         max_bytes: 1 << 30,
         checkpoint,
+        kernels: deepinfer_kernels::cpu::family(),
     }
 }
 
@@ -247,7 +248,7 @@ fn another_identity_never_reads_and_a_second_process_is_kept_out() {
     assert!(matches!(err, CacheError::PrefixDirInUse { .. }));
     assert!(err.to_string().contains("--prefix-cache-dir"), "{err}");
     drop(first);
-    // Other numerics, or another checkpoint: another identity, nothing found.
+    // Other numerics, another checkpoint or other kernels: another identity, nothing found.
     let mut official = runner("tiny-a", Numerics::Official);
     let (mut c, stats) = disk_cache(&official, 64 << 20, dir.path());
     let (_, resumed) = run(&mut official, &mut c, &[&base], 64);
@@ -263,6 +264,25 @@ fn another_identity_never_reads_and_a_second_process_is_kept_out() {
         .unwrap());
     let (_, resumed) = run(&mut r, &mut c, &[&base], 64);
     assert_eq!(resumed[0], 0);
+    drop(c);
+    // Another kernel family (its sums in another order): nothing found either.
+    let mut c = cache(&r, 64 << 20, 2, true);
+    let other_kernels = DiskConfig {
+        kernels: if deepinfer_kernels::cpu::family() == "scalar" {
+            "avx2+fma"
+        } else {
+            "scalar"
+        },
+        ..disk_config(dir.path(), CHECKPOINT)
+    };
+    assert!(c
+        .attach_disk(&r.model().config, &other_kernels, Default::default())
+        .unwrap());
+    let (_, resumed) = run(&mut r, &mut c, &[&base], 64);
+    assert_eq!(
+        resumed[0], 0,
+        "another kernel family's entries are not read"
+    );
     drop(c);
     let (mut same, _) = disk_cache(&r, 64 << 20, dir.path());
     let (_, resumed) = run(&mut r, &mut same, &[&base], 64);

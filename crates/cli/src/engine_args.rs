@@ -116,6 +116,7 @@ impl EngineArgs {
             dir: dir.clone(),
             max_bytes: (gib * (1u64 << 30) as f64) as u64,
             checkpoint,
+            kernels: deepinfer_kernels::cpu::family(),
         }))
     }
 

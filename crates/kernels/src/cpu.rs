@@ -130,6 +130,18 @@ pub fn l1d_bytes() -> Option<usize> {
     })
 }
 
+/// The kernels that compute this process's products, as a name: the family ([`isa`]) and
+/// whether the AMX tiles join it ([`amx`]). Families agree within the tolerance the kernel
+/// tests state, not bit for bit (each sums in the order its registers pay for), so what one
+/// computed is not another's bits: the disk prefix cache keeps them apart by this name.
+/// (`vdpbf16ps` where chosen gives the f32 FMAs' bits, so it is no part of it.)
+pub fn family() -> &'static str {
+    match (isa(), amx()) {
+        (Isa::Avx512, true) => "avx512+amx",
+        (family, _) => family.name(),
+    }
+}
+
 /// The kernel family in use: [`detected`], capped by `DEEPINFER_ISA` if set.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();

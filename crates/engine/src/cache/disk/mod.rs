@@ -52,6 +52,9 @@ pub struct DiskConfig {
     pub max_bytes: u64,
     /// The checkpoint's identity (its config, tensor index and a sample of its bytes).
     pub checkpoint: Digest,
+    /// The kernels that compute the entries (`deepinfer_kernels::cpu::family`): another
+    /// family's results are not these bits, so its entries live in another directory.
+    pub kernels: &'static str,
 }
 
 /// Counters of the disk tier, shared with the metrics.

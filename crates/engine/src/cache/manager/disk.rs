@@ -9,10 +9,11 @@ use crate::cache::disk::{self, DiskConfig, DiskStats, DiskTier, ReadAhead};
 use crate::cache::layout::CacheLayout;
 use crate::cache::CacheError;
 
-/// What an entry's bytes mean: the checkpoint, the numerics that computed them, the shape
-/// of the pools' blocks and of the snapshots, and the entry format. Two caches with equal
-/// identities give equal bits for equal prefixes; any difference is another directory.
-fn identity(model: &ModelConfig, layout: &CacheLayout, checkpoint: &disk::Digest) -> disk::Digest {
+/// What an entry's bytes mean: the checkpoint, the numerics and the kernel family that
+/// computed them, the shape of the pools' blocks and of the snapshots, and the entry
+/// format. Two caches with equal identities give equal bits for equal prefixes; any
+/// difference is another directory.
+fn identity(model: &ModelConfig, layout: &CacheLayout, cfg: &DiskConfig) -> disk::Digest {
     let pools: Vec<_> = layout
         .pools
         .iter()
@@ -32,8 +33,9 @@ fn identity(model: &ModelConfig, layout: &CacheLayout, checkpoint: &disk::Digest
     disk::of_parts([
         b"deepinfer prefix cache".as_slice(),
         &disk::FORMAT_VERSION.to_le_bytes(),
-        checkpoint,
+        &cfg.checkpoint,
         numerics.as_bytes(),
+        cfg.kernels.as_bytes(),
         geometry.as_bytes(),
     ])
 }
@@ -55,7 +57,7 @@ impl CacheManager {
                 reason: "a disk tier needs prefix caching on",
             });
         };
-        let id = identity(model, &self.layout, &cfg.checkpoint);
+        let id = identity(model, &self.layout, cfg);
         match DiskTier::open(cfg, id, stats)? {
             Some(tier) => {
                 prefix.set_disk(tier);

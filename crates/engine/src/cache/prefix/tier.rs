@@ -360,6 +360,7 @@ mod tests {
             dir: dir.to_path_buf(),
             max_bytes: 1 << 20,
             checkpoint: [1; 32],
+            kernels: "test",
         };
         let tier = DiskTier::open(&cfg, [2; 32], Default::default()).unwrap();
         c.set_disk(tier.expect("a usable directory"));
