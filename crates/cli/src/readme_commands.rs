@@ -1,11 +1,20 @@
-//! The README's commands parse: every `deepinfer` command line in its shell blocks (run
-//! through `cargo run … --`, the binary's path or its name) is accepted by this binary's
-//! argument parser, so a renamed flag or subcommand cannot leave the README stale.
+//! The documentation's commands parse: every `deepinfer` command line in the shell blocks of
+//! the README and the docs that show commands (run through `cargo run … --`, the binary's path
+//! or its name) is accepted by this binary's argument parser, so a renamed flag or subcommand
+//! cannot leave them stale.
 
 use super::Cli;
 use clap::Parser;
 
-const README: &str = include_str!("../../../README.md");
+const DOCS: [(&str, &str); 4] = [
+    ("README.md", include_str!("../../../README.md")),
+    ("docs/SERVER.md", include_str!("../../../docs/SERVER.md")),
+    ("docs/SCALING.md", include_str!("../../../docs/SCALING.md")),
+    (
+        "docs/DEVELOPING.md",
+        include_str!("../../../docs/DEVELOPING.md"),
+    ),
+];
 
 /// The shell blocks' lines, continuation lines joined.
 fn shell_lines(text: &str) -> Vec<String> {
@@ -60,17 +69,23 @@ fn deepinfer_args(line: &str) -> Option<Vec<String>> {
 }
 
 #[test]
-fn every_readme_command_parses() {
-    let commands: Vec<Vec<String>> = shell_lines(README)
+fn every_documented_command_parses() {
+    let commands: Vec<(&str, Vec<String>)> = DOCS
         .iter()
-        .filter_map(|l| deepinfer_args(l))
+        .flat_map(|(file, text)| {
+            shell_lines(text)
+                .iter()
+                .filter_map(|l| deepinfer_args(l))
+                .map(|args| (*file, args))
+                .collect::<Vec<_>>()
+        })
         .collect();
     assert!(commands.len() >= 15, "found only {}", commands.len());
-    for args in commands {
+    for (file, args) in commands {
         let argv = std::iter::once("deepinfer".to_string()).chain(args.iter().cloned());
         if let Err(e) = Cli::try_parse_from(argv) {
             panic!(
-                "README: `deepinfer {}` does not parse:\n{e}",
+                "{file}: `deepinfer {}` does not parse:\n{e}",
                 args.join(" ")
             );
         }

@@ -137,7 +137,7 @@ impl PoolLayout {
 
 /// The block size an engine uses unless told: the smallest multiple of every compress ratio
 /// that is at least 128 tokens (prefix reuse comes in whole blocks, and each block boundary
-/// costs a snapshot of the window; see the README).
+/// costs a snapshot of the window; see docs/SERVER.md, "Prefix caching").
 pub fn default_block_tokens(cfg: &ModelConfig) -> usize {
     let lcm = [cfg.compress_rate_csa, cfg.compress_rate_hca]
         .into_iter()
