@@ -85,7 +85,7 @@ GGUF="$P/$PRESET-$OUTTYPE.gguf"
 ROUNDS=${ROUNDS:-5}
 rm -f "$P"/deepinfer.*.json "$P"/llama.*.json "$P/hf.json"
 for i in $(seq 1 "$ROUNDS"); do
-    "$BIN" bench model --model "$MODEL" --numerics "$NUMERICS" --batch 1 --context 32 \
+    "$BIN" bench model --model "$MODEL" --numerics "$NUMERICS" --threads "$THREADS" --batch 1 --context 32 \
         --prompt 128,512 -r "$((4 * REPS))" --json "$P/deepinfer.$i.json" >/dev/null
     "$LLAMA_BUILD/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
         -o json > "$P/llama.$i.json"
