@@ -104,8 +104,10 @@ dsml_call() {
     printf '\n</%s%s>' "$d" "$block"
 }
 answer="Done: the files are written."
-# The two commands of every agent's round trip: two calls in one answer.
-shell_cmds=("echo ran > tool-ran.txt" "echo ran > tool-ran-2.txt")
+# The files a round trip's two calls write ("ran" into each), and the agents' commands that
+# write them.
+markers=(tool-ran.txt tool-ran-2.txt)
+shell_cmds=("echo ran > ${markers[0]}" "echo ran > ${markers[1]}")
 # tool_server FAMILY TOOL PARAM VALUE1 VALUE2 ARGS...: starts a server (ARGS after the
 # script) scripted as a tool round trip: a user message gets two parallel calls of TOOL, with
 # PARAM=VALUE1 and PARAM=VALUE2; the tools' results get the answer.
@@ -126,14 +128,14 @@ tool_ran() {
 # round_trip_done CLIENT WORK OUT: the client printed exactly the answer, and ran both calls.
 round_trip_done() {
     [ "$3" = "$answer" ] || { echo "$1 did not print the server's answer" >&2; exit 1; }
-    tool_ran "$1" "$2" tool-ran.txt tool-ran-2.txt
+    tool_ran "$1" "$2" "${markers[@]}"
 }
 # llm_turn FAMILY ARGS...: `llm` (PyPI) runs a tool round trip with its --functions tool (it
 # writes the file). The model is configured as its docs tell a user (extra-openai-models.yaml).
 llm_turn() {
     local family=$1 work="$scratch/llm-$1" llm="$venv/bin/llm"
     shift
-    tool_server "$family" write_marker name tool-ran.txt tool-ran-2.txt "$@"
+    tool_server "$family" write_marker name "${markers[@]}" "$@"
     mkdir -p "$work/home"
     cat > "$work/home/extra-openai-models.yaml" <<YAML
 - model_id: deepinfer

@@ -8,9 +8,9 @@
 //
 // Each server is scripted (the hidden test hook --debug-force-output, see
 // tools/clients_e2e.sh): any prompt gets "Let me think about the greeting.</think>Hello from
-// deepinfer.", a prompt ending in " long story" a long answer, a prompt ending with an image
-// "The user sent a picture.</think>I see your picture.". The first model's conversation is
-// kept as SCREENSHOT.
+// deepinfer.", a prompt ending in " long story" a long answer (lines 1 to 799 of a story), a
+// prompt ending with an image "The user sent a picture.</think>I see your picture.". The
+// first model's conversation is kept as SCREENSHOT.
 // playwright-core where tools/clients_e2e.sh installed it (PLAYWRIGHT_CORE: its index.mjs).
 const { chromium } = await import(process.env.PLAYWRIGHT_CORE ?? 'playwright-core');
 
@@ -34,10 +34,14 @@ function check(ok, what) {
   console.log(`  ok: ${what}`);
 }
 
-async function metric(server, name) {
-  const text = await (await fetch(`${server}/metrics`)).text();
-  const line = text.split('\n').find((l) => l.startsWith(name));
-  return line ? Number(line.split(' ').pop()) : 0;
+// One scrape of a server's /metrics: a reader of the first sample whose line starts with
+// `name` (0 when none).
+async function scrape(server) {
+  const lines = (await (await fetch(`${server}/metrics`)).text()).split('\n');
+  return (name) => {
+    const line = lines.find((l) => l.startsWith(name));
+    return line ? Number(line.split(' ').pop()) : 0;
+  };
 }
 
 async function until(what, probe, ms = 60000) {
@@ -49,12 +53,13 @@ async function until(what, probe, ms = 60000) {
   throw new Error(`Open WebUI: timed out waiting for ${what}`);
 }
 
-// The server has finished everything Open WebUI asked of it (the answer and its background
-// tasks: title, tags, follow-ups).
+// The server has finished everything Open WebUI asked of it (the answer and the background
+// tasks left on, title generation).
 async function idle(server) {
-  await until('the server to go idle', async () =>
-    (await metric(server, 'deepinfer:num_requests_running')) === 0 &&
-    (await metric(server, 'deepinfer:num_requests_waiting')) === 0);
+  await until('the server to go idle', async () => {
+    const m = await scrape(server);
+    return m('deepinfer:num_requests_running') === 0 && m('deepinfer:num_requests_waiting') === 0;
+  });
 }
 
 const responses = (page) => page.locator('#response-content-container');
@@ -98,21 +103,24 @@ async function greet(page) {
 // cache serves that part. (Open WebUI runs with its follow-up and tag tasks off, so the
 // count is this request's own.)
 async function continueChat(page, server) {
+  const hits = 'deepinfer:prefix_cache_hits_total';
+  const queries = 'deepinfer:prefix_cache_queries_total';
   await idle(server);
-  const hits = await metric(server, 'deepinfer:prefix_cache_hits_total');
-  const queried = await metric(server, 'deepinfer:prefix_cache_queries_total');
+  const before = await scrape(server);
   await send(page, 'Say hello again.');
   await answer(page, 2, HELLO);
   await idle(server);
-  const found = (await metric(server, 'deepinfer:prefix_cache_hits_total')) - hits;
-  const prompt = (await metric(server, 'deepinfer:prefix_cache_queries_total')) - queried;
+  const after = await scrape(server);
+  const found = after(hits) - before(hits);
+  const prompt = after(queries) - before(queries);
   check(found >= 128, `the follow-up took ${found} of its ${prompt} prompt tokens from the prefix cache`);
 }
 
 // Turn 3: a long answer streams (its text grows) until Stop; the server aborts it.
 async function stopLongAnswer(page, server) {
+  const aborted = 'deepinfer:request_success_total{finished_reason="abort"';
   await idle(server);
-  const aborts = await metric(server, 'deepinfer:request_success_total{finished_reason="abort"');
+  const aborts = (await scrape(server))(aborted);
   await send(page, 'Now tell me a long story');
   const third = await answer(page, 3, 'Once upon a time');
   const lengths = [];
@@ -122,8 +130,7 @@ async function stopLongAnswer(page, server) {
   }
   check(lengths[0] < lengths[1] && lengths[1] < lengths[2], `the answer streams (${lengths.join(' < ')} characters)`);
   await page.locator('button[aria-label="Stop"]').click();
-  await until('the server to abort the request', async () =>
-    (await metric(server, 'deepinfer:request_success_total{finished_reason="abort"')) > aborts, 10000);
+  await until('the server to abort the request', async () => (await scrape(server))(aborted) > aborts, 10000);
   const stopped = (await third.innerText()).length;
   await page.waitForTimeout(1000);
   const after = await third.innerText();
