@@ -80,8 +80,8 @@ impl Route {
         let l = lanes(f);
         // AVX2's one-vector micro-kernel (12 rows × 8 columns) multiplies at 40 % of the
         // rate of its two-vector one (6 × 16): 50-53 against 130-140 GFLOP/s for an FP4
-        // 2048 × 4096 expert at 500 rows on a Zen 3 core pair. So there the strips are two
-        // vectors wide and only the last may be one.
+        // 2048 × 4096 expert at 500 rows on two cores of an AVX2-only EPYC. So there the
+        // strips are two vectors wide and only the last may be one.
         let pads_less = j.m.next_multiple_of(2 * l) - j.m > j.m.next_multiple_of(l) - j.m;
         let xw = if pads_less && (f == Isa::Avx512 || j.m <= l) {
             l
