@@ -28,8 +28,9 @@ pub struct KernelArgs {
     /// Activation rows for the decode (memory-bound) rows.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,16")]
     decode_m: Vec<usize>,
-    /// Activation rows for the prefill (compute-bound) rows (0: none).
-    #[arg(long, value_delimiter = ',', default_value = "128,512")]
+    /// Activation rows for the prefill (compute-bound) rows (0: none). 200 is an MoE
+    /// expert's kind of share of a prompt, not a multiple of the GEMM's strip width.
+    #[arg(long, value_delimiter = ',', default_value = "128,200,512")]
     prefill_m: Vec<usize>,
     /// Whose activations the products see: `official` marks them exact in bf16, as official
     /// numerics' FP8-rounded projection inputs are (FP8 and FP4 products then run on the AMX
