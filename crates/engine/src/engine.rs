@@ -781,6 +781,7 @@ impl EngineCore {
             if seq.first_scheduled.is_none() {
                 seq.first_scheduled = Some(now);
                 self.metrics
+                    .requests
                     .request_queue_time
                     .observe(secs(now - seq.request.arrival));
             }
@@ -944,13 +945,18 @@ impl EngineCore {
             None => {
                 seq.first_token_at = Some(now);
                 self.metrics
+                    .requests
                     .time_to_first_token
                     .observe(secs(now - seq.request.arrival));
                 self.metrics
                     .prompt_tokens
                     .inc_by(seq.request.prompt_ids.len() as u64);
             }
-            Some(prev) => self.metrics.inter_token_latency.observe(secs(now - prev)),
+            Some(prev) => self
+                .metrics
+                .requests
+                .inter_token_latency
+                .observe(secs(now - prev)),
         }
         seq.last_token_at = Some(now);
     }
@@ -1040,8 +1046,8 @@ impl EngineCore {
     }
 
     fn record_finished(&self, seq: &Sequence, reason: FinishReason) {
-        let m = &self.metrics;
-        m.request_finished(reason);
+        self.metrics.request_finished(reason);
+        let m = &self.metrics.requests;
         m.request_prompt_tokens
             .observe(seq.request.prompt_ids.len() as f64);
         m.request_generation_tokens

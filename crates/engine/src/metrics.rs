@@ -40,13 +40,8 @@ pub struct EngineMetrics {
     registry: Registry,
     /// Tokens per engine step; its count is the number of steps.
     pub iteration_tokens: Histogram,
-    pub time_to_first_token: Histogram,
-    pub inter_token_latency: Histogram,
-    pub request_time_per_output_token: Histogram,
-    pub e2e_request_latency: Histogram,
-    pub request_queue_time: Histogram,
-    pub request_prompt_tokens: Histogram,
-    pub request_generation_tokens: Histogram,
+    /// Each request's latencies and lengths.
+    pub requests: RequestMetrics,
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub num_preemptions: IntCounter,
@@ -71,6 +66,18 @@ pub struct EngineMetrics {
     cache_usage: prometheus::GaugeVec,
 }
 
+/// Per request (vLLM's request histograms): observed at its first token, between tokens and
+/// when it finishes.
+pub struct RequestMetrics {
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub request_time_per_output_token: Histogram,
+    pub e2e_request_latency: Histogram,
+    pub request_queue_time: Histogram,
+    pub request_prompt_tokens: Histogram,
+    pub request_generation_tokens: Histogram,
+}
+
 /// The disk tier's counters: its hits under vLLM's names for hits from outside the GPU
 /// cache (`external_prefix_cache_*`, which its KV connectors such as LMCache's disk offload
 /// fill), and its traffic.
@@ -85,8 +92,118 @@ pub struct DiskMetrics {
     pub bytes: IntGauge,
 }
 
-fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
-    HistogramOpts::new(format!("deepinfer:{name}"), help).buckets(buckets.to_vec())
+/// Makes series named `deepinfer:{name}` and registers them in one registry.
+struct Reg<'a>(&'a Registry);
+
+impl Reg<'_> {
+    fn add<M: prometheus::core::Collector + Clone + 'static>(&self, m: M) -> M {
+        self.0.register(Box::new(m.clone())).expect("unique name");
+        m
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+        let opts = HistogramOpts::new(format!("deepinfer:{name}"), help).buckets(buckets.to_vec());
+        self.add(Histogram::with_opts(opts).expect("valid histogram"))
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(format!("deepinfer:{name}"), help).expect("valid counter"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(format!("deepinfer:{name}"), help).expect("valid gauge"))
+    }
+
+    fn counters(&self, name: &str, help: &str, label: &str) -> IntCounterVec {
+        let opts = Opts::new(format!("deepinfer:{name}"), help);
+        self.add(IntCounterVec::new(opts, &[label]).expect("valid counter"))
+    }
+
+    fn gauges(&self, name: &str, help: &str, label: &str) -> prometheus::GaugeVec {
+        let opts = Opts::new(format!("deepinfer:{name}"), help);
+        self.add(prometheus::GaugeVec::new(opts, &[label]).expect("valid gauge"))
+    }
+}
+
+impl RequestMetrics {
+    fn new(r: &Reg) -> Self {
+        Self {
+            time_to_first_token: r.histogram(
+                "time_to_first_token_seconds",
+                "Time from arrival to the first output token.",
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency: r.histogram(
+                "inter_token_latency_seconds",
+                "Time between consecutive output tokens of a request.",
+                ITL_BUCKETS,
+            ),
+            request_time_per_output_token: r.histogram(
+                "request_time_per_output_token_seconds",
+                "Per request: decode time divided by output tokens after the first (TPOT).",
+                ITL_BUCKETS,
+            ),
+            e2e_request_latency: r.histogram(
+                "e2e_request_latency_seconds",
+                "Time from arrival to the last output token.",
+                LATENCY_BUCKETS,
+            ),
+            request_queue_time: r.histogram(
+                "request_queue_time_seconds",
+                "Time from arrival to the first scheduled step.",
+                LATENCY_BUCKETS,
+            ),
+            request_prompt_tokens: r.histogram(
+                "request_prompt_tokens",
+                "Prompt length of finished requests.",
+                TOKEN_BUCKETS,
+            ),
+            request_generation_tokens: r.histogram(
+                "request_generation_tokens",
+                "Output length of finished requests.",
+                TOKEN_BUCKETS,
+            ),
+        }
+    }
+}
+
+impl DiskMetrics {
+    fn new(r: &Reg) -> Self {
+        Self {
+            queries: r.counter(
+                "external_prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache on disk (past the memory hit).",
+            ),
+            hits: r.counter(
+                "external_prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache on disk.",
+            ),
+            read_bytes: r.counter(
+                "prefix_cache_disk_read_bytes_total",
+                "Bytes of prefix cache entries read from disk.",
+            ),
+            written_bytes: r.counter(
+                "prefix_cache_disk_written_bytes_total",
+                "Bytes of prefix cache entries written to disk.",
+            ),
+            dropped_writes: r.counter(
+                "prefix_cache_disk_dropped_writes_total",
+                "Entries not written because the write queue was full.",
+            ),
+            errors: r.counter(
+                "prefix_cache_disk_errors_total",
+                "Failed disk writes and entries found corrupt, torn or foreign.",
+            ),
+            entries: r.gauge(
+                "prefix_cache_disk_entries",
+                "Entries in the prefix cache directory.",
+            ),
+            bytes: r.gauge(
+                "prefix_cache_disk_bytes",
+                "Bytes in the prefix cache directory.",
+            ),
+        }
+    }
 }
 
 impl EngineMetrics {
@@ -97,172 +214,70 @@ impl EngineMetrics {
             Some([("model_name".into(), model_name.into())].into()),
         )
         .expect("a constant label with a valid name");
-        let h = |opts: HistogramOpts| {
-            let m = Histogram::with_opts(opts).expect("valid histogram");
-            registry.register(Box::new(m.clone())).expect("unique name");
-            m
-        };
-        let c = |name: &str, help: &str| {
-            let m = IntCounter::new(format!("deepinfer:{name}"), help).expect("valid counter");
-            registry.register(Box::new(m.clone())).expect("unique name");
-            m
-        };
-        let g = |name: &str, help: &str| {
-            let m = IntGauge::new(format!("deepinfer:{name}"), help).expect("valid gauge");
-            registry.register(Box::new(m.clone())).expect("unique name");
-            m
-        };
-        let request_success = IntCounterVec::new(
-            Opts::new(
-                "deepinfer:request_success_total",
-                "Finished requests, by finish reason.",
-            ),
-            &["finished_reason"],
-        )
-        .expect("valid counter");
-        registry
-            .register(Box::new(request_success.clone()))
-            .expect("unique name");
-        let cache_usage = prometheus::GaugeVec::new(
-            Opts::new(
-                "deepinfer:kv_cache_usage_perc",
-                "Share of each cache pool in use (1 = full).",
-            ),
-            &["pool"],
-        )
-        .expect("valid gauge");
-        registry
-            .register(Box::new(cache_usage.clone()))
-            .expect("unique name");
-        let spec_decode_accepted_per_pos = IntCounterVec::new(
-            Opts::new(
-                "deepinfer:spec_decode_num_accepted_tokens_per_pos_total",
-                "Accepted draft tokens, by position in the draft (0 = first).",
-            ),
-            &["position"],
-        )
-        .expect("valid counter");
-        registry
-            .register(Box::new(spec_decode_accepted_per_pos.clone()))
-            .expect("unique name");
+        let r = Reg(&registry);
         Self {
-            iteration_tokens: h(histogram(
+            iteration_tokens: r.histogram(
                 "iteration_tokens_total",
                 "Tokens per engine step (prefill chunks, decode and draft tokens).",
                 STEP_TOKEN_BUCKETS,
-            )),
-            spec_decode_num_drafts: c(
-                "spec_decode_num_drafts_total",
-                "Verify rounds: sequences that had draft tokens verified, per step.",
             ),
-            spec_decode_num_draft_tokens: c(
-                "spec_decode_num_draft_tokens_total",
-                "Draft tokens verified.",
-            ),
-            spec_decode_num_accepted_tokens: c(
-                "spec_decode_num_accepted_tokens_total",
-                "Draft tokens accepted.",
-            ),
-            spec_decode_accepted_per_pos,
-            time_to_first_token: h(histogram(
-                "time_to_first_token_seconds",
-                "Time from arrival to the first output token.",
-                LATENCY_BUCKETS,
-            )),
-            inter_token_latency: h(histogram(
-                "inter_token_latency_seconds",
-                "Time between consecutive output tokens of a request.",
-                ITL_BUCKETS,
-            )),
-            request_time_per_output_token: h(histogram(
-                "request_time_per_output_token_seconds",
-                "Per request: decode time divided by output tokens after the first (TPOT).",
-                ITL_BUCKETS,
-            )),
-            e2e_request_latency: h(histogram(
-                "e2e_request_latency_seconds",
-                "Time from arrival to the last output token.",
-                LATENCY_BUCKETS,
-            )),
-            request_queue_time: h(histogram(
-                "request_queue_time_seconds",
-                "Time from arrival to the first scheduled step.",
-                LATENCY_BUCKETS,
-            )),
-            request_prompt_tokens: h(histogram(
-                "request_prompt_tokens",
-                "Prompt length of finished requests.",
-                TOKEN_BUCKETS,
-            )),
-            request_generation_tokens: h(histogram(
-                "request_generation_tokens",
-                "Output length of finished requests.",
-                TOKEN_BUCKETS,
-            )),
-            prompt_tokens: c("prompt_tokens_total", "Prompt tokens prefilled."),
-            generation_tokens: c("generation_tokens_total", "Output tokens generated."),
-            num_preemptions: c(
+            requests: RequestMetrics::new(&r),
+            prompt_tokens: r.counter("prompt_tokens_total", "Prompt tokens prefilled."),
+            generation_tokens: r.counter("generation_tokens_total", "Output tokens generated."),
+            num_preemptions: r.counter(
                 "num_preemptions_total",
                 "Sequences preempted (their cache freed, recomputed later).",
             ),
-            structured_output_masks: c(
+            structured_output_masks: r.counter(
                 "structured_output_masks_total",
                 "Token masks computed for structured outputs (one per constrained row sampled).",
             ),
-            structured_output_mask_time: h(histogram(
+            structured_output_mask_time: r.histogram(
                 "structured_output_mask_seconds",
                 "Time per step spent computing structured-output masks, beside the forward pass.",
                 LATENCY_BUCKETS,
-            )),
-            prefix_cache_queries: c(
+            ),
+            prefix_cache_queries: r.counter(
                 "prefix_cache_queries_total",
                 "Prefix cache queries, in tokens: every token of a sequence admitted.",
             ),
-            prefix_cache_hits: c(
+            prefix_cache_hits: r.counter(
                 "prefix_cache_hits_total",
                 "Prefix cache hits, in tokens: those found computed in the cache.",
             ),
-            prefix_disk: DiskMetrics {
-                queries: c(
-                    "external_prefix_cache_queries_total",
-                    "Prompt tokens looked up in the prefix cache on disk (past the memory hit).",
-                ),
-                hits: c(
-                    "external_prefix_cache_hits_total",
-                    "Prompt tokens found in the prefix cache on disk.",
-                ),
-                read_bytes: c(
-                    "prefix_cache_disk_read_bytes_total",
-                    "Bytes of prefix cache entries read from disk.",
-                ),
-                written_bytes: c(
-                    "prefix_cache_disk_written_bytes_total",
-                    "Bytes of prefix cache entries written to disk.",
-                ),
-                dropped_writes: c(
-                    "prefix_cache_disk_dropped_writes_total",
-                    "Entries not written because the write queue was full.",
-                ),
-                errors: c(
-                    "prefix_cache_disk_errors_total",
-                    "Failed disk writes and entries found corrupt, torn or foreign.",
-                ),
-                entries: g(
-                    "prefix_cache_disk_entries",
-                    "Entries in the prefix cache directory.",
-                ),
-                bytes: g(
-                    "prefix_cache_disk_bytes",
-                    "Bytes in the prefix cache directory.",
-                ),
-            },
-            request_success,
-            num_requests_running: g(
+            prefix_disk: DiskMetrics::new(&r),
+            spec_decode_num_drafts: r.counter(
+                "spec_decode_num_drafts_total",
+                "Verify rounds: sequences that had draft tokens verified, per step.",
+            ),
+            spec_decode_num_draft_tokens: r.counter(
+                "spec_decode_num_draft_tokens_total",
+                "Draft tokens verified.",
+            ),
+            spec_decode_num_accepted_tokens: r.counter(
+                "spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+            ),
+            spec_decode_accepted_per_pos: r.counters(
+                "spec_decode_num_accepted_tokens_per_pos_total",
+                "Accepted draft tokens, by position in the draft (0 = first).",
+                "position",
+            ),
+            request_success: r.counters(
+                "request_success_total",
+                "Finished requests, by finish reason.",
+                "finished_reason",
+            ),
+            num_requests_running: r.gauge(
                 "num_requests_running",
                 "Requests holding a cache and being stepped.",
             ),
-            num_requests_waiting: g("num_requests_waiting", "Requests queued for admission."),
-            cache_usage,
+            num_requests_waiting: r.gauge("num_requests_waiting", "Requests queued for admission."),
+            cache_usage: r.gauges(
+                "kv_cache_usage_perc",
+                "Share of each cache pool in use (1 = full).",
+                "pool",
+            ),
             registry,
         }
     }
@@ -355,7 +370,7 @@ mod tests {
     #[test]
     fn renders_vllm_names_with_the_model_label() {
         let m = EngineMetrics::new("tiny");
-        m.time_to_first_token.observe(0.03);
+        m.requests.time_to_first_token.observe(0.03);
         m.prompt_tokens.inc_by(7);
         m.request_finished(FinishReason::Length);
         m.set_cache_usage([PoolUsage {
