@@ -165,6 +165,122 @@ unsafe fn stream_sums<K: Kernels>(
     }
 }
 
+/// What every micro-tile of one [`gemm_rows`] call shares.
+struct TileRun<'a, 'b> {
+    plan: &'a Plan,
+    how: &'a Rows<'b>,
+    /// The first of the call's weight rows.
+    row0: usize,
+    /// Elements per row the micro-kernels cover (the rest is the scalar tail).
+    main: usize,
+    /// Panel rows per stream (`main / (2 · LANES)`).
+    run: usize,
+    /// Whether the panel is packed stream by stream ([`pack`]).
+    streams: usize,
+}
+
+impl TileRun<'_, '_> {
+    /// Rows `row0 + n0 ..` (`nr` of them, packed in `panel`) against the strip of columns
+    /// from `m0`: the micro-kernels' sums (in the fused kernels' streams when the plan is
+    /// batch invariant), then each output's rescale and scalar tail, into `y`.
+    ///
+    /// # Safety
+    /// As [`gemm_rows`]; the panel holds `main` rows of `nr` floats, this tile owns its
+    /// outputs, `partial` holds `LANES_MAX` tiles.
+    unsafe fn tile<K: Kernels>(
+        &self,
+        panel: &[f32],
+        (m0, n0, nr): (usize, usize, usize),
+        next: Prefetch,
+        partial: &mut [f32],
+    ) {
+        let (plan, main) = (self.plan, self.main);
+        let (k, m) = (plan.w().cols, plan.m);
+        let (xt, xw, xw_last) = plan.xt();
+        let xw = if m0 + xw >= m { xw_last } else { xw };
+        let cols = xw.min(m - m0);
+        let row0 = self.row0 + n0;
+        // The outputs' cache lines, fetched while the micro-kernel computes (writing them
+        // cold stalls on every line).
+        for c in 0..cols {
+            let y = plan.y.wrapping_add((m0 + c) * plan.n + row0 - plan.row0);
+            for line in (0..nr).step_by(16) {
+                // SAFETY: a prefetch never faults.
+                unsafe { _mm_prefetch(y.wrapping_add(line).cast::<i8>(), _MM_HINT_T0) };
+            }
+        }
+        let len = nr * xw;
+        if main > 0 && !plan.invariant {
+            // SAFETY: the panel holds `main` rows of `nr` floats, the strip of `xt`
+            // `k` rows of `xw` floats, `partial` at least NW · XW floats.
+            unsafe {
+                let x = (xt.add(m0 * k), xw);
+                K::gemm(
+                    panel.as_ptr(),
+                    nr,
+                    x,
+                    (main, 1),
+                    partial.as_mut_ptr(),
+                    next,
+                    &[],
+                )
+            };
+        } else if main > 0 {
+            let strip = xt.wrapping_add(m0 * k);
+            // SAFETY: the panel holds `main` rows of `nr` floats, the strip `k` rows of
+            // `xw` floats laid out stream by stream; `partial` holds LANES_MAX tiles.
+            unsafe {
+                let panel = (panel.as_ptr(), self.streams > 1);
+                stream_sums::<K>(panel, nr, (strip, xw), self.run, partial, next)
+            };
+        } else {
+            partial[..len].fill(0.0);
+        }
+        // SAFETY: as the function's.
+        unsafe { self.store(&partial[..len], (m0, cols, xw), row0, nr) };
+    }
+
+    /// Writes a tile's results `out` (`[row][column]`, `xw` columns a row) for columns
+    /// `m0 .. m0 + cols` and rows `row0 .. row0 + nr`, rescaled, plus each output's scalar
+    /// tail. Column by column: a column's rows are contiguous in `y` (`[m][n]`), so the
+    /// stores stream instead of striding `n` floats (often a multiple of 4 KiB, which lands
+    /// every store of a row in the same L1 set).
+    ///
+    /// # Safety
+    /// This tile owns those outputs.
+    unsafe fn store(
+        &self,
+        out: &[f32],
+        (m0, cols, xw): (usize, usize, usize),
+        row0: usize,
+        nr: usize,
+    ) {
+        let (plan, how, main) = (self.plan, self.how, self.main);
+        let k = plan.w().cols;
+        // The plan's activations are as given here (the kernels' layout is in `xt`), so the
+        // tail takes the exact weights with no factor to undo.
+        let (exact, mult) = how.exact.unwrap_or((how.weight, 1.0));
+        for c in 0..cols {
+            // SAFETY: (m0 + c, row0 + t) for t < nr belongs to this tile.
+            let y = unsafe {
+                std::slice::from_raw_parts_mut(plan.y.add((m0 + c) * plan.n + row0 - plan.row0), nr)
+            };
+            for (t, v) in y.iter_mut().enumerate() {
+                *v = out[t * xw + c] * how.post;
+            }
+            if main < k {
+                for (t, v) in y.iter_mut().enumerate() {
+                    let mut o: Out = [[0.0; M_MAX]; 2];
+                    let mut xs = [std::ptr::null(); M_MAX];
+                    xs[0] = plan.x_row(m0 + c).as_ptr();
+                    tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main..k, mult, exact);
+                    *v += o[0][0];
+                }
+            }
+        }
+    }
+}
+
 /// Rows `rows` of the plan's matrix against the activation strips of `part`.
 ///
 /// # Safety
@@ -175,10 +291,9 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
     part: usize,
     how: &Rows,
 ) {
-    let (k, m) = (plan.w().cols, plan.m);
+    let k = plan.w().cols;
     let main = how.main_elems::<K>();
-    let run = main / (2 * K::LANES);
-    let (xt, xw, xw_last) = plan.xt();
+    let (_, xw, _) = plan.xt();
     let nw = K::GEMM_NW[xw / K::LANES - 1];
     let ldw = k + ROW_PAD;
     let n_rows = rows.len();
@@ -194,6 +309,14 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
         2 * K::LANES
     } else {
         1
+    };
+    let run = TileRun {
+        plan,
+        how,
+        row0: rows.start,
+        main,
+        run: main / (2 * K::LANES),
+        streams,
     };
     let panel_len = if per_group { nw * main } else { n_rows * main };
     super::super::with_scratch3(nw * ldw + panel_len, |buf| {
@@ -213,88 +336,9 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
             // main · n floats; every AVX family has AVX2.
             unsafe { pack(src, lds, n, (main, streams), panel.as_mut_ptr()) };
         };
-        if !per_group {
-            for n0 in (0..n_rows).step_by(nw) {
-                let nr = nw.min(n_rows - n0);
-                prepare(&mut panels[n0 * main..], rows.start + n0, nr);
-            }
-        }
         // Each lane's folded sums; lane 0 ends with the tile's results.
         let mut partial = [0.0f32; LANES_MAX * TILE_MAX];
-        let n_rows = rows.len();
-        // The plan's activations are as given here (the kernels' layout is in `xt`), so the
-        // tail takes the exact weights with no factor to undo.
-        let (exact, mult) = how.exact.unwrap_or((how.weight, 1.0));
-        let mut tile = |panel: &[f32], m0: usize, n0: usize, nr: usize, next: Prefetch| {
-            let xw = if m0 + xw >= m { xw_last } else { xw };
-            let cols = xw.min(m - m0);
-            let row0 = rows.start + n0;
-            // The outputs' cache lines, fetched while the micro-kernel computes (writing them
-            // cold stalls on every line).
-            for c in 0..cols {
-                let y = plan.y.wrapping_add((m0 + c) * plan.n + row0 - plan.row0);
-                for line in (0..nr).step_by(16) {
-                    // SAFETY: a prefetch never faults.
-                    unsafe {
-                        std::arch::x86_64::_mm_prefetch(
-                            y.wrapping_add(line).cast::<i8>(),
-                            std::arch::x86_64::_MM_HINT_T0,
-                        )
-                    };
-                }
-            }
-            let len = nr * xw;
-            if main > 0 && !plan.invariant {
-                // SAFETY: the panel holds `main` rows of `nr` floats, the strip of `xt`
-                // `k` rows of `xw` floats, `partial` at least NW · XW floats.
-                unsafe {
-                    K::gemm(
-                        panel.as_ptr(),
-                        nr,
-                        (xt.add(m0 * k), xw),
-                        (main, 1),
-                        partial.as_mut_ptr(),
-                        next,
-                        &[],
-                    )
-                };
-            } else if main > 0 {
-                let strip = xt.wrapping_add(m0 * k);
-                // SAFETY: the panel holds `main` rows of `nr` floats, the strip `k` rows of
-                // `xw` floats laid out stream by stream; `partial` holds LANES_MAX tiles.
-                unsafe {
-                    let panel = (panel.as_ptr(), streams > 1);
-                    stream_sums::<K>(panel, nr, (strip, xw), run, &mut partial, next)
-                };
-            } else {
-                partial[..len].fill(0.0);
-            }
-            let out = &partial[..len];
-            // Column by column: a column's rows are contiguous in `y` (`[m][n]`), so the
-            // stores stream instead of striding `n` floats (often a multiple of 4 KiB, which
-            // lands every store of a row in the same L1 set).
-            for c in 0..cols {
-                // SAFETY: (m0 + c, row0 + t) for t < nr belongs to this tile.
-                let y = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        plan.y.add((m0 + c) * plan.n + row0 - plan.row0),
-                        nr,
-                    )
-                };
-                for (t, v) in y.iter_mut().enumerate() {
-                    *v = out[t * xw + c] * how.post;
-                }
-                if main < k {
-                    for (t, v) in y.iter_mut().enumerate() {
-                        let mut o: Out = [[0.0; M_MAX]; 2];
-                        let mut xs = [std::ptr::null(); M_MAX];
-                        xs[0] = plan.x_row(m0 + c).as_ptr();
-                        tails(&mut o, row0 + t..row0 + t + 1, 1, xs, main..k, mult, exact);
-                        *v += o[0][0];
-                    }
-                }
-            }
-        };
+        let strips = mine.clone().map(|s| s * xw);
         if per_group {
             // The rows decoded next (past the tile: the matrix's next rows) are fetched from
             // memory while this group computes.
@@ -308,25 +352,22 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
                     at: stored.wrapping_add(first * row_bytes),
                     bytes: nw.min(w_rows.saturating_sub(first)) * row_bytes,
                 };
-                for m0 in mine.clone().map(|s| s * xw) {
-                    let next = if m0 == mine.start * xw {
-                        next
-                    } else {
-                        Prefetch::NONE
-                    };
-                    tile(panels, m0, n0, nr, next);
+                for (i, m0) in strips.clone().enumerate() {
+                    let next = if i == 0 { next } else { Prefetch::NONE };
+                    // SAFETY: as the function's; the group's panel was just packed.
+                    unsafe { run.tile::<K>(panels, (m0, n0, nr), next, &mut partial) };
                 }
             }
         } else {
-            for m0 in mine.clone().map(|s| s * xw) {
+            for n0 in (0..n_rows).step_by(nw) {
+                let nr = nw.min(n_rows - n0);
+                prepare(&mut panels[n0 * main..], rows.start + n0, nr);
+            }
+            for m0 in strips {
                 for n0 in (0..n_rows).step_by(nw) {
-                    tile(
-                        &panels[n0 * main..],
-                        m0,
-                        n0,
-                        nw.min(n_rows - n0),
-                        Prefetch::NONE,
-                    );
+                    let (nr, panel) = (nw.min(n_rows - n0), &panels[n0 * main..]);
+                    // SAFETY: as the function's; every panel was packed above.
+                    unsafe { run.tile::<K>(panel, (m0, n0, nr), Prefetch::NONE, &mut partial) };
                 }
             }
         }
