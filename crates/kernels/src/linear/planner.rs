@@ -78,10 +78,11 @@ impl Route {
     fn gemm_cols(&self, j: &Matmul) -> Option<(usize, usize, usize)> {
         let f = family(j.w, self.isa);
         let l = lanes(f);
-        // AVX2's one-vector micro-kernel (12 rows × 8 columns) multiplies at 40 % of the
-        // rate of its two-vector one (6 × 16): 50-53 against 130-140 GFLOP/s for an FP4
-        // 2048 × 4096 expert at 500 rows on two cores of an AVX2-only EPYC. So there the
-        // strips are two vectors wide and only the last may be one.
+        // AVX2's one-vector micro-kernel (12 rows × 8 columns) multiplies at 40-60 % of the
+        // rate of its two-vector one (6 × 16): 50-57 against 91-140 GFLOP/s at 200 and 500
+        // rows on two cores of an AVX2-only EPYC (`bench kernels --shapes flash`,
+        // docs/PERFORMANCE.md). So there the strips are two vectors wide and only the last
+        // may be one.
         let pads_less = j.m.next_multiple_of(2 * l) - j.m > j.m.next_multiple_of(l) - j.m;
         let xw = if pads_less && (f == Isa::Avx512 || j.m <= l) {
             l

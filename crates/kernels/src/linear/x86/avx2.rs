@@ -217,7 +217,8 @@ impl Kernels for Avx2 {
     const M_GROUP: usize = 4;
     // Two weight rows at two activation rows need eight accumulators beside a decoded chunk
     // and its activations, more than sixteen registers: the sums went to the stack, and one
-    // row at a time ran 10 % (FP8) to 32 % (FP4) faster there (docs/PERFORMANCE.md).
+    // row at a time ran 20 % (FP8) to 30 % (FP4) faster there (`bench kernels --shapes
+    // flash`, docs/PERFORMANCE.md).
     const PAIRS_UP_TO: usize = 1;
     const GEMM_NW: [usize; 2] = [12, 6];
 

@@ -176,7 +176,7 @@ struct TileRun<'a, 'b> {
     /// Panel rows per stream (`main / (2 · LANES)`).
     run: usize,
     /// Whether the panel is packed stream by stream ([`pack`]).
-    streams: usize,
+    sorted: bool,
 }
 
 impl TileRun<'_, '_> {
@@ -230,7 +230,7 @@ impl TileRun<'_, '_> {
             // SAFETY: the panel holds `main` rows of `nr` floats, the strip `k` rows of
             // `xw` floats laid out stream by stream; `partial` holds LANES_MAX tiles.
             unsafe {
-                let panel = (panel.as_ptr(), self.streams > 1);
+                let panel = (panel.as_ptr(), self.sorted);
                 stream_sums::<K>(panel, nr, (strip, xw), self.run, partial, next)
             };
         } else {
@@ -316,7 +316,7 @@ pub(super) unsafe fn gemm_rows<K: Kernels>(
         row0: rows.start,
         main,
         run: main / (2 * K::LANES),
-        streams,
+        sorted: streams > 1,
     };
     let panel_len = if per_group { nw * main } else { n_rows * main };
     super::super::with_scratch3(nw * ldw + panel_len, |buf| {
