@@ -86,11 +86,9 @@ impl EngineArgs {
         let budget = split.weights;
         let _ = self.split.set(split);
         if self.prefix_cache_dir.is_some() {
-            let config = std::fs::read(dir.join("config.json"))
-                .with_context(|| format!("reading {}", dir.join("config.json").display()))?;
-            let _ = self
-                .checkpoint
-                .set(Checkpoint::open(dir)?.identity(&config));
+            let ck = Checkpoint::open(dir)?;
+            let (_, config) = ModelConfig::of_checkpoint(dir, &ck)?;
+            let _ = self.checkpoint.set(ck.identity(&config));
         }
         self.load.load(dir, budget, progress)
     }
@@ -122,8 +120,9 @@ impl EngineArgs {
 
     /// The split for the checkpoint in `dir`, read from its config and tensor index.
     fn memory_split(&self, dir: &Path) -> Result<Split> {
-        let model = ModelConfig::from_file(&dir.join("config.json"))?;
-        let bytes = StoredBytes::of(&Checkpoint::open(dir)?);
+        let ck = Checkpoint::open(dir)?;
+        let (model, _) = ModelConfig::of_checkpoint(dir, &ck)?;
+        let bytes = StoredBytes::of(&ck);
         // The ranks of a job share the weights (roughly evenly: the model's own plan, per
         // rank, is what holds them to their budget).
         let ranks = ranks::world().map_or(1, |w| w.size()) as u64;

@@ -12,10 +12,11 @@ use hf_hub::{Repo, RepoType};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// The checkpoint directory `--model` names: an existing directory as it is, else a repo
+/// The checkpoint `--model` names: an existing directory or GGUF file as it is, else a repo
 /// id resolved through the Hugging Face cache.
 pub fn resolve(model: &Path, revision: Option<&str>) -> Result<PathBuf> {
-    if model.is_dir() {
+    let gguf = model.is_file() && model.extension().is_some_and(|e| e == "gguf");
+    if model.is_dir() || gguf {
         if let Some(rev) = revision {
             bail!("--revision {rev} applies to a Hugging Face repo id, not to the directory --model {}", model.display());
         }
@@ -23,7 +24,8 @@ pub fn resolve(model: &Path, revision: Option<&str>) -> Result<PathBuf> {
     }
     let Some(id) = model.to_str().filter(|s| is_repo_id(s)) else {
         bail!(
-            "--model {}: no such directory, and not a Hugging Face repo id (org/name)",
+            "--model {}: no such directory or .gguf file, and not a Hugging Face repo id \
+             (org/name)",
             model.display()
         );
     };

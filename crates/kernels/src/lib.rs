@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod choice;
 pub mod cpu;
 pub mod formats;
+pub mod ggml;
 pub mod linear;
 pub mod matrix;
 pub mod norm;

@@ -8,6 +8,7 @@
 
 use crate::buffer::WeightBytes;
 use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
+use crate::ggml::Block;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MatrixError {
@@ -39,6 +40,8 @@ pub enum Format {
     Fp8,
     /// FP4 E2M1, two codes per byte (low nibble first), one E8M0 scale per `group` inputs.
     Fp4,
+    /// One of llama.cpp's block formats, as a GGUF file stores it.
+    Ggml(Block),
 }
 
 impl Format {
@@ -48,6 +51,7 @@ impl Format {
             Format::Bf16 => "bf16",
             Format::Fp8 => "fp8",
             Format::Fp4 => "fp4",
+            Format::Ggml(b) => b.name(),
         }
     }
 }
@@ -69,6 +73,11 @@ pub(crate) enum Data {
         /// E8M0 bytes, `[rows, ceil(cols / group)]`.
         scales: Vec<u8>,
         group: usize,
+    },
+    /// Rows of ggml blocks, scales inside ([`Block`]).
+    Ggml {
+        block: Block,
+        bytes: WeightBytes,
     },
 }
 
@@ -325,6 +334,41 @@ impl QMatrix {
         })
     }
 
+    /// A matrix of ggml blocks over its bytes (`rows` rows of `cols / block.elems()` blocks
+    /// each, as a GGUF file stores them). The kernels take its rows through the scalar path
+    /// until a family has kernels for the format.
+    pub fn ggml_in(
+        rows: usize,
+        cols: usize,
+        block: Block,
+        bytes: WeightBytes,
+    ) -> Result<Self, MatrixError> {
+        if !cols.is_multiple_of(block.elems()) {
+            return Err(MatrixError::Length {
+                what: "a block format's rows (columns not a whole number of blocks)",
+                rows,
+                cols,
+                found: bytes.len(),
+                expected: rows * cols.div_ceil(block.elems()) * block.bytes(),
+            });
+        }
+        check_len(
+            block.name(),
+            rows,
+            cols,
+            bytes.len(),
+            rows * block.row_bytes(cols),
+        )?;
+        Ok(Self {
+            rows,
+            cols,
+            data: Data::Ggml { block, bytes },
+            fast_ok: false,
+            exact_bf16: false,
+            dots_ok: false,
+        })
+    }
+
     /// The node whose memory holds this matrix whole, if one does (see
     /// [`WeightBytes::home`]): its products run there first.
     pub fn home(&self) -> Option<usize> {
@@ -332,6 +376,7 @@ impl QMatrix {
             Data::F32(b) | Data::Bf16(b) => b.home(),
             Data::Fp8 { codes, .. } => codes.home(),
             Data::Fp4 { packed, .. } => packed.home(),
+            Data::Ggml { bytes, .. } => bytes.home(),
         }
     }
 
@@ -341,13 +386,14 @@ impl QMatrix {
             Data::Bf16(_) => Format::Bf16,
             Data::Fp8 { .. } => Format::Fp8,
             Data::Fp4 { .. } => Format::Fp4,
+            Data::Ggml { block, .. } => Format::Ggml(block),
         }
     }
 
     /// Bytes a full pass over the matrix reads: weights plus scales, as stored.
     pub fn stored_bytes(&self) -> usize {
         match &self.data {
-            Data::F32(b) | Data::Bf16(b) => b.len(),
+            Data::F32(b) | Data::Bf16(b) | Data::Ggml { bytes: b, .. } => b.len(),
             Data::Fp8 { codes, scales, .. } => codes.len() + scales.len(),
             Data::Fp4 { packed, scales, .. } => packed.len() + scales.len(),
         }
@@ -393,6 +439,10 @@ impl QMatrix {
                     out[j] = e2m1_to_f32(b & 0xF) * e8m0_to_f32(s[j / group]);
                     out[j + 1] = e2m1_to_f32(b >> 4) * e8m0_to_f32(s[(j + 1) / group]);
                 }
+            }
+            Data::Ggml { block, bytes } => {
+                let n = block.row_bytes(c);
+                block.decode_row(&bytes.as_bytes()[r * n..(r + 1) * n], out);
             }
         }
     }

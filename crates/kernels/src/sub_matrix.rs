@@ -36,6 +36,7 @@ impl QMatrix {
             Data::Fp8 { br, bc, .. } => (*br, *bc),
             // Two codes per byte, one scale per group.
             Data::Fp4 { group, .. } => (1, group.next_multiple_of(2)),
+            Data::Ggml { block, .. } => (1, block.elems()),
         }
     }
 
@@ -54,9 +55,11 @@ impl QMatrix {
         );
         let (br, bc) = self.cut_blocks();
         let (r0, c0) = (floor_to(rows.start, br), floor_to(cols.start, bc));
-        // FP4 packs two columns per byte: an odd end takes the next column too.
-        let c1 = match self.data {
+        // FP4 packs two columns per byte: an odd end takes the next column too; a block
+        // format's end is its block's.
+        let c1 = match &self.data {
             Data::Fp4 { .. } => cols.end.next_multiple_of(2),
+            Data::Ggml { block, .. } => cols.end.next_multiple_of(block.elems()),
             _ => cols.end,
         };
         let r1 = rows.end;
@@ -100,6 +103,12 @@ impl QMatrix {
                     grid.extend_from_slice(&scales[r * groups + sc.start..r * groups + sc.end]);
                 }
                 QMatrix::fp4_in(n_rows, n_cols, packed, grid, *group)
+            }
+            Data::Ggml { block, bytes } => {
+                let at = |c: usize| block.row_bytes(c);
+                let row = at(self.cols);
+                let bytes = copy_cells(bytes.as_bytes(), row, r0..r1, at(c0)..at(c1));
+                QMatrix::ggml_in(n_rows, n_cols, *block, bytes)
             }
         };
         SubMatrix {

@@ -23,6 +23,8 @@ pub enum Op {
     MatmulBf16,
     MatmulFp8,
     MatmulFp4,
+    /// Products on llama.cpp's block formats (GGUF files).
+    MatmulGgml,
     /// Scores, softmax with the sink and the weighted sum over window and compressed keys.
     Attention,
     /// The lightning indexer's scoring and top-k.
@@ -40,11 +42,12 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 12] = [
         Op::MatmulF32,
         Op::MatmulBf16,
         Op::MatmulFp8,
         Op::MatmulFp4,
+        Op::MatmulGgml,
         Op::Attention,
         Op::Indexer,
         Op::Compressor,
@@ -60,6 +63,7 @@ impl Op {
             Op::MatmulBf16 => "matmul bf16",
             Op::MatmulFp8 => "matmul fp8",
             Op::MatmulFp4 => "matmul fp4",
+            Op::MatmulGgml => "matmul ggml",
             Op::Attention => "attention",
             Op::Indexer => "indexer",
             Op::Compressor => "compressor",
@@ -76,6 +80,7 @@ impl Op {
             Format::Bf16 => Op::MatmulBf16,
             Format::Fp8 => Op::MatmulFp8,
             Format::Fp4 => Op::MatmulFp4,
+            Format::Ggml(_) => Op::MatmulGgml,
         }
     }
 }
@@ -172,7 +177,8 @@ pub fn matmul(w: &QMatrix, x: &[f32], m: usize, y: &mut [f32]) {
 /// Several products in one parallel pass, counted; with profiling on, the pass's time is
 /// shared among the jobs' formats by the weight bytes each reads.
 pub fn matmuls(jobs: &mut [Matmul<'_>]) {
-    let mut bytes = [0u64; 4];
+    // Indexed by the matmul ops, which come first in `Op::ALL`.
+    let mut bytes = [0u64; Op::MatmulGgml as usize + 1];
     for j in jobs.iter() {
         let b = weight_bytes(j.w, j.rows.len());
         let flops = 2 * (j.m * j.rows.len() * j.w.cols) as u64;

@@ -405,6 +405,7 @@ fn runs_on(w: &QMatrix, isa: Isa) -> bool {
             Data::Fp8 { bc, .. } => bc.is_multiple_of(4) || w.cols <= *bc,
             Data::Fp4 { group, .. } => group.is_power_of_two() && *group >= 32,
             Data::F32(_) | Data::Bf16(_) => true,
+            Data::Ggml { .. } => false,
         }
 }
 

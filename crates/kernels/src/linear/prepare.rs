@@ -35,6 +35,7 @@ fn slot(format: Format, l: usize, e: usize) -> usize {
         // s = 2(p mod 4) + p / 4 (the even elements' vectors first): a transpose, rows
         // reordered
         Format::Fp4 => (4 * (e % 2) + (e % 8) / 2) * l + e / 8,
+        Format::Ggml(_) => e,
     }
 }
 
@@ -48,6 +49,8 @@ fn interleave(format: Format, l: usize) -> (usize, fn(usize) -> usize) {
         Format::Fp8 => (4, |q| q),
         Format::Fp4 if l == 16 => (2, |q| q),
         Format::Fp4 => (8, |s| 4 * (s % 2) + s / 2),
+        // No family has fused kernels for these yet: they run on the scalar path.
+        Format::Ggml(_) => (1, |q| q),
     }
 }
 

@@ -36,6 +36,12 @@ pub enum CheckpointError {
         needed: u64,
         actual: u64,
     },
+    #[error("{} is not a usable GGUF file: at byte {offset}, {reason}", file.display())]
+    Gguf {
+        file: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     #[error("corrupt safetensors header in {}: {reason}", file.display())]
     Header { file: PathBuf, reason: String },
     #[error(

@@ -22,7 +22,10 @@ impl Checkpoint {
         names.sort();
         for name in names {
             let (_, info) = &self.index[name];
-            h.update(format!("{name} {:?} {:?}\n", info.dtype, info.shape));
+            match info.block {
+                None => h.update(format!("{name} {:?} {:?}\n", info.dtype, info.shape)),
+                Some(b) => h.update(format!("{name} {} {:?}\n", b.name(), info.shape)),
+            }
         }
         for (shard, (lo, hi)) in self.shards.iter().zip(self.data_spans()) {
             if lo >= hi {

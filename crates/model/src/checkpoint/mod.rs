@@ -7,6 +7,7 @@
 
 mod decode;
 mod error;
+pub mod gguf;
 mod identity;
 mod matrix;
 mod names;
@@ -41,6 +42,9 @@ pub enum NameLayout {
     /// writes back from a checkpoint it loaded in DeepSeek's layout with the FP8/FP4 weights
     /// kept as stored (what a user fine-tuning with transformers ends up with).
     SavedOfficial,
+    /// llama.cpp's names in a GGUF file (`blk.N.attn_q_a.weight`), experts stacked per
+    /// matrix.
+    Gguf,
 }
 
 /// An opened checkpoint: memory-mapped shards and an index of every tensor they hold.
@@ -48,6 +52,8 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     index: HashMap<String, (usize, TensorInfo)>,
     layout: NameLayout,
+    /// A GGUF file's metadata (the first shard's), which holds its config and tokenizer.
+    gguf: Option<gguf::Metadata>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -118,6 +124,9 @@ impl Checkpoint {
             source,
         };
         let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_dir() && gguf::is_gguf(path) {
+            return Self::from_gguf(&[path.to_path_buf()]);
+        }
         if !meta.is_dir() {
             let is_index = path
                 .file_name()
@@ -140,6 +149,10 @@ impl Checkpoint {
             }
         }
         if files.is_empty() {
+            let ggufs = gguf_files(path).map_err(io)?;
+            if !ggufs.is_empty() {
+                return Self::from_gguf(&ggufs);
+            }
             return Err(CheckpointError::NoSafetensors {
                 dir: path.to_path_buf(),
             });
@@ -252,7 +265,42 @@ impl Checkpoint {
             shards,
             index,
             layout,
+            gguf: None,
         })
+    }
+
+    /// One GGUF file, or the shards of a split one (`…-00001-of-0000N.gguf`, the metadata
+    /// the first one's).
+    fn from_gguf(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
+        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
+        let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
+        let mut first_meta = None;
+        for p in paths {
+            let (shard, tensors, meta) = gguf::open(p)?;
+            first_meta.get_or_insert(meta);
+            for (name, info) in tensors {
+                if let Some((j, _)) = index.get(&name) {
+                    return Err(CheckpointError::Duplicate {
+                        tensor: name,
+                        first: shards[*j].path.clone(),
+                        second: p.clone(),
+                    });
+                }
+                index.insert(name, (shards.len(), info));
+            }
+            shards.push(shard);
+        }
+        Ok(Self {
+            shards,
+            index,
+            layout: NameLayout::Gguf,
+            gguf: first_meta,
+        })
+    }
+
+    /// The metadata of a GGUF checkpoint (`None` for safetensors).
+    pub fn gguf_metadata(&self) -> Option<&gguf::Metadata> {
+        self.gguf.as_ref()
     }
 
     /// Detected from the names: HF if any name starts with `model.` or `lm_head.`, and of
@@ -271,6 +319,9 @@ impl Checkpoint {
     /// The highest main-layer index any stored tensor belongs to (`layers.N.…`, or
     /// `model.layers.N.…` in HF's layout), with one such tensor's name.
     pub fn last_layer(&self) -> Option<(usize, &str)> {
+        if self.layout == NameLayout::Gguf {
+            return gguf::names::last_block(self.index.keys());
+        }
         self.index
             .keys()
             .filter_map(|name| {
@@ -344,6 +395,29 @@ impl Checkpoint {
                     .map(whole)
                     .map_err(missing)
             }
+            NameLayout::Gguf => match gguf::names::official_to_gguf(official) {
+                None => Err(missing(format!(
+                    "`{official}` (a GGUF file has no name for it)"
+                ))),
+                Some(gguf::names::GgufName::Plain(g)) => self
+                    .stored(&g)
+                    .map(whole)
+                    .ok_or_else(|| missing(format!("`{g}`"))),
+                // Each of an expert's matrices is stacked on its own, `[E, rows, cols]`: the
+                // whole of `[expert]`, as HF's down_proj.
+                Some(gguf::names::GgufName::Expert { stacked, expert }) => {
+                    let (stored, shard, info) = self
+                        .stored(&stacked)
+                        .ok_or_else(|| missing(format!("`{stacked}`")))?;
+                    Ok(Located::Expert {
+                        stored,
+                        shard,
+                        info,
+                        expert,
+                        part: ExpertPart::Down,
+                    })
+                }
+            },
             NameLayout::Hf => match names::official_to_hf(official) {
                 // Tensors HF has no name for (the MTP block, which HF drops) keep their
                 // official names when a checkpoint in HF's layout carries them.
@@ -395,7 +469,8 @@ impl Checkpoint {
             }),
         };
         let ((ia, ba), (ib, bb)) = (whole(a)?, whole(b)?);
-        Ok(ia.dtype == ib.dtype && ia.shape == ib.shape && ba == bb)
+        let same_type = ia.dtype == ib.dtype && ia.block == ib.block;
+        Ok(same_type && ia.shape == ib.shape && ba == bb)
     }
 
     /// A 1-D tensor of `n` values, widened to f32 (norm gains, biases, sinks).
@@ -418,7 +493,9 @@ impl Checkpoint {
                 stored,
                 shard,
                 info,
-            } if matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) => {
+            } if info.block.is_none()
+                && matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) =>
+            {
                 let name = describe(official_name, stored);
                 if info.shape != shape {
                     return Err(shape_err(name, shape, &info.shape, ""));
@@ -454,6 +531,13 @@ impl Checkpoint {
         let name = describe(official_name, stored);
         if info.shape != shape {
             return Err(shape_err(name, shape, &info.shape, ""));
+        }
+        if let Some(b) = info.block {
+            return Err(CheckpointError::Dtype {
+                tensor: name,
+                found: b.name().to_string(),
+                expected: "I64 or I32".into(),
+            });
         }
         let bytes = shard.bytes(info)?;
         match info.dtype {
@@ -556,4 +640,17 @@ fn blocks_for(
     let br = decode::block_size(shape[0], sr).ok_or_else(tiling)?;
     let bc = decode::block_size(shape[1], sc).ok_or_else(tiling)?;
     Ok((br, bc))
+}
+
+/// The `.gguf` files of `dir`, sorted (split shards in order).
+fn gguf_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "gguf") && p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
 }

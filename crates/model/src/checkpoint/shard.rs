@@ -13,11 +13,15 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::CheckpointError;
+use deepinfer_kernels::ggml::Block;
 
 /// Where a tensor's bytes live: absolute byte range within its shard's mapping.
 #[derive(Clone, Debug)]
 pub(super) struct TensorInfo {
     pub dtype: Dtype,
+    /// A ggml block format (GGUF files): then the bytes are rows of blocks and `dtype` says
+    /// nothing.
+    pub block: Option<Block>,
     pub shape: Vec<usize>,
     pub start: usize,
     pub end: usize,
@@ -174,6 +178,7 @@ pub(super) fn open(path: &Path) -> Result<(Shard, Vec<(String, TensorInfo)>), Ch
         .map(|(name, info)| {
             let t = TensorInfo {
                 dtype: info.dtype,
+                block: None,
                 shape: info.shape.clone(),
                 start: header_end + info.data_offsets.0,
                 end: header_end + info.data_offsets.1,

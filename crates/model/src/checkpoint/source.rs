@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use deepinfer_kernels::buffer::WeightBytes;
+use deepinfer_kernels::ggml::Block;
 use deepinfer_kernels::matrix::QMatrix;
 use safetensors::Dtype;
 
@@ -44,6 +45,8 @@ pub enum SourceFormat {
     Fp4 {
         group: usize,
     },
+    /// Rows of ggml blocks, scales inside (GGUF files).
+    Ggml(Block),
 }
 
 /// A matrix usable exactly as stored, and where its bytes are.
@@ -82,6 +85,7 @@ impl MatrixSource {
             SourceFormat::Fp4 { group } => {
                 QMatrix::fp4_in(rows, cols, codes, scales.to_vec(), group)
             }
+            SourceFormat::Ggml(block) => QMatrix::ggml_in(rows, cols, block, codes),
         }
         .map_err(|e| invalid(&self.name, e))
     }
@@ -144,22 +148,37 @@ impl Checkpoint {
                 expert,
                 part,
             } => {
-                if !matches!(info.dtype, Dtype::F32 | Dtype::BF16) {
+                if info.block.is_none() && !matches!(info.dtype, Dtype::F32 | Dtype::BF16) {
                     return Ok(None);
                 }
                 // Checked (and cut) as a load does; the range is the cut's.
                 let name = describe(official_name, &format!("{stored}[{expert}]"));
-                let (_, _, first) =
+                let (_, row0, first) =
                     stacked_cut(&name, info, *expert, *part, shape, official_name, stored)?;
-                let width = info.dtype.bitsize() / 8;
+                let (rows, cols) = (shape[0], shape[1]);
                 let mut codes = self.file_range(shard, info);
-                codes.offset += (first * width) as u64;
-                codes.len = shape[0] * shape[1] * width;
+                let format = match info.block {
+                    // Block rows: `first` counts whole rows (a stacked GGUF tensor is one
+                    // matrix per expert, so `row0` is 0).
+                    Some(b) => {
+                        let row = b.row_bytes(cols);
+                        codes.offset += (first / cols.max(1) * row) as u64;
+                        codes.len = rows * row;
+                        debug_assert_eq!(row0, 0);
+                        SourceFormat::Ggml(b)
+                    }
+                    None => {
+                        let width = info.dtype.bitsize() / 8;
+                        codes.offset += (first * width) as u64;
+                        codes.len = rows * cols * width;
+                        float_format(info.dtype)
+                    }
+                };
                 Ok(Some(MatrixSource {
                     name,
-                    rows: shape[0],
-                    cols: shape[1],
-                    format: float_format(info.dtype),
+                    rows,
+                    cols,
+                    format,
                     codes,
                     scales: None,
                 }))
@@ -185,6 +204,17 @@ impl Checkpoint {
             codes,
             scales,
         };
+        if let Some(b) = info.block {
+            if info.shape != shape || shape.len() != 2 {
+                return Err(shape_err(
+                    name,
+                    shape,
+                    &info.shape,
+                    "; a weight matrix is 2-D [out, in]",
+                ));
+            }
+            return Ok(Some(source(SourceFormat::Ggml(b), None)));
+        }
         match info.dtype {
             Dtype::F32 | Dtype::BF16 => {
                 if info.shape != shape {

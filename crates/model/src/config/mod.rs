@@ -12,6 +12,7 @@ mod cache_plan;
 mod declared;
 mod dspark;
 mod fields;
+pub mod gguf;
 mod hf;
 mod official;
 #[cfg(test)]

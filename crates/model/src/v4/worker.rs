@@ -45,8 +45,8 @@ impl Worker {
     }
 
     pub fn load(dir: &Path, memory: &MemoryPlan, placement: Placement) -> Result<Self, ModelError> {
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open(dir)?;
+        let (config, _) = ModelConfig::of_checkpoint(dir, &ck)?;
         let (rank, size) = (placement.comm.rank(), placement.comm.size());
         let (tensor, by_id) = (placement.tensor, placement.experts_whole());
         let bytes = StoredBytes::of(&ck).share(&config, (rank, size), tensor, by_id);

@@ -46,7 +46,7 @@ pub(crate) fn runs(w: &QMatrix) -> bool {
     match &w.data {
         Data::Fp8 { bc, .. } => w.exact_bf16 && bc.is_multiple_of(chunk),
         Data::Fp4 { group, .. } => *group >= K_STEP && group.is_power_of_two(),
-        Data::F32(_) | Data::Bf16(_) => false,
+        Data::F32(_) | Data::Bf16(_) | Data::Ggml { .. } => false,
     }
 }
 
@@ -301,7 +301,9 @@ unsafe fn decode_rows(plan: &Plan, (first, end): (usize, usize), a: &mut [u16]) 
                     dst.as_mut_ptr(),
                 )
             },
-            Data::F32(_) | Data::Bf16(_) => unreachable!("AMX runs FP8 and FP4 only"),
+            Data::F32(_) | Data::Bf16(_) | Data::Ggml { .. } => {
+                unreachable!("AMX runs FP8 and FP4 only")
+            }
         }
     }
 }

@@ -479,6 +479,8 @@ pub(super) unsafe fn tile<K: Kernels>(plan: &Plan, rows: Range<usize>, part: usi
                 br,
                 bc,
             } => t.fp8::<K>(codes, scales, (*scale_cols, *br, *bc)),
+            // `runs_on` sends these to the scalar family.
+            Data::Ggml { .. } => unreachable!("no x86 kernels for ggml blocks yet"),
         }
     }
 }

@@ -239,9 +239,9 @@ impl Model {
         placement: Option<Placement>,
         progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let engram = engram_hashing(dir, &config)?;
         let ck = Checkpoint::open(dir)?;
+        let (config, _) = ModelConfig::of_checkpoint(dir, &ck)?;
+        let engram = engram_hashing(dir, &config)?;
         let mut bytes = StoredBytes::of(&ck);
         if let Some(pl) = &placement {
             let ranks = (pl.comm.rank(), pl.comm.size());
