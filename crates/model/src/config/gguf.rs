@@ -156,12 +156,14 @@ fn swiglu_limit(meta: &Metadata) -> Result<f64, ConfigError> {
         };
         for x in values {
             match limit {
-                Some(l) if l != x => return Err(bad(
-                    &k,
-                    format!(
+                Some(l) if l != x => {
+                    return Err(bad(
+                        &k,
+                        format!(
                         "holds {x} beside {l}; deepinfer clamps every layer's experts to one limit"
                     ),
-                )),
+                    ))
+                }
                 _ => limit = Some(x),
             }
         }

@@ -3,6 +3,7 @@
 //! read offset" algorithm) and a stop-string matcher for the text stream.
 
 mod bytes;
+mod gguf;
 mod incremental;
 mod stop;
 
@@ -91,8 +92,15 @@ fn config_token(config: &serde_json::Value, field: &str) -> Option<String> {
 impl Tokenizer {
     /// Loads `tokenizer.json` and (if present) `tokenizer_config.json` from a checkpoint
     /// directory. A missing config means no bos/eos and no automatic bos/eos insertion.
+    /// A GGUF file (or a directory of GGUF files without a `tokenizer.json`) gives the
+    /// tokenizer its metadata describes ([`gguf`]).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let dir = dir.as_ref();
+        if dir.is_file() || !dir.join(TOKENIZER_FILE).exists() {
+            if let Some(tok) = Self::from_gguf(dir)? {
+                return Ok(tok);
+            }
+        }
         let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         if config_path.exists() {
@@ -129,6 +137,30 @@ impl Tokenizer {
         Ok(tok)
     }
 
+    /// The tokenizer of the GGUF checkpoint at `path`, `None` if it is not one.
+    fn from_gguf(path: &Path) -> Result<Option<Self>, TokenizerError> {
+        use deepinfer_model::checkpoint::{gguf::is_gguf, Checkpoint};
+        let is_one = is_gguf(path)
+            || (path.is_dir()
+                && std::fs::read_dir(path).is_ok_and(|mut d| {
+                    d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "gguf")))
+                }));
+        if !is_one {
+            return Ok(None);
+        }
+        let ck = Checkpoint::open(path).map_err(|e| TokenizerError::Load {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let Some(meta) = ck.gguf_metadata() else {
+            return Ok(None);
+        };
+        let json = gguf::tokenizer_json(meta, path)?;
+        let mut tok = Self::from_bytes(&json.to_string().into_bytes(), path)?;
+        (tok.bos_id, tok.eos_id, tok.add_bos_token, tok.add_eos_token) = gguf::specials(meta);
+        Ok(Some(tok))
+    }
+
     /// Loads a `tokenizer.json` alone (no bos/eos information).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let path = path.as_ref();
@@ -136,11 +168,15 @@ impl Tokenizer {
             path: path.to_owned(),
             source,
         })?;
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Load {
-                path: path.to_owned(),
-                message: e.to_string(),
-            })?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// A `tokenizer.json` body, read from `path` (for messages).
+    fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, TokenizerError> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Load {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
         let added = inner.get_added_tokens_decoder().into_keys().collect();
         let byte_level = matches!(
             inner.get_decoder(),
