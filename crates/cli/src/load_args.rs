@@ -54,9 +54,12 @@ pub struct LoadArgs {
     /// float32. `official`: also DeepSeek's own quantisation points (FP8 activations into
     /// every FP8/FP4 projection, FP8 KV, Hadamard-rotated FP4 indexer queries and keys), as
     /// the model was trained and is served by its authors; on DeepSeek-V4.1, vLLM's FP8
-    /// serving arithmetic (MXFP8 activations, FP8 KV records and indexer keys).
-    #[arg(long, default_value = "reference")]
-    pub numerics: Numerics,
+    /// serving arithmetic (MXFP8 activations, FP8 KV records and indexer keys). `gguf`:
+    /// llama.cpp's CPU arithmetic (each Q8_0/MXFP4 product's input quantised to Q8_0 and
+    /// multiplied in integers, BF16 products' inputs rounded to bf16). Default: `gguf` for
+    /// a GGUF file, else `reference`.
+    #[arg(long)]
+    pub numerics: Option<Numerics>,
     #[command(flatten)]
     pub threads: ThreadArgs,
 }
@@ -163,6 +166,16 @@ impl LoadArgs {
         Ok(())
     }
 
+    /// `--numerics`, or the checkpoint's own arithmetic: llama.cpp's for a GGUF file.
+    pub fn numerics_for(&self, dir: &Path) -> Numerics {
+        let gguf = deepinfer_model::checkpoint::gguf::holds_gguf(dir);
+        self.numerics.unwrap_or(if gguf {
+            Numerics::Gguf
+        } else {
+            Numerics::Reference
+        })
+    }
+
     /// The whole model in this process; in a job (`world`: a context-parallel one whose
     /// groups are one process each), a failure ends every rank.
     fn load_whole(
@@ -174,7 +187,11 @@ impl LoadArgs {
     ) -> Result<Model> {
         let loaded = Model::load_with(dir, plan, progress)
             .with_context(|| format!("loading {}", dir.display()))
-            .and_then(|mut m| m.set_numerics(self.numerics).map(|_| m).map_err(Into::into));
+            .and_then(|mut m| {
+                m.set_numerics(self.numerics_for(dir))
+                    .map(|_| m)
+                    .map_err(Into::into)
+            });
         let model = match (loaded, world) {
             (Ok(m), _) => m,
             (Err(e), None) => return Err(e),
@@ -199,14 +216,14 @@ impl LoadArgs {
         progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
         if placement.comm.rank() != 0 {
-            run_worker(dir, plan, placement, self.numerics);
+            run_worker(dir, plan, placement, self.numerics_for(dir));
         }
         let comm = Arc::clone(&placement.comm);
         let (size, by_id) = (comm.size(), placement.experts_whole());
         let mut model = Model::load_split(dir, plan, placement, progress)
             .with_context(|| format!("loading {}", dir.display()))?;
         // A refusal here ends the job: the other ranks wait in their first collective.
-        if let Err(e) = model.set_numerics(self.numerics) {
+        if let Err(e) = model.set_numerics(self.numerics_for(dir)) {
             comm.abort(&format!("error: {e}"));
         }
         eprintln!("memory plan: {}", model.memory_plan());

@@ -27,8 +27,14 @@
 //!   and keys are FP8 with one scale per row and no rotation; the routing weights scale the
 //!   experts' outputs rather than `w2`'s inputs. The bf16 inputs of the dense products and
 //!   the f32 elsewhere are as for V4.
+//! - [`Numerics::Gguf`] is llama.cpp's CPU backend on a GGUF file: each product's input
+//!   quantised to its weights' `vec_dot_type` — Q8_0 (32-blocks, f16 scale) for the Q8_0 and
+//!   MXFP4 projections, which are V4's FP8 and FP4 ones, and bf16 for the BF16 products —
+//!   which is what lets the kernels multiply in integers (`deepinfer_kernels::ggml::dot`).
+//!   llama.cpp's f16 KV cache is not reproduced: the cache stays f32.
 
 use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
+use deepinfer_kernels::ggml::q8::Q8Row;
 use deepinfer_kernels::quant::{
     fp4_round_trip, fp8_round_trip, hadamard, mxfp8_round_trip, FP8_AMAX_FLOOR, MXFP8_AMAX_FLOOR,
     MX_BLOCK,
@@ -52,6 +58,8 @@ pub enum Numerics {
     /// DeepSeek-V4.1 as vLLM serves it in FP8: `official` for a V4.1 model
     /// ([`Self::for_model`]).
     OfficialV41,
+    /// llama.cpp's CPU arithmetic on a GGUF file.
+    Gguf,
 }
 
 impl Numerics {
@@ -75,6 +83,7 @@ impl Numerics {
                 .chunks_exact_mut(width)
                 .for_each(|row| fp8_round_trip(row, ACT_BLOCK)),
             Numerics::OfficialV41 => x.chunks_exact_mut(width).for_each(mxfp8_round_trip),
+            Numerics::Gguf => Q8Row::round_trip(x),
         }
     }
 
@@ -83,17 +92,19 @@ impl Numerics {
     /// (`tensor_parallel::round_split_input`). `None` in reference numerics.
     pub fn projection_blocks(self) -> Option<(usize, f32)> {
         match self {
-            Numerics::Reference => None,
+            Numerics::Reference | Numerics::Gguf => None,
             Numerics::Official => Some((ACT_BLOCK, FP8_AMAX_FLOOR)),
             Numerics::OfficialV41 => Some((MX_BLOCK, MXFP8_AMAX_FLOOR)),
         }
     }
 
     /// `wo_a`'s input, `width`-wide rows of one output group: a dense product's (bf16) in
-    /// DeepSeek's V4 code, which dequantises `wo_a`; an MXFP8 projection's in V4.1's.
+    /// DeepSeek's V4 code, which dequantises `wo_a`; an MXFP8 projection's in V4.1's; a
+    /// Q8_0 one's in llama.cpp's.
     pub fn wo_a_input(self, x: &mut [f32], width: usize) {
         match self {
-            Numerics::OfficialV41 => self.projection_input(x, width),
+            // A GGUF file holds `wo_a` as Q8_0 (llama.cpp's converter requantises it).
+            Numerics::OfficialV41 | Numerics::Gguf => self.projection_input(x, width),
             _ => self.dense_input(x),
         }
     }
@@ -109,7 +120,7 @@ impl Numerics {
     /// a power of two), so the kernels may multiply them in bf16 without loss
     /// ([`deepinfer_kernels::linear::Matmul::with_bf16_x`]).
     pub fn bf16_exact_inputs(self) -> bool {
-        self != Numerics::Reference
+        matches!(self, Numerics::Official | Numerics::OfficialV41)
     }
 
     /// Floats a rounded copy of `n` activations needs ([`Self::projection_view`]): none in
@@ -171,12 +182,13 @@ impl Numerics {
             Numerics::OfficialV41 => rows
                 .chunks_exact_mut(width)
                 .for_each(|row| fp8_round_trip(row, MX_BLOCK)),
+            Numerics::Gguf => {}
         }
     }
 
     /// Whether the cache pools keep packed records ([`crate::record`]) rather than f32.
     pub fn packs_cache(self) -> bool {
-        self != Numerics::Reference
+        matches!(self, Numerics::Official | Numerics::OfficialV41)
     }
 
     /// Whether the indexer rotates its queries and keys ([`Self::indexer`]), which needs a
@@ -191,7 +203,7 @@ impl Numerics {
     /// FP8 with one scale per row.
     pub fn indexer(self, rows: &mut [f32], head_dim: usize) {
         match self {
-            Numerics::Reference => {}
+            Numerics::Reference | Numerics::Gguf => {}
             Numerics::Official => {
                 for row in rows.chunks_exact_mut(head_dim) {
                     hadamard(row);
@@ -209,6 +221,7 @@ impl Numerics {
         match self {
             Numerics::Reference => "reference",
             Numerics::Official | Numerics::OfficialV41 => "official",
+            Numerics::Gguf => "gguf",
         }
     }
 }
@@ -225,8 +238,9 @@ impl FromStr for Numerics {
         match s {
             "reference" => Ok(Numerics::Reference),
             "official" => Ok(Numerics::Official),
+            "gguf" => Ok(Numerics::Gguf),
             other => Err(format!(
-                "unknown numerics `{other}` (expected `reference` or `official`)"
+                "unknown numerics `{other}` (expected `reference`, `official` or `gguf`)"
             )),
         }
     }
@@ -310,7 +324,7 @@ mod tests {
 
     #[test]
     fn names_parse_back() {
-        for n in [Numerics::Reference, Numerics::Official] {
+        for n in [Numerics::Reference, Numerics::Official, Numerics::Gguf] {
             assert_eq!(n.name().parse::<Numerics>(), Ok(n));
         }
         assert!("bf16"

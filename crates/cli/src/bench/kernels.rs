@@ -8,9 +8,11 @@
 //! roof.
 
 use clap::Args;
+use deepinfer_model::kernels::buffer::WeightBytes;
 use deepinfer_model::kernels::choice::{bf16_dot_gain, bf16_dots};
 use deepinfer_model::kernels::cpu::{amx, bf16_dots_detected, isa};
 use deepinfer_model::kernels::formats::f32_to_bf16;
+use deepinfer_model::kernels::ggml::Block;
 use deepinfer_model::kernels::linear::{matmuls, Matmul};
 use deepinfer_model::kernels::matrix::QMatrix;
 use deepinfer_model::kernels::roofline::{amx_rates, bf16_dot_peak, fma_peak, read_bandwidth};
@@ -40,7 +42,9 @@ pub struct KernelArgs {
     numerics: Numerics,
     /// Whose matrix shapes: `bench` (the bench preset's, half V4-Flash's width) or `flash`
     /// (V4-Flash's own: the head, a compressor, the attention projections, the experts).
-    #[arg(long, default_value = "bench", value_parser = ["bench", "flash"])]
+    /// `gguf`: V4-Flash's as llama.cpp's converter stores them (Q8_0 projections, MXFP4
+    /// experts, the BF16 head), to run with `--numerics gguf`.
+    #[arg(long, default_value = "bench", value_parser = ["bench", "flash", "gguf"])]
     shapes: String,
     #[command(flatten)]
     pub threads: crate::thread_args::ThreadArgs,
@@ -66,6 +70,17 @@ const FLASH_SHAPES: &[(&str, usize, usize)] = &[
     ("fp8", 4096, 8192),
     ("fp4", 2048, 4096),
     ("fp4", 4096, 2048),
+];
+
+/// V4-Flash's shapes in a GGUF file of llama.cpp's converter: [`FLASH_SHAPES`] with the FP8
+/// projections as Q8_0 and the FP4 experts as MXFP4.
+const GGUF_SHAPES: &[(&str, usize, usize)] = &[
+    ("bf16", 129280, 4096),
+    ("q8_0", 1024, 4096),
+    ("q8_0", 32768, 1024),
+    ("q8_0", 4096, 8192),
+    ("mxfp4", 2048, 4096),
+    ("mxfp4", 4096, 2048),
 ];
 
 /// A cheap deterministic byte stream (the bytes only need to be varied, not random).
@@ -126,6 +141,22 @@ fn make(format: &str, rows: usize, cols: usize, seed: u64) -> QMatrix {
         "fp4" => {
             let scales = vec![120u8; rows * cols / 32];
             QMatrix::fp4(rows, cols, &bytes[..rows * cols / 2], &scales, 32).expect("shape")
+        }
+        "q8_0" | "mxfp4" => {
+            let block = if format == "q8_0" {
+                Block::Q8_0
+            } else {
+                Block::Mxfp4
+            };
+            let mut b = bytes[..rows * block.row_bytes(cols)].to_vec();
+            // Scales as a checkpoint's: f16 near 2^-7, or E8M0 near 2^-6.
+            for blk in b.chunks_exact_mut(block.bytes()) {
+                match block {
+                    Block::Q8_0 => blk[..2].copy_from_slice(&0x2000u16.to_le_bytes()),
+                    Block::Mxfp4 => blk[0] = 121,
+                }
+            }
+            QMatrix::ggml_in(rows, cols, block, WeightBytes::copy_from(&b)).expect("shape")
         }
         other => unreachable!("format {other}"),
     }
@@ -228,6 +259,7 @@ pub fn run(args: KernelArgs) {
     );
     let shapes = match args.shapes.as_str() {
         "flash" => FLASH_SHAPES,
+        "gguf" => GGUF_SHAPES,
         _ => BENCH_SHAPES,
     };
     for &(format, rows, cols) in shapes {
@@ -255,8 +287,17 @@ pub fn run(args: KernelArgs) {
                 weights / secs / 1e9,
             );
         };
+        // The activations as the numerics hand them to a projection (gguf: on the Q8_0 grid,
+        // which the integer kernels need).
+        let input = |m: usize| {
+            let mut x = vec![0.5f32; m * cols];
+            if args.numerics == Numerics::Gguf {
+                args.numerics.projection_input(&mut x, cols);
+            }
+            x
+        };
         for &m in args.decode_m.iter().filter(|&&m| m > 0) {
-            let x = vec![0.5f32; m * cols];
+            let x = input(m);
             let mut y = vec![0.0f32; m * rows];
             let (bytes, weights) = ((one * copies) as f64, (rows * cols * copies) as f64);
             let (secs, share) = paired(args.reps, bytes / 1e9, bw_probe, || {
@@ -268,7 +309,7 @@ pub fn run(args: KernelArgs) {
             line(m, secs, bytes, weights, Some(100.0 * share), 100.0 * fma);
         }
         for &m in args.prefill_m.iter().filter(|&&m| m > 0) {
-            let x = vec![0.5f32; m * cols];
+            let x = input(m);
             let mut y = vec![0.0f32; m * rows];
             let w = &mats[0];
             let flops = 2.0 * (m * rows * cols) as f64;

@@ -15,6 +15,7 @@ mod aligned;
 mod by_node;
 pub use by_node::pass_cost;
 mod crossover;
+mod ggml;
 mod planner;
 mod prepare;
 mod scalar;
@@ -129,6 +130,11 @@ pub(crate) struct Plan {
     /// packed for them ([`prepare::pack_pairs`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     dots: bool,
+    /// The call's kernel family, for the products on ggml blocks (their `family` is the
+    /// scalar one: no activation layout, no GEMM path; [`ggml::tile`] picks its kernels).
+    call_isa: Isa,
+    /// A ggml product's activations quantised to Q8_0, `m` rows (null for other formats).
+    q8: *const crate::ggml::q8::Q8Row,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -205,6 +211,9 @@ impl Plan {
             // their activations laid out before any tile runs; tile `t` is run once.
             return unsafe { x86::amx::tile(self, rows) };
         }
+        if let Format::Ggml(_) = self.w().format() {
+            return ggml::tile(self, rows);
+        }
         match self.family {
             // SAFETY (both arms): a family is only chosen when the CPU has it; the plan is
             // valid for the call, laid out for that family, and tile `t` is run once.
@@ -223,6 +232,8 @@ struct CallScratch {
     transposed: AlignedVec,
     /// The AMX plans' activations (`u32` pairs of bf16, as f32-sized words).
     pairs: AlignedVec,
+    /// The ggml products' activations as Q8_0 rows ([`ggml::quantize`]).
+    q8: Vec<crate::ggml::q8::Q8Row>,
     plans: Vec<Plan>,
     queues: by_node::NodeQueues,
 }

@@ -162,6 +162,35 @@ fn reserve(jobs: &[Matmul<'_>], r: &Route, s: &mut CallScratch) {
         .map(|j| r.pairs_len(j))
         .sum();
     s.pairs.grow(p_len);
+    // Grown before any plan points into it.
+    let q8_rows: usize = jobs.iter().filter(|j| is_ggml(j)).map(|j| j.m).sum();
+    if s.q8.len() < q8_rows {
+        s.q8.resize_with(q8_rows, Default::default);
+    }
+}
+
+fn is_ggml(j: &Matmul) -> bool {
+    matches!(j.w.format(), Format::Ggml(_))
+}
+
+/// A ggml product's activations as Q8_0 rows: a twin's (an earlier product of the same
+/// activations), or quantised here into the call's scratch; null for other formats.
+fn q8_rows(j: &Matmul, s: &mut CallScratch, at: &mut Offsets) -> *const crate::ggml::q8::Q8Row {
+    if !is_ggml(j) {
+        return std::ptr::null();
+    }
+    let k = j.w.cols;
+    let twin = s
+        .plans
+        .iter()
+        .find(|p| p.src == j.x.as_ptr() && p.m == j.m && p.k == k && !p.q8.is_null());
+    if let Some(p) = twin {
+        return p.q8;
+    }
+    let rows = &mut s.q8[at.q8..at.q8 + j.m];
+    at.q8 += j.m;
+    super::ggml::quantize(j.x, k, rows);
+    rows.as_ptr()
 }
 
 /// Where the next product's copies go in each scratch, and the tiles planned so far.
@@ -170,6 +199,7 @@ struct Offsets {
     prepared: usize,
     transposed: usize,
     pairs: usize,
+    q8: usize,
     tiles_before: usize,
 }
 
@@ -295,6 +325,7 @@ fn plan_one(
     });
     let (xt, xw, xw_last, xt_owner) = transposed_x(j, r, twin, s, at);
     let (pairs, pairs_owner) = amx_pairs(j, r, twin, s, at);
+    let q8 = q8_rows(j, s, at);
     let amx = r.amx(j);
     let mut p = Plan {
         w: j.w,
@@ -319,6 +350,8 @@ fn plan_one(
         amx,
         pairs,
         dots: packed,
+        call_isa: r.isa,
+        q8,
     };
     // A matrix of few row tiles splits its activation strips too, so every core has work.
     if !p.xt.is_null() {

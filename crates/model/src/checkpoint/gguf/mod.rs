@@ -20,6 +20,21 @@ pub use types::GgmlType;
 use super::shard::{Shard, TensorInfo};
 use super::CheckpointError;
 
+/// Whether `path` is a GGUF checkpoint: a GGUF file, or a directory of them without
+/// safetensors (what [`super::Checkpoint::open`] then opens).
+pub fn holds_gguf(path: &Path) -> bool {
+    if !path.is_dir() {
+        return is_gguf(path);
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return false;
+    };
+    let exts: Vec<_> = entries
+        .filter_map(|e| e.ok()?.path().extension().map(|x| x.to_owned()))
+        .collect();
+    exts.iter().any(|x| x == "gguf") && !exts.iter().any(|x| x == "safetensors")
+}
+
 /// The metadata of a GGUF file (`general.*`, `deepseek4.*`, `tokenizer.ggml.*` …).
 pub type Metadata = BTreeMap<String, Value>;
 

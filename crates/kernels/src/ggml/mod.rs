@@ -7,6 +7,9 @@
 
 use crate::formats::f16_to_f32;
 
+pub mod dot;
+pub mod q8;
+
 /// A block format of ggml that deepinfer computes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Block {
@@ -77,14 +80,30 @@ pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, 
 
 /// `2^(e-128)` as ggml builds it (`ggml_e8m0_to_fp32_half`): exact, subnormal for `e < 2`,
 /// and `e = 255` is `2^127` rather than NaN.
-#[inline]
-pub fn e8m0_half(e: u8) -> f32 {
+const fn e8m0_half_bits(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {
         (e as u32 - 1) << 23
     };
     f32::from_bits(bits)
+}
+
+/// A table, because the kernels read one per 32 weights and the branch costs more.
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = e8m0_half_bits(e as u8);
+        e += 1;
+    }
+    t
+};
+
+/// `2^(e-128)`, as [`e8m0_half_bits`] builds it.
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    E8M0_HALF[e as usize]
 }
 
 fn decode_mxfp4(b: &[u8], y: &mut [f32]) {

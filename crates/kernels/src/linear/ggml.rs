@@ -1,0 +1,110 @@
+//! One tile of a product on ggml blocks (GGUF weights).
+//!
+//! An activation row whose values are exactly its Q8_0 codes times their scales — what
+//! llama.cpp's numerics hand every Q8_0 and MXFP4 product ([`Q8Row::round_trip`]) — is
+//! multiplied in integers ([`crate::ggml::dot`]): each product is then exact, as in f32,
+//! and only the order of summation differs. Any other row (f32 activations, reference
+//! numerics) takes the portable path: the weight row decoded exactly, then an f32 dot.
+//! Which path a row takes depends on its own values only, so batch invariance holds.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::{with_scratch, Plan};
+use crate::cpu::Isa;
+use crate::ggml::dot::{self, M_MAX};
+use crate::ggml::q8::Q8Row;
+use crate::matrix::Data;
+use crate::vector::dot_portable;
+
+/// Which of a tile's activation rows are exact, reused by the thread's tiles.
+#[derive(Default)]
+struct Rows {
+    exact: Vec<usize>,
+    inexact: Vec<usize>,
+}
+
+thread_local! {
+    static ROWS: RefCell<Rows> = RefCell::default();
+}
+
+/// The `m` rows of `x` (`k` wide) quantised into `rows`: once per call, before any tile.
+pub(super) fn quantize(x: &[f32], k: usize, rows: &mut [Q8Row]) {
+    for (row, xr) in rows.iter_mut().zip(x.chunks_exact(k)) {
+        row.quantize(xr);
+    }
+}
+
+pub(super) fn tile(plan: &Plan, rows: Range<usize>) {
+    ROWS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut r) => run(plan, rows, &mut r),
+        Err(_) => run(plan, rows, &mut Rows::default()),
+    })
+}
+
+fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
+    let w = plan.w();
+    let Data::Ggml { block, bytes } = &w.data else {
+        unreachable!("ggml::tile runs products on ggml blocks")
+    };
+    // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
+    // call's scratch, which outlives the call.
+    let q8 = unsafe { std::slice::from_raw_parts(plan.q8, plan.m) };
+    r.exact.clear();
+    r.inexact.clear();
+    for (i, row) in q8.iter().enumerate() {
+        if row.exact {
+            r.exact.push(i);
+        } else {
+            r.inexact.push(i);
+        }
+    }
+    let rb = block.row_bytes(w.cols);
+    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
+    let wrow = |row: usize| &bytes.as_bytes()[row * rb..(row + 1) * rb];
+    // One activation row (a decode step): two weight rows at a time.
+    let mut rows = rows;
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && r.exact.len() == 1 && r.inexact.is_empty() {
+        let i = r.exact[0];
+        while rows.len() >= 2 {
+            let row = rows.start;
+            // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2, FMA and F16C.
+            let v = unsafe { dot::pair_avx2(*block, [wrow(row), wrow(row + 1)], &q8[i]) };
+            // SAFETY: this tile owns these rows' outputs; i < m.
+            unsafe { plan.store(i, 1, row..row + 2, &[[v[0]], [v[1]]]) };
+            rows.start += 2;
+        }
+    }
+    for row in rows {
+        let wrow = wrow(row);
+        for group in r.exact.chunks(M_MAX) {
+            let xs: [&Q8Row; M_MAX] = std::array::from_fn(|t| &q8[group[t.min(group.len() - 1)]]);
+            let xs = &xs[..group.len()];
+            let mut out = [0.0f32; M_MAX];
+            if avx2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the call's family is AVX2 or wider, so the CPU has AVX2 and FMA.
+                unsafe {
+                    dot::dots_avx2(*block, wrow, xs, &mut out)
+                };
+            } else {
+                dot::dots_scalar(*block, wrow, xs, &mut out);
+            }
+            for (&i, &v) in group.iter().zip(&out) {
+                // SAFETY: this tile owns row `row`'s outputs; i < m.
+                unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
+            }
+        }
+        if !r.inexact.is_empty() {
+            with_scratch(w.cols, |buf| {
+                block.decode_row(wrow, buf);
+                for &i in &r.inexact {
+                    let v = dot_portable(buf, plan.x_row(i));
+                    // SAFETY: as above.
+                    unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
+                }
+            });
+        }
+    }
+}
