@@ -75,6 +75,9 @@ fn matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
             QMatrix::fp8(n, k, &codes, scales, k.div_ceil(bc), br, bc).unwrap(),
         ));
     }
+    if k.is_multiple_of(32) {
+        out.extend(ggml_matrices(n, k, rng));
+    }
     if k.is_multiple_of(2) {
         let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
         for group in [32, 64] {
@@ -88,6 +91,32 @@ fn matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
         }
     }
     out
+}
+
+/// `(n, k)` matrices in the GGUF block formats, scales as checkpoints have them.
+fn ggml_matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
+    use crate::ggml::Block;
+    [Block::Q8_0, Block::Mxfp4]
+        .into_iter()
+        .map(|block| {
+            let mut bytes = Vec::with_capacity(n * block.row_bytes(k));
+            for _ in 0..n * k / 32 {
+                match block {
+                    Block::Q8_0 => {
+                        let d = half::f16::from_f32(rng.next() * 0.02);
+                        bytes.extend(d.to_bits().to_le_bytes());
+                        bytes.extend((0..32).map(|_| rng.byte()));
+                    }
+                    Block::Mxfp4 => {
+                        bytes.push(127 - 10 + rng.byte() % 12);
+                        bytes.extend((0..16).map(|_| rng.byte()));
+                    }
+                }
+            }
+            let w = QMatrix::ggml_in(n, k, block, crate::buffer::WeightBytes::copy_from(&bytes));
+            (block.name().to_string(), w.unwrap())
+        })
+        .collect()
 }
 
 fn reference(w: &QMatrix, rows: Range<usize>, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
@@ -215,6 +244,9 @@ fn scales_outside_the_fast_range_fall_back_exactly() {
 fn shipped_layouts_take_the_fast_path() {
     let mut rng = Lcg(3);
     for (name, w) in matrices(256, 4096, &mut rng) {
+        if matches!(w.format(), Format::Ggml(_)) {
+            continue; // their own path (`ggml`)
+        }
         assert!(fast_path(&w), "{name} should run the fused kernel");
     }
 }
@@ -461,6 +493,53 @@ fn products_dealt_by_node_give_the_one_node_bits() {
         for (((name, _), a), b) in mats.iter().zip(&a).zip(&b) {
             let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
             assert!(same, "{name}, {m} rows: the two-node pass changed bits");
+        }
+    }
+}
+
+/// GGUF products on activations rounded to Q8_0 (llama.cpp's numerics) run the integer
+/// kernels: the reference's values within rounding, each row the bits it gets alone, the
+/// same bits on every family (they share one order of summation), and rows that are not on
+/// the Q8_0 grid beside them take the f32 path without changing the others.
+#[test]
+fn ggml_products_on_q8_0_rows_are_exact_and_batch_invariant() {
+    let mut rng = Lcg(47);
+    let (n, k) = (37, 1024);
+    let most = 260;
+    let mut x: Vec<f32> = (0..most * k).map(|_| rng.next() * 2.0).collect();
+    crate::ggml::q8::Q8Row::round_trip(&mut x);
+    for (name, w) in ggml_matrices(n, k, &mut rng) {
+        let (want, mag) = reference(&w, 0..n, &x, most);
+        let mut first: Option<Vec<f32>> = None;
+        for isa in families() {
+            let mut solo = vec![0.0; most * n];
+            for i in 0..most {
+                let y = &mut solo[i * n..(i + 1) * n];
+                matmuls_on(&mut [Matmul::new(&w, &x[i * k..(i + 1) * k], 1, y)], isa);
+            }
+            check(&format!("{name} {isa:?}"), &solo, &want, &mag);
+            for m in [2, 3, 4, 5, 9, 40, 260] {
+                let mut y = vec![0.0; m * n];
+                matmuls_on(&mut [Matmul::new(&w, &x[..m * k], m, &mut y)], isa);
+                let same = y.iter().zip(&solo).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name} {isa:?}: a batch of {m}");
+            }
+            // A row off the grid (reference numerics) between exact ones.
+            let mut mixed = x[..3 * k].to_vec();
+            mixed[k] += 1e-3;
+            let mut y = vec![0.0; 3 * n];
+            matmuls_on(&mut [Matmul::new(&w, &mixed, 3, &mut y)], isa);
+            assert_eq!(y[..n], solo[..n], "{name} {isa:?}: row 0 beside an inexact row");
+            assert_eq!(y[2 * n..], solo[2 * n..3 * n], "{name} {isa:?}: row 2");
+            let (want1, mag1) = reference(&w, 0..n, &mixed[k..2 * k], 1);
+            check(&format!("{name} {isa:?} inexact row"), &y[n..2 * n], &want1, &mag1);
+            match &first {
+                None => first = Some(solo),
+                Some(f) => assert!(
+                    f.iter().zip(&solo).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name}: {isa:?} differs from the first family"
+                ),
+            }
         }
     }
 }
