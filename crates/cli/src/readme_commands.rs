@@ -6,8 +6,9 @@
 use super::Cli;
 use clap::Parser;
 
-const DOCS: [(&str, &str); 4] = [
+const DOCS: [(&str, &str); 5] = [
     ("README.md", include_str!("../../../README.md")),
+    ("docs/GGUF.md", include_str!("../../../docs/GGUF.md")),
     ("docs/SERVER.md", include_str!("../../../docs/SERVER.md")),
     ("docs/SCALING.md", include_str!("../../../docs/SCALING.md")),
     (

@@ -529,10 +529,19 @@ fn ggml_products_on_q8_0_rows_are_exact_and_batch_invariant() {
             mixed[k] += 1e-3;
             let mut y = vec![0.0; 3 * n];
             matmuls_on(&mut [Matmul::new(&w, &mixed, 3, &mut y)], isa);
-            assert_eq!(y[..n], solo[..n], "{name} {isa:?}: row 0 beside an inexact row");
+            assert_eq!(
+                y[..n],
+                solo[..n],
+                "{name} {isa:?}: row 0 beside an inexact row"
+            );
             assert_eq!(y[2 * n..], solo[2 * n..3 * n], "{name} {isa:?}: row 2");
             let (want1, mag1) = reference(&w, 0..n, &mixed[k..2 * k], 1);
-            check(&format!("{name} {isa:?} inexact row"), &y[n..2 * n], &want1, &mag1);
+            check(
+                &format!("{name} {isa:?} inexact row"),
+                &y[n..2 * n],
+                &want1,
+                &mag1,
+            );
             match &first {
                 None => first = Some(solo),
                 Some(f) => assert!(

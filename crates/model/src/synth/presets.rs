@@ -12,6 +12,7 @@ use crate::engram::{EngramLayout, EngramParams};
 /// Every preset [`preset`] knows, in the order error messages list them.
 pub const PRESETS: &[&str] = &[
     "tiny",
+    "tiny-gguf",
     "bench",
     "bench-bf16",
     "big",
@@ -238,6 +239,7 @@ fn v41_like(
 ///
 /// * `tiny`: every layer kind and both router kinds at toy width (SWA, CSA, HCA m=8, CSA; two
 ///   hash layers) with the real vocabulary; tens of MB, written in about a second.
+/// * `tiny-gguf`: `tiny` with HCA at m=128, the ratios llama.cpp's GGUF converter takes.
 /// * `bench`: V4-Flash's architecture at a width this machine can run (hidden 2048, 12 layers,
 ///   64 experts) plus its MTP block, about 3.5 GB; the shape performance numbers are quoted
 ///   for, so keep it fixed.
@@ -274,6 +276,7 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     };
     let mut config = match name {
         "tiny" => tiny(),
+        "tiny-gguf" => tiny_gguf(),
         "bench" | "bench-bf16" | "big" => bench(name == "big"),
         "tiny-v41" => tiny_v41(),
         "tiny-v41-vision" => with_tower(tiny_v41(), tiny_tower()),
@@ -311,6 +314,22 @@ fn tiny() -> ModelConfig {
         num_hidden_layers: ratios.len(),
         layer_types: kinds(&ratios),
         compress_rate_hca: 8,
+        mlp_layer_types: mlp_kinds(ratios.len(), 2),
+        ..tiny_widths()
+    }
+}
+
+/// `tiny` with the compress ratios llama.cpp's converter and `deepseek4` accept (0, 4 and
+/// 128 only): what tools/gguf_e2e.sh converts to GGUF. Its indexer keeps 64 entries, so
+/// prompts up to 256 tokens attend to every compressed entry (which entries a top-k picks
+/// among near ties is compared apart from the arithmetic).
+fn tiny_gguf() -> ModelConfig {
+    let ratios = [0, 4, 128, 4];
+    ModelConfig {
+        index_topk: 64,
+        num_hidden_layers: ratios.len(),
+        layer_types: kinds(&ratios),
+        compress_rate_hca: 128,
         mlp_layer_types: mlp_kinds(ratios.len(), 2),
         ..tiny_widths()
     }

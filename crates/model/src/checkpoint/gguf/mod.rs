@@ -41,11 +41,12 @@ pub type Metadata = BTreeMap<String, Value>;
 /// The types deepinfer computes on, for the message that refuses the others.
 const COMPUTED: &str = "F32, F16, BF16, I32, Q8_0, MXFP4";
 
-/// Opens `path`: its mapping, every tensor (named as stored, shapes row-major) and the
-/// metadata.
-pub(super) fn open(
-    path: &Path,
-) -> Result<(Shard, Vec<(String, TensorInfo)>, Metadata), CheckpointError> {
+/// An opened GGUF file: its mapping, every tensor (named as stored, shapes row-major) and
+/// the metadata.
+pub(super) type Opened = (Shard, Vec<(String, TensorInfo)>, Metadata);
+
+/// Opens `path` (see [`Opened`]).
+pub(super) fn open(path: &Path) -> Result<Opened, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,

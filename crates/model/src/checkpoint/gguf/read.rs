@@ -272,11 +272,18 @@ fn alignment(meta: &BTreeMap<String, Value>) -> Result<u64, String> {
     }
 }
 
-/// Name, dimensions, type and data offset of each tensor, in file order.
-fn tensor_descs(
-    c: &mut Cursor,
-    n: u64,
-) -> Result<Vec<(String, Vec<u64>, GgmlType, u64, usize)>, ParseError> {
+/// A tensor as its description gives it: name, dimensions, type, data offset, and where the
+/// description starts (for messages).
+struct RawDesc {
+    name: String,
+    ne: Vec<u64>,
+    ty: GgmlType,
+    offset: u64,
+    at: usize,
+}
+
+/// Each tensor's description, in file order.
+fn tensor_descs(c: &mut Cursor, n: u64) -> Result<Vec<RawDesc>, ParseError> {
     // A description takes at least 24 bytes (name length, dimension count, type, offset).
     if n > c.left() as u64 / 24 {
         return Err(c.err(format!(
@@ -305,7 +312,13 @@ fn tensor_descs(
             reason: format!("`{name}` has unknown ggml type {id}"),
         })?;
         let offset = c.u64(&format!("the data offset of `{name}`"))?;
-        out.push((name, ne, ty, offset, at));
+        out.push(RawDesc {
+            name,
+            ne,
+            ty,
+            offset,
+            at,
+        });
     }
     Ok(out)
 }
@@ -313,12 +326,19 @@ fn tensor_descs(
 /// Each tensor's absolute byte range, checked to be whole blocks, in the file and apart
 /// from the others.
 fn place(
-    descs: Vec<(String, Vec<u64>, GgmlType, u64, usize)>,
+    descs: Vec<RawDesc>,
     data_start: usize,
     file_len: usize,
 ) -> Result<Vec<TensorDesc>, ParseError> {
     let mut tensors = Vec::with_capacity(descs.len());
-    for (name, ne, ty, offset, at) in descs {
+    for RawDesc {
+        name,
+        ne,
+        ty,
+        offset,
+        at,
+    } in descs
+    {
         let bad = |reason: String| ParseError {
             offset: at as u64,
             reason,

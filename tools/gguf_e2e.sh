@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# GGUF end to end against llama.cpp: llama.cpp's own converter makes the file from a synthetic
+# checkpoint (`synth --preset tiny-gguf`: V4's layout at toy width, the real vocabulary), and
+# llama.cpp runs it beside deepinfer (tools/gguf_compare.py: greedy tokens and log-probs, in
+# gguf and reference numerics). Then deepinfer generates from text with the file's own
+# tokenizer, and refuses a truncated copy with a one-line error.
+#
+# llama.cpp 0c1e570 comes from the PyPI source distribution of llama-cpp-python 0.3.36 (its
+# converter, gguf-py, and libllama built here for the Python bindings). Needs Python 3 with
+# venv, cmake and a C++ compiler; installs torch and transformers (the converter's) into
+# $GGUF_E2E_DIR (default target/gguf-e2e). Run by CI (.ci/run) and by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=${GGUF_E2E_DIR:-target/gguf-e2e}
+BIN=${DEEPINFER_BIN:-target/debug/deepinfer}
+mkdir -p "$D"
+start=$(date +%s)
+
+# 1. Python: the converter's packages and the bindings'.
+[ -x "$D/venv/bin/python" ] || python3 -m venv "$D/venv"
+PY="$D/venv/bin/python"
+"$PY" -m pip install --quiet --disable-pip-version-check torch "transformers==5.23.0" numpy \
+    safetensors sentencepiece diskcache jinja2 typing-extensions
+
+# 2. llama.cpp: the sdist's converter and gguf-py, and libllama.
+SDIST="$D/llama_cpp_python-0.3.36"
+LLAMA="$SDIST/vendor/llama.cpp"
+if [ ! -d "$LLAMA" ]; then
+    "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+        llama-cpp-python==0.3.36 -d "$D/dl"
+    tar xzf "$D/dl/llama_cpp_python-0.3.36.tar.gz" -C "$D"
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check "$LLAMA/gguf-py"
+# As in tools/bench_peers.sh: this llama.cpp's AMX buffer type aborts on V4's graph.
+if grep -q amx_tile /proc/cpuinfo; then
+    ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+        -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+else
+    ISA_FLAGS="-DGGML_NATIVE=ON"
+fi
+BUILD="$LLAMA/build-e2e"
+if [ ! -e "$BUILD/bin/libllama.so" ]; then
+    command -v cmake >/dev/null || { echo "cmake is needed (apt-get install -y cmake)" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    cmake -S "$LLAMA" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release $ISA_FLAGS -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
+    cmake --build "$BUILD" -j"$(nproc)" --target llama >/dev/null
+fi
+echo "gguf e2e: tools ready after $(($(date +%s) - start)) s"
+
+# 3. The file, made by llama.cpp's converter.
+[ -x "$BIN" ] || cargo build --locked -p deepinfer-cli
+rm -rf "$D/tiny-gguf" "$D/tiny-gguf.gguf"
+"$BIN" synth --preset tiny-gguf --out "$D/tiny-gguf"
+"$PY" "$LLAMA/convert_hf_to_gguf.py" "$D/tiny-gguf" --outfile "$D/tiny-gguf.gguf" 2>&1 | tail -1
+
+# 4. deepinfer beside llama.cpp.
+LLAMA_CPP_LIB_PATH="$BUILD/bin" PYTHONPATH="$SDIST" "$PY" tools/gguf_compare.py "$BIN" \
+    "$D/tiny-gguf.gguf" 2> >(grep -v '^llama_\|^ggml\|^load\|^print_info' >&2)
+
+# 5. Text in and out through the file's own tokenizer (no tokenizer.json beside it).
+out=$("$BIN" generate --model "$D/tiny-gguf.gguf" --prompt "The capital of France is" \
+    --max-tokens 4 --json 2>/dev/null | tail -1)
+echo "$out" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); assert d["prompt_ids"][:2] == [671, 6102], d; assert len(d["token_ids"]) == 4, d'
+
+# 6. A truncated file: one line naming it, no panic.
+head -c 40000000 "$D/tiny-gguf.gguf" > "$D/truncated.gguf"
+if err=$("$BIN" generate --model "$D/truncated.gguf" --prompt-ids 0,1 --max-tokens 1 2>&1); then
+    echo "a truncated GGUF loaded" >&2
+    exit 1
+fi
+echo "$err" | grep -q "truncated.gguf.*truncated" || { echo "unexpected error: $err" >&2; exit 1; }
+echo "$err" | grep -qi "panicked" && { echo "panicked: $err" >&2; exit 1; }
+rm -f "$D/truncated.gguf"
+echo "gguf e2e passed in $(($(date +%s) - start)) s"
