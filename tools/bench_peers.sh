@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deepinfer, llama.cpp and HF transformers side by side, on the same weights, in one run.
 #
-# Two pairings (PEER=fp8, the default, or PEER=bf16):
+# Three pairings (PEER=fp8, the default, PEER=bf16 or PEER=gguf):
 #  - fp8: the `bench` preset as DeepSeek ships V4 (FP8 e4m3 dense with E8M0 block scales, FP4
 #    experts), deepinfer with --numerics official, against llama.cpp on the GGUF its users
 #    make of such a checkpoint: `convert_hf_to_gguf.py --outtype q8_0` (the FP8 projections
@@ -10,6 +10,8 @@
 #  - bf16: the `bench-bf16` preset (the same shape with BF16 dense projections), which the
 #    converter packs losslessly (`--outtype bf16`) and HF loads after an exact dequant;
 #    deepinfer in reference numerics; HF too unless SKIP_HF=1.
+#  - gguf: the fp8 pairing's GGUF file in both engines (deepinfer with --numerics gguf,
+#    llama.cpp's arithmetic): the same bytes per token, the same file.
 # llama.cpp comes from the PyPI source distribution of llama-cpp-python (no GitHub needed).
 #
 # Run by hand, not in CI: it downloads torch + transformers (several GB), builds llama.cpp
@@ -20,6 +22,7 @@
 #   PEER=bf16 tools/bench_peers.sh            # BF16 preset: deepinfer, llama.cpp, HF
 #   PEER=bf16 SKIP_HF=1 tools/bench_peers.sh  # deepinfer and llama.cpp only
 #   PRESET=flash-slice tools/bench_peers.sh   # V4-Flash's own shapes (FP8 pairing)
+#   PEER=gguf PRESET=flash-slice tools/bench_peers.sh  # one GGUF file in both engines
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
@@ -29,7 +32,8 @@ PEER=${PEER:-fp8}
 case "$PEER" in
     fp8) PRESET=${PRESET:-bench} OUTTYPE=q8_0 NUMERICS=official SKIP_HF=1 ;;
     bf16) PRESET=bench-bf16 OUTTYPE=bf16 NUMERICS=reference ;;
-    *) echo "PEER is fp8 or bf16" >&2; exit 1 ;;
+    gguf) PRESET=${PRESET:-bench} OUTTYPE=q8_0 NUMERICS=gguf SKIP_HF=1 ;;
+    *) echo "PEER is fp8, bf16 or gguf" >&2; exit 1 ;;
 esac
 mkdir -p "$P"
 
@@ -83,9 +87,12 @@ GGUF="$P/$PRESET-$OUTTYPE.gguf"
 #    deepinfer runs four times the repetitions (their median) to be as little at the mercy
 #    of one noisy moment.
 ROUNDS=${ROUNDS:-5}
+# What deepinfer loads: the checkpoint, or (gguf) llama.cpp's file itself.
+DMODEL=$MODEL
+[ "$PEER" = gguf ] && DMODEL=$GGUF
 rm -f "$P"/deepinfer.*.json "$P"/llama.*.json "$P/hf.json"
 for i in $(seq 1 "$ROUNDS"); do
-    "$BIN" bench model --model "$MODEL" --numerics "$NUMERICS" --threads "$THREADS" --batch 1 --context 32 \
+    "$BIN" bench model --model "$DMODEL" --numerics "$NUMERICS" --threads "$THREADS" --batch 1 --context 32 \
         --prompt 128,512 -r "$((4 * REPS))" --json "$P/deepinfer.$i.json" >/dev/null
     "$LLAMA_BUILD/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128,512 -n 64 -r "$REPS" \
         -o json > "$P/llama.$i.json"

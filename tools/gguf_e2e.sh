@@ -64,7 +64,15 @@ out=$("$BIN" generate --model "$D/tiny-gguf.gguf" --prompt "The capital of Franc
     --max-tokens 4 --json 2>/dev/null | tail -1)
 echo "$out" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); assert d["prompt_ids"][:2] == [671, 6102], d; assert len(d["token_ids"]) == 4, d'
 
-# 6. A truncated file: one line naming it, no panic.
+# 6. The routed experts streamed from the file through a small cache: the same tokens and
+#    log-probabilities, bit for bit, as resident.
+run() { "$BIN" generate --model "$D/tiny-gguf.gguf" --prompt-ids 0,5,6,7,8,9 --max-tokens 6 \
+    --top-logprobs 2 --json "$@" 2>/dev/null | tail -1; }
+resident=$(run)
+streamed=$(run --expert-cache-mib 1)
+[ "$resident" = "$streamed" ] || { echo "streamed experts differ: $resident vs $streamed" >&2; exit 1; }
+
+# 7. A truncated file: one line naming it, no panic.
 head -c 40000000 "$D/tiny-gguf.gguf" > "$D/truncated.gguf"
 if err=$("$BIN" generate --model "$D/truncated.gguf" --prompt-ids 0,1 --max-tokens 1 2>&1); then
     echo "a truncated GGUF loaded" >&2

@@ -42,6 +42,8 @@ pub enum CheckpointError {
         offset: u64,
         reason: String,
     },
+    #[error("{} holds several GGUF files that are not the shards of one split file ({files}): give --model the one to load", dir.display())]
+    GgufChoice { dir: PathBuf, files: String },
     #[error("corrupt safetensors header in {}: {reason}", file.display())]
     Header { file: PathBuf, reason: String },
     #[error(

@@ -125,7 +125,7 @@ impl Checkpoint {
         };
         let meta = std::fs::metadata(path).map_err(io)?;
         if !meta.is_dir() && gguf::is_gguf(path) {
-            return Self::from_gguf(&[path.to_path_buf()]);
+            return Self::from_gguf(&gguf::names::shard_set(path));
         }
         if !meta.is_dir() {
             let is_index = path
@@ -150,6 +150,16 @@ impl Checkpoint {
         }
         if files.is_empty() {
             let ggufs = gguf_files(path).map_err(io)?;
+            if ggufs.len() > 1 && !gguf::names::split_shards(&ggufs) {
+                let names: Vec<String> = ggufs
+                    .iter()
+                    .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+                    .collect();
+                return Err(CheckpointError::GgufChoice {
+                    dir: path.to_path_buf(),
+                    files: names.join(", "),
+                });
+            }
             if !ggufs.is_empty() {
                 return Self::from_gguf(&ggufs);
             }

@@ -124,16 +124,27 @@ fn is_tensor_split(stored: &str) -> bool {
     let inner = stored.strip_prefix("model.").unwrap_or(stored);
     let official = inner.starts_with("layers.") && OFFICIAL.iter().any(|p| inner.contains(p));
     let hf = stored.starts_with("model.layers.") && HF.iter().any(|p| stored.contains(p));
-    official || hf || stored == "head.weight" || stored == "lm_head.weight"
+    // llama.cpp's names in a GGUF file.
+    const GGUF: [&str; 4] = [
+        ".attn_q_b.",
+        ".attn_output_a.",
+        ".attn_output_b.",
+        "_shexp.",
+    ];
+    let gguf = stored.starts_with("blk.") && GGUF.iter().any(|p| stored.contains(p));
+    let head = ["head.weight", "lm_head.weight", "output.weight"].contains(&stored);
+    official || hf || gguf || head
 }
 
-/// A main layer's routed expert tensor, in either naming layout (the MTP block's experts
+/// A main layer's routed expert tensor, in any naming layout (the MTP block's experts
 /// stay resident with the dense part).
 fn is_routed_expert(stored: &str) -> bool {
     let inner = stored.strip_prefix("model.").unwrap_or(stored);
     let official = inner.starts_with("layers.") && inner.contains(".ffn.experts.");
     let hf = stored.starts_with("model.layers.") && stored.contains(".mlp.experts.");
-    official || hf
+    // llama.cpp stacks each expert matrix of a layer: `blk.N.ffn_gate_exps.weight`.
+    let gguf = stored.starts_with("blk.") && stored.contains("_exps.");
+    official || hf || gguf
 }
 
 /// A stored tensor of a routed expert of an `mtp.i` block, in either naming layout.
@@ -407,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn routed_experts_are_told_from_the_rest_in_both_layouts() {
+    fn routed_experts_are_told_from_the_rest_in_every_layout() {
         assert!(is_routed_expert("layers.3.ffn.experts.17.w1.weight"));
         assert!(is_routed_expert("layers.3.ffn.experts.17.w1.scale"));
         assert!(is_routed_expert("model.layers.0.mlp.experts.gate_up_proj"));
@@ -418,6 +429,13 @@ mod tests {
         assert!(!is_routed_expert(
             "model.layers.0.mlp.shared_experts.gate_proj.weight"
         ));
+        assert!(is_routed_expert("blk.5.ffn_down_exps.weight"));
+        assert!(!is_routed_expert("blk.5.ffn_down_shexp.weight"));
+        assert!(!is_routed_expert("blk.0.ffn_gate_tid2eid.weight"));
+        assert!(is_tensor_split("blk.5.ffn_up_shexp.weight"));
+        assert!(is_tensor_split("blk.2.attn_output_a.weight"));
+        assert!(is_tensor_split("output.weight"));
+        assert!(!is_tensor_split("blk.2.attn_q_a.weight"));
     }
 
     #[test]

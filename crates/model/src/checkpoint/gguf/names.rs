@@ -102,6 +102,42 @@ pub(in crate::checkpoint) fn last_block<'a>(
         .max()
 }
 
+/// Whether `files` (sorted) are the shards of one split GGUF, as llama.cpp's `gguf-split`
+/// names them: `PREFIX-00001-of-0000N.gguf` … `PREFIX-0000N-of-0000N.gguf`.
+pub(in crate::checkpoint) fn split_shards(files: &[std::path::PathBuf]) -> bool {
+    let parts: Option<Vec<(String, usize, usize)>> = files
+        .iter()
+        .map(|p| {
+            let name = p.file_name()?.to_str()?.strip_suffix(".gguf")?;
+            let (rest, of) = name.rsplit_once("-of-")?;
+            let (prefix, no) = rest.rsplit_once('-')?;
+            Some((prefix.to_string(), no.parse().ok()?, of.parse().ok()?))
+        })
+        .collect();
+    parts.is_some_and(|p| {
+        p.iter()
+            .enumerate()
+            .all(|(i, (prefix, no, of))| *prefix == p[0].0 && *no == i + 1 && *of == files.len())
+    })
+}
+
+/// The files a GGUF path stands for: the first shard of a split file
+/// (`PREFIX-00001-of-0000N.gguf`) stands for all N, in order; any other file for itself.
+pub(in crate::checkpoint) fn shard_set(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let split = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".gguf"))
+        .and_then(|n| n.rsplit_once("-of-"))
+        .and_then(|(rest, of)| Some((rest.strip_suffix("-00001")?, of.parse::<usize>().ok()?)));
+    match split {
+        Some((prefix, n)) if n > 1 => (1..=n)
+            .map(|i| path.with_file_name(format!("{prefix}-{i:05}-of-{n:05}.gguf")))
+            .collect(),
+        _ => vec![path.to_path_buf()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +160,31 @@ mod tests {
                 stacked: "blk.3.ffn_up_exps.weight".into(),
                 expert: 11
             })
+        );
+        let paths = |names: &[&str]| -> Vec<std::path::PathBuf> {
+            names.iter().map(std::path::PathBuf::from).collect()
+        };
+        assert!(split_shards(&paths(&[
+            "m-00001-of-00002.gguf",
+            "m-00002-of-00002.gguf"
+        ])));
+        assert!(!split_shards(&paths(&["m-00001-of-00002.gguf"])));
+        assert!(!split_shards(&paths(&[
+            "V4-Flash.gguf",
+            "mtp-V4-Flash.gguf"
+        ])));
+        let set = shard_set(std::path::Path::new("/m/V4-00001-of-00003.gguf"));
+        assert_eq!(
+            set,
+            paths(&[
+                "/m/V4-00001-of-00003.gguf",
+                "/m/V4-00002-of-00003.gguf",
+                "/m/V4-00003-of-00003.gguf"
+            ])
+        );
+        assert_eq!(
+            shard_set(std::path::Path::new("a.gguf")),
+            paths(&["a.gguf"])
         );
         for none in [
             "layers.0.attn.wq_a.scale",

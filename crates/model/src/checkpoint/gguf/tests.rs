@@ -183,3 +183,30 @@ fn block_matrices_load_as_stored() {
         .unwrap_err();
     assert!(err.to_string().contains("blk.0.attn_q_a.weight"), "{err}");
 }
+
+#[test]
+fn split_files_open_from_their_first_shard_and_strangers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let f32s = |v: f32| v.to_le_bytes().to_vec();
+    let arch = [("general.architecture", 8, str_value("deepseek4"))];
+    let one = gguf(&arch, &[("output_norm.weight", &[1], 0, f32s(1.0))]);
+    let two = gguf(&[], &[("blk.0.attn_norm.weight", &[1], 0, f32s(2.0))]);
+    std::fs::write(dir.path().join("m-00001-of-00002.gguf"), &one).unwrap();
+    std::fs::write(dir.path().join("m-00002-of-00002.gguf"), &two).unwrap();
+    for path in [
+        dir.path().join("m-00001-of-00002.gguf"),
+        dir.path().to_path_buf(),
+    ] {
+        let ck = Checkpoint::open(&path).unwrap();
+        assert_eq!(ck.vector("norm.weight", 1).unwrap(), [1.0]);
+        assert_eq!(ck.vector("layers.0.attn_norm.weight", 1).unwrap(), [2.0]);
+        let arch = ck.gguf_metadata().unwrap()["general.architecture"].as_str();
+        assert_eq!(arch, Some("deepseek4"));
+    }
+    std::fs::write(dir.path().join("mtp-m.gguf"), &two).unwrap();
+    let msg = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains("mtp-m.gguf") && msg.contains("--model"),
+        "{msg}"
+    );
+}
