@@ -57,6 +57,15 @@ impl Op {
         Op::Other,
     ];
 
+    /// The matrix products' kinds, one per stored format.
+    pub const MATMULS: [Op; 5] = [
+        Op::MatmulF32,
+        Op::MatmulBf16,
+        Op::MatmulFp8,
+        Op::MatmulFp4,
+        Op::MatmulGgml,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Op::MatmulF32 => "matmul f32",

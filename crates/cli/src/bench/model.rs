@@ -347,10 +347,7 @@ fn prefill_row(
     profile::set_enabled(true);
     let (_, prof) = once(bench)?;
     profile::set_enabled(false);
-    let mm_ns: u64 = [Op::MatmulF32, Op::MatmulBf16, Op::MatmulFp8, Op::MatmulFp4]
-        .iter()
-        .map(|&o| prof.time_ns[o as usize])
-        .sum();
+    let mm_ns: u64 = Op::MATMULS.iter().map(|&o| prof.time_ns[o as usize]).sum();
     let gflops = counters.flops as f64 / secs / 1e9;
     let mm_gflops = prof.flops as f64 / (mm_ns as f64).max(1.0);
     let row = PrefillRow {
