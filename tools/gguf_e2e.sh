@@ -2,8 +2,9 @@
 # GGUF end to end against llama.cpp: llama.cpp's own converter makes the file from a synthetic
 # checkpoint (`synth --preset tiny-gguf`: V4's layout at toy width, the real vocabulary), and
 # llama.cpp runs it beside deepinfer (tools/gguf_compare.py: greedy tokens and log-probs, in
-# gguf and reference numerics). Then deepinfer generates from text with the file's own
-# tokenizer, and refuses a truncated copy with a one-line error.
+# gguf and reference numerics); likewise the files llama.cpp's quantizer makes (K-quants,
+# 32-block types). Then deepinfer generates from text with the file's own tokenizer, streams
+# experts to the resident bits, and refuses a truncated copy with a one-line error.
 #
 # llama.cpp 0c1e570 comes from the PyPI source distribution of llama-cpp-python 0.3.36 (its
 # converter, gguf-py, and libllama built here for the Python bindings). Needs Python 3 with
@@ -59,6 +60,31 @@ rm -rf "$D/tiny-gguf" "$D/tiny-gguf.gguf"
 LLAMA_CPP_LIB_PATH="$BUILD/bin" PYTHONPATH="$SDIST" "$PY" tools/gguf_compare.py "$BIN" \
     "$D/tiny-gguf.gguf" 2> >(grep -v '^llama_\|^ggml\|^load\|^print_info' >&2)
 
+# 4b. The files llama.cpp's quantizer makes (`llama_model_quantize`, what llama-quantize
+#     calls: tools/gguf_quantize.py, which checks each file holds the types named), from
+#     `tiny-kquant` (256-wide rows, so the K-quants are not replaced by their 32-block
+#     fallbacks everywhere): every K-quant, the 32-block types and IQ4_NL. The K-quant files
+#     compare in gguf numerics, where more prompts may flip (see tools/gguf_compare.py).
+rm -rf "$D/tiny-kquant" "$D"/tiny-kquant*.gguf
+"$BIN" synth --preset tiny-kquant --out "$D/tiny-kquant"
+"$PY" "$LLAMA/convert_hf_to_gguf.py" "$D/tiny-kquant" --outfile "$D/tiny-kquant.gguf" 2>&1 | tail -1
+quantized() { # FTYPE TYPES... -- COMPARE-ARGS...
+    local ftype=$1 types=() out="$D/tiny-kquant-$1.gguf"
+    shift
+    while [ "$1" != -- ]; do types+=("$1"); shift; done
+    shift
+    LLAMA_CPP_LIB_PATH="$BUILD/bin" PYTHONPATH="$SDIST" "$PY" tools/gguf_quantize.py \
+        "$D/tiny-kquant.gguf" "$out" "$ftype" "${types[@]}"
+    LLAMA_CPP_LIB_PATH="$BUILD/bin" PYTHONPATH="$SDIST" "$PY" tools/gguf_compare.py "$BIN" \
+        "$out" "$@" 2> >(grep -v '^llama_\|^ggml\|^load\|^print_info' >&2) | tail -2
+}
+kquant=(--numerics gguf --max-mismatched 0.4)
+quantized Q4_K_M Q4_K Q6_K Q5_0 -- "${kquant[@]}"
+quantized Q2_K Q2_K Q3_K Q4_0 -- "${kquant[@]}"
+quantized Q5_K_M Q5_K Q5_1 -- "${kquant[@]}"
+quantized IQ4_NL IQ4_NL --
+quantized Q4_1 Q4_1 --
+
 # 5. Text in and out through the file's own tokenizer (no tokenizer.json beside it).
 out=$("$BIN" generate --model "$D/tiny-gguf.gguf" --prompt "The capital of France is" \
     --max-tokens 4 --json 2>/dev/null | tail -1)
@@ -66,11 +92,13 @@ echo "$out" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); assert 
 
 # 6. The routed experts streamed from the file through a small cache: the same tokens and
 #    log-probabilities, bit for bit, as resident.
-run() { "$BIN" generate --model "$D/tiny-gguf.gguf" --prompt-ids 0,5,6,7,8,9 --max-tokens 6 \
-    --top-logprobs 2 --json "$@" 2>/dev/null | tail -1; }
-resident=$(run)
-streamed=$(run --expert-cache-mib 1)
-[ "$resident" = "$streamed" ] || { echo "streamed experts differ: $resident vs $streamed" >&2; exit 1; }
+for f in tiny-gguf tiny-kquant-Q4_K_M; do
+    run() { "$BIN" generate --model "$D/$f.gguf" --prompt-ids 0,5,6,7,8,9 --max-tokens 6 \
+        --top-logprobs 2 --json "$@" 2>/dev/null | tail -1; }
+    resident=$(run)
+    streamed=$(run --expert-cache-mib 1)
+    [ "$resident" = "$streamed" ] || { echo "$f: streamed experts differ: $resident vs $streamed" >&2; exit 1; }
+done
 
 # 7. A truncated file: one line naming it, no panic.
 head -c 40000000 "$D/tiny-gguf.gguf" > "$D/truncated.gguf"

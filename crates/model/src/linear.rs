@@ -43,10 +43,19 @@ impl Linear {
         crate::profile::matmul(&self.w, x, m, y);
     }
 
+    /// [`Self::forward_into`] for activations no numerics rounds (mHC's mixes): taken as
+    /// they are, but for a GGUF file's quantised matrix in llama.cpp's numerics, which
+    /// rounds every product's input ([`Numerics::unrounded_inputs`]).
+    pub fn forward_unrounded(&self, x: &[f32], m: usize, y: &mut [f32], numerics: Numerics) {
+        let inputs = numerics.unrounded_inputs();
+        crate::profile::matmuls(&mut [Matmul::new(&self.w, x, m, y).with_inputs(inputs)]);
+    }
+
     /// [`Self::forward_into`] for a dense product's input ([`Numerics::dense_input`]):
-    /// exact in bf16 where the numerics rounds it, which the kernels may exploit.
+    /// exact in bf16 where the numerics rounds it, which the kernels may exploit (or, for
+    /// a GGUF file's quantised matrix, rounded by the product as llama.cpp does).
     pub fn forward_dense(&self, x: &[f32], m: usize, y: &mut [f32], numerics: Numerics) {
-        let exact = numerics.bf16_exact_inputs();
-        crate::profile::matmuls(&mut [Matmul::new(&self.w, x, m, y).with_bf16_x(exact)]);
+        let inputs = numerics.inputs();
+        crate::profile::matmuls(&mut [Matmul::new(&self.w, x, m, y).with_inputs(inputs)]);
     }
 }

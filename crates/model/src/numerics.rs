@@ -28,13 +28,17 @@
 //!   experts' outputs rather than `w2`'s inputs. The bf16 inputs of the dense products and
 //!   the f32 elsewhere are as for V4.
 //! - [`Numerics::Gguf`] is llama.cpp's CPU backend on a GGUF file: each product's input
-//!   quantised to its weights' `vec_dot_type` — Q8_0 (32-blocks, f16 scale) for the Q8_0 and
-//!   MXFP4 projections, which are V4's FP8 and FP4 ones, and bf16 for the BF16 products —
-//!   which is what lets the kernels multiply in integers (`deepinfer_kernels::ggml::dot`).
-//!   llama.cpp's f16 KV cache is not reproduced: the cache stays f32.
+//!   quantised to its weights' `vec_dot_type` — Q8_0 (32-blocks, f16 scale) for Q8_0, MXFP4
+//!   and the other 32-blocks, Q8_K (256-blocks, f32 scale) for the K-quants, bf16 for BF16,
+//!   none for F32. Every product rounds its own input ([`Inputs::VecDot`]), as each of
+//!   llama.cpp's does: one activation row may feed matrices stored in different types (a
+//!   quantizer stores some of V4's BF16 and F32 matrices — the head, the compressors, mHC's
+//!   — in blocks too). That is what lets the kernels multiply Q8_0 and MXFP4 in integers
+//!   (`deepinfer_kernels::ggml::dot`). Not reproduced: llama.cpp's f16 KV cache (the cache
+//!   stays f32), and the f16 rounding of an F16 matrix's input (F16 is widened at load).
 
 use deepinfer_kernels::formats::{bf16_to_f32, f32_to_bf16};
-use deepinfer_kernels::ggml::q8::Q8Row;
+use deepinfer_kernels::linear::Inputs;
 use deepinfer_kernels::quant::{
     fp4_round_trip, fp8_round_trip, hadamard, mxfp8_round_trip, FP8_AMAX_FLOOR, MXFP8_AMAX_FLOOR,
     MX_BLOCK,
@@ -83,7 +87,18 @@ impl Numerics {
                 .chunks_exact_mut(width)
                 .for_each(|row| fp8_round_trip(row, ACT_BLOCK)),
             Numerics::OfficialV41 => x.chunks_exact_mut(width).for_each(mxfp8_round_trip),
-            Numerics::Gguf => Q8Row::round_trip(x),
+            // The product quantises its own copy, to its weights' format ([`Self::inputs`]).
+            Numerics::Gguf => {}
+        }
+    }
+
+    /// What a projection's product is told of its input ([`Self::projection_input`]'s
+    /// rounding, or the rounding the product does itself).
+    pub fn inputs(self) -> Inputs {
+        match self {
+            Numerics::Reference => Inputs::F32,
+            Numerics::Official | Numerics::OfficialV41 => Inputs::Bf16Exact,
+            Numerics::Gguf => Inputs::VecDot,
         }
     }
 
@@ -116,18 +131,29 @@ impl Numerics {
         self == Numerics::OfficialV41
     }
 
+    /// What a product whose input no numerics rounds (mHC's mixes) is told of it: the
+    /// values as they are, but in llama.cpp's numerics, where every product on a quantised
+    /// matrix quantises its own input, [`Inputs::VecDot`] (a GGUF quantizer may store
+    /// mHC's matrices in blocks).
+    pub fn unrounded_inputs(self) -> Inputs {
+        match self {
+            Numerics::Gguf => Inputs::VecDot,
+            _ => Inputs::F32,
+        }
+    }
+
     /// Whether [`Self::projection_input`] leaves its values exact in bf16 (an FP8 value times
     /// a power of two), so the kernels may multiply them in bf16 without loss
-    /// ([`deepinfer_kernels::linear::Matmul::with_bf16_x`]).
+    /// ([`Inputs::Bf16Exact`]).
     pub fn bf16_exact_inputs(self) -> bool {
-        matches!(self, Numerics::Official | Numerics::OfficialV41)
+        self.inputs() == Inputs::Bf16Exact
     }
 
     /// Floats a rounded copy of `n` activations needs ([`Self::projection_view`]): none in
     /// reference numerics, which reads the activations as they are.
     pub fn copy_len(self, n: usize) -> usize {
         match self {
-            Numerics::Reference => 0,
+            Numerics::Reference | Numerics::Gguf => 0,
             _ => n,
         }
     }
@@ -135,7 +161,7 @@ impl Numerics {
     /// `x` as a projection reads it while other consumers read `x` itself: `x` in
     /// reference numerics, else its rounded copy in `buf` (of [`Self::copy_len`] floats).
     pub fn projection_view<'a>(self, x: &'a [f32], width: usize, buf: &'a mut [f32]) -> &'a [f32] {
-        if self == Numerics::Reference {
+        if matches!(self, Numerics::Reference | Numerics::Gguf) {
             return x;
         }
         buf.copy_from_slice(x);
@@ -147,7 +173,9 @@ impl Numerics {
     /// `wkv`/`wgate`, the indexer's `weights_proj`, the router, `wo_a`, the head): `x`
     /// through bf16 (round to nearest even).
     pub fn dense_input(self, x: &mut [f32]) {
-        if self != Numerics::Reference {
+        // In llama.cpp's numerics the product rounds its own input, to bf16 for BF16
+        // weights and to its blocks' format for quantised ones ([`Self::inputs`]).
+        if matches!(self, Numerics::Official | Numerics::OfficialV41) {
             x.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
         }
     }
@@ -156,7 +184,7 @@ impl Numerics {
     /// `x` itself: `x` in reference numerics, else its rounded copy in `buf` (of
     /// [`Self::copy_len`] floats).
     pub fn dense_view<'a>(self, x: &'a [f32], buf: &'a mut [f32]) -> &'a [f32] {
-        if self == Numerics::Reference {
+        if matches!(self, Numerics::Reference | Numerics::Gguf) {
             return x;
         }
         buf.copy_from_slice(x);

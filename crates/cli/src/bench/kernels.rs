@@ -73,7 +73,8 @@ const FLASH_SHAPES: &[(&str, usize, usize)] = &[
 ];
 
 /// V4-Flash's shapes in a GGUF file of llama.cpp's converter: [`FLASH_SHAPES`] with the FP8
-/// projections as Q8_0 and the FP4 experts as MXFP4.
+/// projections as Q8_0 and the FP4 experts as MXFP4; then an expert's matrices as a
+/// Q4_K_M quantisation stores them (Q4_K, and Q6_K where it keeps more bits).
 const GGUF_SHAPES: &[(&str, usize, usize)] = &[
     ("bf16", 129280, 4096),
     ("q8_0", 1024, 4096),
@@ -81,6 +82,8 @@ const GGUF_SHAPES: &[(&str, usize, usize)] = &[
     ("q8_0", 4096, 8192),
     ("mxfp4", 2048, 4096),
     ("mxfp4", 4096, 2048),
+    ("q4_K", 2048, 4096),
+    ("q6_K", 4096, 2048),
 ];
 
 /// A cheap deterministic byte stream (the bytes only need to be varied, not random).
@@ -142,23 +145,20 @@ fn make(format: &str, rows: usize, cols: usize, seed: u64) -> QMatrix {
             let scales = vec![120u8; rows * cols / 32];
             QMatrix::fp4(rows, cols, &bytes[..rows * cols / 2], &scales, 32).expect("shape")
         }
-        "q8_0" | "mxfp4" => {
-            let block = if format == "q8_0" {
-                Block::Q8_0
-            } else {
-                Block::Mxfp4
-            };
+        ggml => {
+            let block = Block::from_name(ggml).unwrap_or_else(|| unreachable!("format {ggml}"));
             let mut b = bytes[..rows * block.row_bytes(cols)].to_vec();
             // Scales as a checkpoint's: f16 near 2^-7, or E8M0 near 2^-6.
             for blk in b.chunks_exact_mut(block.bytes()) {
-                match block {
-                    Block::Q8_0 => blk[..2].copy_from_slice(&0x2000u16.to_le_bytes()),
-                    Block::Mxfp4 => blk[0] = 121,
+                for &at in block.half_fields() {
+                    blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+                }
+                if block == Block::Mxfp4 {
+                    blk[0] = 121;
                 }
             }
             QMatrix::ggml_in(rows, cols, block, WeightBytes::copy_from(&b)).expect("shape")
         }
-        other => unreachable!("format {other}"),
     }
 }
 
@@ -269,9 +269,9 @@ pub fn run(args: KernelArgs) {
             .map(|i| make(format, rows, cols, i as u64 + 2))
             .collect();
         let shape = format!("{rows}x{cols}");
-        let exact = args.numerics.bf16_exact_inputs();
+        let inputs = args.numerics.inputs();
         let matmul = |w, x: &[f32], m, y: &mut [f32]| {
-            matmuls(&mut [Matmul::new(w, x, m, y).with_bf16_x(exact)])
+            matmuls(&mut [Matmul::new(w, x, m, y).with_inputs(inputs)])
         };
         let line = |m: usize,
                     secs: f64,

@@ -33,7 +33,13 @@ fn weight_block(block: Block, b: &[u8]) -> ([i8; QK], f32) {
             }
             (w, e8m0_half(b[0]))
         }
+        other => no_int_dots(other),
     }
+}
+
+#[cold]
+fn no_int_dots(block: Block) -> ! {
+    unreachable!("{} has no integer dots (Block::has_int_dots)", block.name())
 }
 
 /// The lanes' final sum, in the order the SIMD families take it.
@@ -161,6 +167,7 @@ unsafe fn rows<const R: usize, const M: usize>(
                         let codes = _mm256_and_si256(nib, low);
                         (_mm256_shuffle_epi8(table, codes), e8m0_half(*wb))
                     }
+                    other => no_int_dots(other),
                 }
             };
             let aw = _mm256_sign_epi8(wq, wq);
@@ -221,6 +228,7 @@ mod tests {
                     w.push(100 + rng.byte() % 50);
                     w.extend((0..16).map(|_| rng.byte()));
                 }
+                other => unreachable!("{} has no integer dots", other.name()),
             }
         }
         w

@@ -2,13 +2,16 @@
 //! fixed-size blocks, each block a scale and the codes of `elems` consecutive inputs.
 //!
 //! The decodes here follow ggml's reference `dequantize_row_*` (`ggml/src/ggml-quants.c` of
-//! llama.cpp 0c1e570) value for value; each product below is exact in f32, so they are the
-//! numbers llama.cpp itself starts from.
+//! llama.cpp 0c1e570) value for value, each product and difference rounded once in the
+//! order written there (what gguf-py's numpy decoders compute too).
 
 use crate::formats::f16_to_f32;
 
 pub mod dot;
+pub mod kquants;
+pub mod legacy;
 pub mod q8;
+pub mod q8k;
 
 /// A block format of ggml that deepinfer computes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -18,6 +21,50 @@ pub enum Block {
     /// `MXFP4`: an E8M0 byte `e`, then 16 bytes of E2M1 codes, element `j` in the low
     /// nibble of byte `j` and element `j + 16` in its high nibble; `x = e2m1 · 2^(e-127)`.
     Mxfp4,
+    /// `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `IQ4_NL`: 32-blocks of 4- or 5-bit codes
+    /// ([`legacy`]), what llama.cpp's quantizer falls back to where a row is not a whole
+    /// number of 256-blocks.
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Iq4Nl,
+    /// The K-quants: 256-blocks of 16 or 8 sub-blocks with their own 4- to 8-bit scales
+    /// ([`kquants`]).
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// The activations' format a product on a [`Block`] reads in llama.cpp's CPU backend
+/// (`type_traits_cpu[..].vec_dot_type`): it quantises each input row to it first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VecDot {
+    /// 32-blocks with an f16 scale ([`q8`]); `Q8_1`, which adds each block's sum, holds
+    /// the same values.
+    Q8_0,
+    /// 256-blocks with an f32 scale ([`q8k`]).
+    Q8K,
+}
+
+impl VecDot {
+    /// Rounds `x` in place to the values its codes in this format stand for.
+    pub fn round_trip(self, x: &mut [f32]) {
+        match self {
+            VecDot::Q8_0 => q8::Q8Row::round_trip(x),
+            VecDot::Q8K => q8k::round_trip(x),
+        }
+    }
+
+    /// Inputs per block: a row this product reads is a whole number of them.
+    pub fn elems(self) -> usize {
+        match self {
+            VecDot::Q8_0 => q8::QK,
+            VecDot::Q8K => q8k::QK_K,
+        }
+    }
 }
 
 impl Block {
@@ -26,12 +73,25 @@ impl Block {
         match self {
             Block::Q8_0 => "q8_0",
             Block::Mxfp4 => "mxfp4",
+            Block::Q4_0 => "q4_0",
+            Block::Q4_1 => "q4_1",
+            Block::Q5_0 => "q5_0",
+            Block::Q5_1 => "q5_1",
+            Block::Iq4Nl => "iq4_nl",
+            Block::Q2K => "q2_K",
+            Block::Q3K => "q3_K",
+            Block::Q4K => "q4_K",
+            Block::Q5K => "q5_K",
+            Block::Q6K => "q6_K",
         }
     }
 
     /// Inputs per block.
     pub fn elems(self) -> usize {
-        32
+        match self {
+            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K => kquants::QK_K,
+            _ => 32,
+        }
     }
 
     /// Bytes per block.
@@ -39,7 +99,63 @@ impl Block {
         match self {
             Block::Q8_0 => 34,
             Block::Mxfp4 => 17,
+            Block::Q4_0 | Block::Iq4Nl => 18,
+            Block::Q4_1 => 20,
+            Block::Q5_0 => 22,
+            Block::Q5_1 => 24,
+            Block::Q2K => 84,
+            Block::Q3K => 110,
+            Block::Q4K => 144,
+            Block::Q5K => 176,
+            Block::Q6K => 210,
         }
+    }
+
+    /// The format llama.cpp quantises this product's inputs to.
+    pub fn vec_dot(self) -> VecDot {
+        match self {
+            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K => VecDot::Q8K,
+            _ => VecDot::Q8_0,
+        }
+    }
+
+    /// Whether [`dot`] multiplies this format in integers (on [`q8::Q8Row`]s); the
+    /// others decode a weight row to f32 first.
+    pub fn has_int_dots(self) -> bool {
+        matches!(self, Block::Q8_0 | Block::Mxfp4)
+    }
+
+    /// The byte offsets of a block's f16 fields (its scales, and offsets where it has them).
+    pub fn half_fields(self) -> &'static [usize] {
+        match self {
+            Block::Mxfp4 => &[],
+            Block::Q8_0 | Block::Q4_0 | Block::Q5_0 | Block::Iq4Nl => &[0],
+            Block::Q4_1 | Block::Q5_1 | Block::Q4K | Block::Q5K => &[0, 2],
+            Block::Q2K => &[80, 82],
+            Block::Q3K => &[108],
+            Block::Q6K => &[208],
+        }
+    }
+
+    /// Every block format, in ggml's type order.
+    pub const ALL: [Block; 12] = [
+        Block::Q4_0,
+        Block::Q4_1,
+        Block::Q5_0,
+        Block::Q5_1,
+        Block::Q8_0,
+        Block::Q2K,
+        Block::Q3K,
+        Block::Q4K,
+        Block::Q5K,
+        Block::Q6K,
+        Block::Iq4Nl,
+        Block::Mxfp4,
+    ];
+
+    /// The format ggml names `name` ([`Self::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|b| b.name() == name)
     }
 
     /// Bytes of a row of `cols` inputs (a whole number of blocks).
@@ -57,18 +173,35 @@ impl Block {
             out.len(),
             self.name()
         );
+        let decode: fn(&[u8], &mut [f32]) = match self {
+            Block::Q8_0 => decode_q8_0,
+            Block::Mxfp4 => decode_mxfp4,
+            Block::Q4_0 => legacy::q4_0,
+            Block::Q4_1 => legacy::q4_1,
+            Block::Q5_0 => legacy::q5_0,
+            Block::Q5_1 => legacy::q5_1,
+            Block::Iq4Nl => legacy::iq4_nl,
+            Block::Q2K => kquants::q2_k,
+            Block::Q3K => kquants::q3_k,
+            Block::Q4K => kquants::q4_k,
+            Block::Q5K => kquants::q5_k,
+            Block::Q6K => kquants::q6_k,
+        };
         let blocks = row.chunks_exact(self.bytes());
         for (b, y) in blocks.zip(out.chunks_exact_mut(self.elems())) {
-            match self {
-                Block::Q8_0 => decode_q8_0(b, y),
-                Block::Mxfp4 => decode_mxfp4(b, y),
-            }
+            decode(b, y);
         }
     }
 }
 
+/// A block's f16 field at byte `at`, as f32.
+#[inline(always)]
+fn half(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
 fn decode_q8_0(b: &[u8], y: &mut [f32]) {
-    let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    let d = half(b, 0);
     for (o, &q) in y.iter_mut().zip(&b[2..34]) {
         *o = q as i8 as f32 * d;
     }
@@ -154,5 +287,90 @@ mod tests {
         }
         assert_eq!(Block::Mxfp4.row_bytes(64), 34);
         assert_eq!(Block::Q8_0.row_bytes(64), 68);
+    }
+
+    fn words(line: &str, tag: &str) -> Vec<u32> {
+        let rest = line.strip_prefix(tag).expect("the fixture's layout");
+        rest.split_whitespace()
+            .map(|w| u32::from_str_radix(w, 16).unwrap())
+            .collect()
+    }
+
+    fn hex_bytes(h: &str) -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Blocks from llama.cpp's quantizer decode to gguf-py's values bit for bit (which ggml's
+    /// own decoders give too: tools/make_ggml_block_fixtures.py checks), every format.
+    #[test]
+    fn blocks_decode_as_gguf_py_does() {
+        let mut lines = include_str!("blocks.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#'));
+        let mut seen = std::collections::HashSet::new();
+        while let Some(line) = lines.next() {
+            let Some(rest) = line.strip_prefix("block ") else {
+                continue;
+            };
+            let (name, hex) = rest.split_once(' ').unwrap();
+            let block = Block::from_name(name).unwrap_or_else(|| panic!("{name}"));
+            let want = words(lines.next().unwrap(), "values ");
+            let mut got = vec![0.0f32; want.len()];
+            block.decode_row(&hex_bytes(hex), &mut got);
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    *w,
+                    "{name}: value {j}: {g} vs {}",
+                    f32::from_bits(*w)
+                );
+            }
+            seen.insert(block);
+        }
+        let missing: Vec<_> = Block::ALL
+            .into_iter()
+            .filter(|b| !matches!(b, Block::Q8_0 | Block::Mxfp4) && !seen.contains(b))
+            .collect();
+        assert!(missing.is_empty(), "no fixture for {missing:?}");
+    }
+
+    /// Rows rounded through Q8_K give the values of `quantize_row_q8_K_ref`'s codes.
+    #[test]
+    fn q8_k_rounds_as_llama_cpp() {
+        let mut lines = include_str!("blocks.txt").lines();
+        let mut rows = 0;
+        while let Some(line) = lines.next() {
+            if !line.starts_with("q8_K ") {
+                continue;
+            }
+            let mut x: Vec<f32> = words(line, "q8_K ")
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
+            let want = words(lines.next().unwrap(), "values ");
+            VecDot::Q8K.round_trip(&mut x);
+            for (j, (g, w)) in x.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), *w, "row {rows}: value {j}");
+            }
+            rows += 1;
+        }
+        assert_eq!(rows, 4);
+        let mut zeros = [0.0f32; 256];
+        VecDot::Q8K.round_trip(&mut zeros);
+        assert!(zeros.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn names_and_sizes_are_ggml_s() {
+        for b in Block::ALL {
+            assert_eq!(Block::from_name(b.name()), Some(b));
+            assert!(b.elems().is_multiple_of(b.vec_dot().elems()));
+        }
+        assert_eq!(Block::Q6K.row_bytes(512), 420);
+        assert_eq!(Block::Q4_0.vec_dot(), VecDot::Q8_0);
+        assert_eq!(Block::Q2K.vec_dot(), VecDot::Q8K);
     }
 }

@@ -1,11 +1,14 @@
 //! One tile of a product on ggml blocks (GGUF weights).
 //!
-//! An activation row whose values are exactly its Q8_0 codes times their scales — what
-//! llama.cpp's numerics hand every Q8_0 and MXFP4 product ([`Q8Row::round_trip`]) — is
-//! multiplied in integers ([`crate::ggml::dot`]): each product is then exact, as in f32,
-//! and only the order of summation differs. Any other row (f32 activations, reference
-//! numerics) takes the portable path: the weight row decoded exactly, then an f32 dot.
-//! Which path a row takes depends on its own values only, so batch invariance holds.
+//! On Q8_0 and MXFP4 weights, an activation row whose values are exactly its Q8_0 codes
+//! times their scales — or whose product was told to quantise it ([`Inputs::VecDot`]), as
+//! llama.cpp's numerics do — is multiplied in integers ([`crate::ggml::dot`]): each
+//! product is then exact, as in f32, and only the order of summation differs. Any other
+//! row, and every row on the other blocks (their input already rounded by the planner
+//! where told so), takes the portable path: the weight row decoded exactly, then an f32
+//! dot. Which path a row takes depends on its own values only, so batch invariance holds.
+//!
+//! [`Inputs::VecDot`]: super::Inputs::VecDot
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -47,13 +50,17 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
     let Data::Ggml { block, bytes } = &w.data else {
         unreachable!("ggml::tile runs products on ggml blocks")
     };
-    // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
-    // call's scratch, which outlives the call.
-    let q8 = unsafe { std::slice::from_raw_parts(plan.q8, plan.m) };
+    let q8: &[Q8Row] = if plan.q8.is_null() {
+        &[]
+    } else {
+        // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
+        // call's scratch, which outlives the call.
+        unsafe { std::slice::from_raw_parts(plan.q8, plan.m) }
+    };
     r.exact.clear();
     r.inexact.clear();
-    for (i, row) in q8.iter().enumerate() {
-        if row.exact {
+    for i in 0..plan.m {
+        if q8.get(i).is_some_and(|row| row.exact) {
             r.exact.push(i);
         } else {
             r.inexact.push(i);

@@ -49,10 +49,24 @@ pub struct Matmul<'a> {
     pub x: &'a [f32],
     pub m: usize,
     pub y: &'a mut [f32],
-    /// Whether every activation is exact in bf16 (official numerics' FP8-rounded inputs):
-    /// FP8 and FP4 products may then run on the AMX tiles where they are in use
-    /// ([`crate::cpu::amx`]). A promise broken here costs precision, not safety.
-    pub bf16_x: bool,
+    /// What the caller promises of the activations, or asks the product to make of them.
+    pub inputs: Inputs,
+}
+
+/// A product's activations, as its numerics have them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Inputs {
+    /// Any f32 values, multiplied as they are.
+    #[default]
+    F32,
+    /// Every value exact in bf16 (official numerics' FP8-rounded inputs): FP8 and FP4
+    /// products may then run on the AMX tiles where they are in use ([`crate::cpu::amx`]),
+    /// or on bf16 dot products. A promise broken here costs precision, not safety.
+    Bf16Exact,
+    /// Quantised by the product first, as llama.cpp's CPU backend does, to the format its
+    /// weights' blocks read ([`crate::ggml::Block::vec_dot`]). Products on other formats
+    /// take the values as they are.
+    VecDot,
 }
 
 impl<'a> Matmul<'a> {
@@ -64,16 +78,13 @@ impl<'a> Matmul<'a> {
             x,
             m,
             y,
-            bf16_x: false,
+            inputs: Inputs::F32,
         }
     }
 
-    /// The same product, its activations promised exact in bf16 when `exact`.
-    pub fn with_bf16_x(self, exact: bool) -> Self {
-        Self {
-            bf16_x: exact,
-            ..self
-        }
+    /// The same product, its activations as `inputs` describes them.
+    pub fn with_inputs(self, inputs: Inputs) -> Self {
+        Self { inputs, ..self }
     }
 }
 
@@ -133,8 +144,11 @@ pub(crate) struct Plan {
     /// The call's kernel family, for the products on ggml blocks (their `family` is the
     /// scalar one: no activation layout, no GEMM path; [`ggml::tile`] picks its kernels).
     call_isa: Isa,
-    /// A ggml product's activations quantised to Q8_0, `m` rows (null for other formats).
+    /// A ggml product's activations quantised to Q8_0, `m` rows (null for other formats,
+    /// and for the blocks without integer dots).
     q8: *const crate::ggml::q8::Q8Row,
+    /// What the caller said of the activations (a copy serves only products told alike).
+    inputs: Inputs,
 }
 
 // SAFETY: a plan only lives during the `matmuls` call that built it, while every pointer it
@@ -234,6 +248,8 @@ struct CallScratch {
     pairs: AlignedVec,
     /// The ggml products' activations as Q8_0 rows ([`ggml::quantize`]).
     q8: Vec<crate::ggml::q8::Q8Row>,
+    /// Copies of activations rounded as their products read them ([`Inputs::VecDot`]).
+    rounded: AlignedVec,
     plans: Vec<Plan>,
     queues: by_node::NodeQueues,
 }
@@ -571,7 +587,7 @@ fn x_stride(k: usize, m: usize) -> usize {
 fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        amx && j.bf16_x && j.m > 0 && isa == Isa::Avx512 && x86::amx::runs(j.w)
+        amx && j.inputs == Inputs::Bf16Exact && j.m > 0 && isa == Isa::Avx512 && x86::amx::runs(j.w)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -588,7 +604,10 @@ fn on_amx(j: &Matmul, isa: Isa, amx: bool) -> bool {
 /// they give the bits of the f32 fused kernels, which the GEMM path gives too, and at 8 rows
 /// they already multiply at about the f32 FMA peak, which the GEMM reaches only near 512.
 fn on_dots(j: &Matmul, isa: Isa, dots: bool) -> bool {
-    dots && j.bf16_x && j.w.dots_ok && j.m > 0 && family(j.w, isa) == Isa::Avx512
+    dots && j.inputs == Inputs::Bf16Exact
+        && j.w.dots_ok
+        && j.m > 0
+        && family(j.w, isa) == Isa::Avx512
 }
 
 /// Activation rows from which FP8 runs on bf16 dot products (below the GEMM's crossover):

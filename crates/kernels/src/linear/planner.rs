@@ -5,9 +5,11 @@
 
 use super::{
     family, fp4_x_mult, on_amx, on_dots, prepare, row_step, tile_rows, x_stride, CallScratch,
-    Matmul, Plan, BATCH_INVARIANT, FP8_DOTS_FROM,
+    Inputs, Matmul, Plan, BATCH_INVARIANT, FP8_DOTS_FROM,
 };
 use crate::cpu::Isa;
+use crate::formats::{bf16_to_f32, f32_to_bf16};
+use crate::ggml::VecDot;
 use crate::matrix::Format;
 
 /// How a call routes its products: the kernel family, whether AMX tiles and bf16 dot
@@ -148,6 +150,12 @@ fn reserve(jobs: &[Matmul<'_>], r: &Route, s: &mut CallScratch) {
         .map(|j| (j.m * x_stride(j.w.cols, j.m)).next_multiple_of(16))
         .sum();
     s.prepared.grow(prep_len);
+    let rounded_len: usize = jobs
+        .iter()
+        .filter(|j| rounding(j).is_some())
+        .map(|j| (j.m * j.w.cols).next_multiple_of(16))
+        .sum();
+    s.rounded.grow(rounded_len);
     let t_len: usize = jobs
         .iter()
         .filter_map(|j| {
@@ -163,33 +171,71 @@ fn reserve(jobs: &[Matmul<'_>], r: &Route, s: &mut CallScratch) {
         .sum();
     s.pairs.grow(p_len);
     // Grown before any plan points into it.
-    let q8_rows: usize = jobs.iter().filter(|j| is_ggml(j)).map(|j| j.m).sum();
+    let q8_rows: usize = jobs.iter().filter(|j| int_dots(j)).map(|j| j.m).sum();
     if s.q8.len() < q8_rows {
         s.q8.resize_with(q8_rows, Default::default);
     }
 }
 
-fn is_ggml(j: &Matmul) -> bool {
-    matches!(j.w.format(), Format::Ggml(_))
+/// Whether `j` is a product on ggml blocks that the integer dots take.
+fn int_dots(j: &Matmul) -> bool {
+    matches!(j.w.format(), Format::Ggml(b) if b.has_int_dots())
+}
+
+/// How a product told to quantise its own input ([`Inputs::VecDot`]) rounds it, where it
+/// reads a rounded copy: the blocks without integer dots to their `vec_dot_type`, BF16
+/// weights to bf16 (llama.cpp's `vec_dot_type` for them). The integer blocks quantise into
+/// [`q8_rows`] instead; f32 weights read the values as they are.
+fn rounding(j: &Matmul) -> Option<fn(&mut [f32])> {
+    if j.inputs != Inputs::VecDot {
+        return None;
+    }
+    match j.w.format() {
+        Format::Ggml(b) if !b.has_int_dots() => Some(match b.vec_dot() {
+            VecDot::Q8_0 => |x| VecDot::Q8_0.round_trip(x),
+            VecDot::Q8K => |x| VecDot::Q8K.round_trip(x),
+        }),
+        Format::Bf16 => Some(|x| x.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)))),
+        _ => None,
+    }
+}
+
+/// The activations a product reads: the caller's, or a copy rounded as [`rounding`] says.
+fn rounded_x<'a>(j: &Matmul<'a>, s: &mut CallScratch, at: &mut Offsets) -> &'a [f32] {
+    let Some(round) = rounding(j) else {
+        return j.x;
+    };
+    let k = j.w.cols;
+    let dst = &mut s.rounded[at.rounded..at.rounded + j.m * k];
+    at.rounded += (j.m * k).next_multiple_of(16);
+    dst.copy_from_slice(&j.x[..j.m * k]);
+    dst.chunks_exact_mut(k.max(1)).for_each(round);
+    // SAFETY: the call's scratch is neither grown nor reused while its plans live, so the
+    // copy outlives every plan of the call.
+    unsafe { std::slice::from_raw_parts(dst.as_ptr(), dst.len()) }
 }
 
 /// A ggml product's activations as Q8_0 rows: a twin's (an earlier product of the same
-/// activations), or quantised here into the call's scratch; null for other formats.
+/// activations), or quantised here into the call's scratch; null for other formats. Told
+/// to quantise its input ([`Inputs::VecDot`]), the product takes the codes as its input:
+/// every row is then exact.
 fn q8_rows(j: &Matmul, s: &mut CallScratch, at: &mut Offsets) -> *const crate::ggml::q8::Q8Row {
-    if !is_ggml(j) {
+    if !int_dots(j) {
         return std::ptr::null();
     }
     let k = j.w.cols;
-    let twin = s
-        .plans
-        .iter()
-        .find(|p| p.src == j.x.as_ptr() && p.m == j.m && p.k == k && !p.q8.is_null());
+    let twin = s.plans.iter().find(|p| {
+        p.src == j.x.as_ptr() && p.m == j.m && p.k == k && !p.q8.is_null() && p.inputs == j.inputs
+    });
     if let Some(p) = twin {
         return p.q8;
     }
     let rows = &mut s.q8[at.q8..at.q8 + j.m];
     at.q8 += j.m;
     super::ggml::quantize(j.x, k, rows);
+    if j.inputs == Inputs::VecDot {
+        rows.iter_mut().for_each(|r| r.exact = true);
+    }
     rows.as_ptr()
 }
 
@@ -200,6 +246,7 @@ struct Offsets {
     transposed: usize,
     pairs: usize,
     q8: usize,
+    rounded: usize,
     tiles_before: usize,
 }
 
@@ -219,6 +266,7 @@ fn twin(s: &CallScratch, j: &Matmul, r: &Route) -> Option<Twin> {
                 && p.w().format() == j.w.format()
                 && p.amx == r.amx(j)
                 && p.dots == r.dots(j)
+                && p.inputs == j.inputs
         })
         .map(|p| (p.x, p.ldx, p.xt, p.xw, p.xw_last, p.pairs))
 }
@@ -229,6 +277,7 @@ fn twin(s: &CallScratch, j: &Matmul, r: &Route) -> Option<Twin> {
 /// tile), or the caller's.
 fn prepared_x(
     j: &Matmul,
+    src: &[f32],
     r: &Route,
     twin: Option<Twin>,
     s: &mut CallScratch,
@@ -239,12 +288,12 @@ fn prepared_x(
         return (x, ldx, r.dots(j));
     }
     if !r.needs_prep(j) {
-        return (j.x.as_ptr(), k, false);
+        return (src.as_ptr(), k, false);
     }
     let format = j.w.format();
     let ldx = x_stride(k, j.m);
     let dst = &mut s.prepared[at.prepared..at.prepared + j.m * ldx];
-    let src = j.x.chunks_exact(k.max(1));
+    let src = src.chunks_exact(k.max(1));
     // FP8's pairs are packed in its tiles, once the activations carry their blocks' scales.
     let in_tile = format == Format::Fp8;
     let packed = r.dots(j)
@@ -317,7 +366,8 @@ fn plan_one(
 ) -> Plan {
     let fam = family(j.w, r.isa);
     let twin = twin(s, j, r);
-    let (x, ldx, packed) = prepared_x(j, r, twin, s, at);
+    let src = rounded_x(j, s, at);
+    let (x, ldx, packed) = prepared_x(j, src, r, twin, s, at);
     // Filled by the transposition pass before any tile runs.
     let xt_layout = r.laid_out(j).then(|| {
         let format = j.w.format();
@@ -337,7 +387,7 @@ fn plan_one(
         xw_last,
         xt_layout,
         xt_owner: xt_owner || pairs_owner,
-        src: j.x.as_ptr(),
+        src: src.as_ptr(),
         m: j.m,
         y: j.y.as_mut_ptr(),
         row0: j.rows.start,
@@ -352,6 +402,7 @@ fn plan_one(
         dots: packed,
         call_isa: r.isa,
         q8,
+        inputs: j.inputs,
     };
     // A matrix of few row tiles splits its activation strips too, so every core has work.
     if !p.xt.is_null() {

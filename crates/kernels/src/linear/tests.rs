@@ -93,24 +93,25 @@ fn matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
     out
 }
 
-/// `(n, k)` matrices in the GGUF block formats, scales as checkpoints have them.
+/// `(n, k)` matrices in the GGUF block formats whose blocks divide `k`, scales as
+/// checkpoints have them (codes and sub-block scales random).
 fn ggml_matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
     use crate::ggml::Block;
-    [Block::Q8_0, Block::Mxfp4]
+    Block::ALL
         .into_iter()
+        .filter(|b| k.is_multiple_of(b.elems()))
         .map(|block| {
             let mut bytes = Vec::with_capacity(n * block.row_bytes(k));
-            for _ in 0..n * k / 32 {
-                match block {
-                    Block::Q8_0 => {
-                        let d = half::f16::from_f32(rng.next() * 0.02);
-                        bytes.extend(d.to_bits().to_le_bytes());
-                        bytes.extend((0..32).map(|_| rng.byte()));
-                    }
-                    Block::Mxfp4 => {
-                        bytes.push(127 - 10 + rng.byte() % 12);
-                        bytes.extend((0..16).map(|_| rng.byte()));
-                    }
+            for _ in 0..n * k / block.elems() {
+                let at = bytes.len();
+                bytes.extend((0..block.bytes()).map(|_| rng.byte()));
+                let b = &mut bytes[at..];
+                for &f in block.half_fields() {
+                    let d = half::f16::from_f32(rng.next() * 0.02);
+                    b[f..f + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+                }
+                if block == Block::Mxfp4 {
+                    b[0] = 127 - 10 + rng.byte() % 12;
                 }
             }
             let w = QMatrix::ggml_in(n, k, block, crate::buffer::WeightBytes::copy_from(&bytes));
@@ -212,7 +213,7 @@ fn row_ranges_and_several_products_in_one_pass() {
             x: &x,
             m,
             y,
-            bf16_x: false,
+            inputs: Inputs::F32,
         });
     }
     matmuls(&mut jobs);
@@ -297,7 +298,7 @@ fn a_row_does_not_depend_on_the_rest_of_the_batch() {
 #[test]
 fn amx_tiles_match_the_reference_and_keep_rows_independent() {
     fn exact<'a>(w: &'a QMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> Matmul<'a> {
-        Matmul::new(w, x, m, y).with_bf16_x(true)
+        Matmul::new(w, x, m, y).with_inputs(Inputs::Bf16Exact)
     }
     if !crate::cpu::amx_detected() {
         eprintln!("this CPU has no AMX tiles: nothing to test");
@@ -391,7 +392,7 @@ fn bf16_dot_products_give_the_f32_kernels_bits() {
                     m: usize,
                     y: &'a mut [f32],
                 ) -> Matmul<'a> {
-                    Matmul::new(w, x, m, y).with_bf16_x(true)
+                    Matmul::new(w, x, m, y).with_inputs(Inputs::Bf16Exact)
                 }
                 let xm = &x[..m * k];
                 let (mut dots, mut fmas) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
@@ -420,7 +421,7 @@ fn bf16_dot_products_give_the_f32_kernels_bits() {
             let (rows, m) = (n / 3..n - 1, 5);
             let (mut dots, mut fmas) = (vec![0.0; m * rows.len()], vec![0.0; m * rows.len()]);
             for (y, on) in [(&mut dots, true), (&mut fmas, false)] {
-                let mut j = Matmul::new(&w, &x[..m * k], m, y).with_bf16_x(true);
+                let mut j = Matmul::new(&w, &x[..m * k], m, y).with_inputs(Inputs::Bf16Exact);
                 j.rows = rows.clone();
                 matmuls_with(&mut [j], Isa::Avx512, false, on);
             }
@@ -433,7 +434,7 @@ fn bf16_dot_products_give_the_f32_kernels_bits() {
             let w = &matrices(n, k, &mut rng).pop().unwrap().1;
             for m in [2, 20] {
                 let mut y = vec![f32::NAN; m * n];
-                let j = Matmul::new(w, &x[..m * k], m, &mut y).with_bf16_x(true);
+                let j = Matmul::new(w, &x[..m * k], m, &mut y).with_inputs(Inputs::Bf16Exact);
                 matmuls_with(&mut [j], Isa::Avx512, false, true);
                 let (want, mag) = reference(w, 0..n, &x[..m * k], m);
                 check(&format!("fp4 dots with {bad}, m={m}"), &y, &want, &mag);
@@ -470,7 +471,7 @@ fn products_dealt_by_node_give_the_one_node_bits() {
                             x,
                             m,
                             y,
-                            bf16_x: false,
+                            inputs: Inputs::F32,
                         })
                         .collect();
                     matmuls(&mut jobs);
@@ -551,4 +552,102 @@ fn ggml_products_on_q8_0_rows_are_exact_and_batch_invariant() {
             }
         }
     }
+}
+
+/// Told to quantise their input ([`Inputs::VecDot`]), GGUF products read it as llama.cpp's
+/// do: rounded to their blocks' `vec_dot_type` (Q8_0 or Q8_K), each row alone. On every
+/// family, a batch gives each row's bits alone, the values are the reference's on the
+/// rounded input, and on the integer blocks the bits of a product handed the rounded input.
+#[test]
+fn ggml_products_quantise_their_own_input_when_told() {
+    let mut rng = Lcg(48);
+    let (n, k, m) = (19, 512, 9);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.next() * 2.0).collect();
+    for (name, w) in ggml_matrices(n, k, &mut rng) {
+        let Format::Ggml(block) = w.format() else {
+            unreachable!()
+        };
+        let mut rounded = x.clone();
+        rounded
+            .chunks_exact_mut(k)
+            .for_each(|r| block.vec_dot().round_trip(r));
+        assert_ne!(rounded, x, "{name}: the input is off the grid");
+        let (want, mag) = reference(&w, 0..n, &rounded, m);
+        for isa in families() {
+            let told = |x: &[f32], rows: usize, inputs: Inputs| {
+                let mut y = vec![0.0; rows * n];
+                let job = Matmul::new(&w, x, rows, &mut y).with_inputs(inputs);
+                matmuls_on(&mut [job], isa);
+                y
+            };
+            let batch = told(&x, m, Inputs::VecDot);
+            check(&format!("{name} {isa:?}"), &batch, &want, &mag);
+            for i in 0..m {
+                let solo = told(&x[i * k..(i + 1) * k], 1, Inputs::VecDot);
+                assert_eq!(solo, batch[i * n..(i + 1) * n], "{name} {isa:?}: row {i}");
+            }
+            if block.has_int_dots() {
+                let given = told(&rounded, m, Inputs::F32);
+                assert_eq!(given, batch, "{name} {isa:?}: rounded by the caller");
+            }
+        }
+    }
+}
+
+/// Products on GGUF blocks against llama.cpp's own (`ggml_vec_dot_<type>_<vec_dot_type>` on
+/// the row `quantize_row_<vec_dot_type>` made, tools/make_ggml_block_fixtures.py), every
+/// format on every family: within f32 rounding of their sum of magnitudes, but for Q4_1 and
+/// Q5_1, whose activation blocks llama.cpp keeps with an f16 copy of their sum (`Q8_1`'s
+/// `s`), which shifts its offset term by up to 2^-11 of it.
+#[test]
+fn ggml_products_are_llama_cpp_s() {
+    use crate::ggml::{Block, VecDot};
+    let hex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let words = |l: &str, tag: &str| -> Vec<f32> {
+        l.strip_prefix(tag)
+            .unwrap()
+            .split_whitespace()
+            .map(|w| f32::from_bits(u32::from_str_radix(w, 16).unwrap()))
+            .collect()
+    };
+    let mut lines = include_str!("../ggml/blocks.txt").lines();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(line) = lines.next() {
+        let Some((name, w)) = line.strip_prefix("dot ").and_then(|r| r.split_once(' ')) else {
+            continue;
+        };
+        let block = Block::from_name(name).unwrap();
+        let x = words(lines.next().unwrap(), "x ");
+        let want = words(lines.next().unwrap(), "value ")[0];
+        let k = x.len();
+        let w = QMatrix::ggml_in(1, k, block, crate::buffer::WeightBytes::copy_from(&hex(w)));
+        let w = w.unwrap();
+        let mut rounded = x.clone();
+        block.vec_dot().round_trip(&mut rounded);
+        let (_, mag) = reference(&w, 0..1, &rounded, 1);
+        let rel = match block {
+            Block::Q4_1 | Block::Q5_1 => 1e-4,
+            _ => 1e-6,
+        };
+        for isa in families() {
+            let mut y = [0.0f32];
+            let job = Matmul::new(&w, &x, 1, &mut y).with_inputs(Inputs::VecDot);
+            matmuls_on(&mut [job], isa);
+            let err = (y[0] - want).abs() as f64;
+            assert!(
+                err <= rel * mag[0],
+                "{name} {isa:?}: {} vs llama.cpp's {want} (|Δ| {err:e}, Σ|w·x| {:e})",
+                y[0],
+                mag[0]
+            );
+        }
+        seen.insert(block);
+    }
+    assert_eq!(seen.len(), Block::ALL.len(), "a product of every format");
+    assert_eq!(VecDot::Q8K.elems(), 256);
 }

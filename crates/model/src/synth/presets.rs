@@ -13,6 +13,7 @@ use crate::engram::{EngramLayout, EngramParams};
 pub const PRESETS: &[&str] = &[
     "tiny",
     "tiny-gguf",
+    "tiny-kquant",
     "bench",
     "bench-bf16",
     "big",
@@ -240,6 +241,9 @@ fn v41_like(
 /// * `tiny`: every layer kind and both router kinds at toy width (SWA, CSA, HCA m=8, CSA; two
 ///   hash layers) with the real vocabulary; tens of MB, written in about a second.
 /// * `tiny-gguf`: `tiny` with HCA at m=128, the ratios llama.cpp's GGUF converter takes.
+/// * `tiny-kquant`: `tiny-gguf` with 256-wide rows (hidden, q-LoRA, output LoRA, experts):
+///   every matrix whose shape allows it a whole number of K-quant super-blocks, so that
+///   llama.cpp's quantizer writes K-quants rather than its 32-block fallbacks.
 /// * `bench`: V4-Flash's architecture at a width this machine can run (hidden 2048, 12 layers,
 ///   64 experts) plus its MTP block, about 3.5 GB; the shape performance numbers are quoted
 ///   for, so keep it fixed.
@@ -277,6 +281,13 @@ pub fn preset(name: &str) -> Result<SynthSpec, SynthError> {
     let mut config = match name {
         "tiny" => tiny(),
         "tiny-gguf" => tiny_gguf(),
+        "tiny-kquant" => ModelConfig {
+            hidden_size: 256,
+            q_lora_rank: 256,
+            o_lora_rank: 256,
+            moe_intermediate_size: 256,
+            ..tiny_gguf()
+        },
         "bench" | "bench-bf16" | "big" => bench(name == "big"),
         "tiny-v41" => tiny_v41(),
         "tiny-v41-vision" => with_tower(tiny_v41(), tiny_tower()),

@@ -147,8 +147,8 @@ pub fn engram(
     // `wkv` is an FP8 projection; the rows of an FP8 table pass its rounding unchanged.
     c.numerics.projection_input(&mut looked_up, width);
     let mut kv = ws.take(n * (hc + 1) * d);
-    let exact = c.numerics.bf16_exact_inputs();
-    profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv).with_bf16_x(exact)]);
+    let inputs = c.numerics.inputs();
+    profile::matmuls(&mut [Matmul::new(&w.wkv.w, &looked_up, n, &mut kv).with_inputs(inputs)]);
     let image = w.image_token;
     x.par_chunks_mut(hc * d)
         .zip(kv.par_chunks(hc * d + d))

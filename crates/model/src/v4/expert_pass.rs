@@ -108,14 +108,14 @@ impl SharedBufs<'_> {
         act: Activation,
         tmp: &mut [f32],
     ) {
-        let exact = act.numerics.bf16_exact_inputs();
+        let inputs = act.numerics.inputs();
         let mut jobs = [
-            Matmul::new(&s.w1.w, x, t, self.gs).with_bf16_x(exact),
-            Matmul::new(&s.w3.w, x, t, self.us).with_bf16_x(exact),
+            Matmul::new(&s.w1.w, x, t, self.gs).with_inputs(inputs),
+            Matmul::new(&s.w3.w, x, t, self.us).with_inputs(inputs),
         ];
         profile::matmuls(&mut jobs);
         self.activate(s, act, tmp);
-        profile::matmuls(&mut [Matmul::new(&s.w2.w, self.gs, t, self.ys).with_bf16_x(exact)]);
+        profile::matmuls(&mut [Matmul::new(&s.w2.w, self.gs, t, self.ys).with_inputs(inputs)]);
     }
 
     fn activate(&mut self, s: &ExpertWeights, act: Activation, tmp: &mut [f32]) {
@@ -168,7 +168,7 @@ impl PassRows<'_> {
     ) {
         let (d, inter, offsets) = (self.d, self.inter, self.offsets);
         let rows = |e: usize| offsets[e]..offsets[e + 1];
-        let exact = act.numerics.bf16_exact_inputs();
+        let inputs = act.numerics.inputs();
         let mut ride = ride;
         {
             let mut jobs: SmallVec<[Matmul; 2 * EXPERTS_PER_PASS + 2]> = SmallVec::new();
@@ -177,12 +177,12 @@ impl PassRows<'_> {
             for (i, ((&e, gh), uh)) in group.iter().zip(gs).zip(us).enumerate() {
                 let xe = &self.xs[rows(e).start * d..rows(e).end * d];
                 let ex = experts.get(i);
-                jobs.push(Matmul::new(&ex.w1.w, xe, rows(e).len(), gh).with_bf16_x(exact));
-                jobs.push(Matmul::new(&ex.w3.w, xe, rows(e).len(), uh).with_bf16_x(exact));
+                jobs.push(Matmul::new(&ex.w1.w, xe, rows(e).len(), gh).with_inputs(inputs));
+                jobs.push(Matmul::new(&ex.w3.w, xe, rows(e).len(), uh).with_inputs(inputs));
             }
             if let Some((s, sh, x, t)) = ride.as_mut() {
-                jobs.push(Matmul::new(&s.w1.w, x, *t, sh.gs).with_bf16_x(exact));
-                jobs.push(Matmul::new(&s.w3.w, x, *t, sh.us).with_bf16_x(exact));
+                jobs.push(Matmul::new(&s.w1.w, x, *t, sh.gs).with_inputs(inputs));
+                jobs.push(Matmul::new(&s.w3.w, x, *t, sh.us).with_inputs(inputs));
             }
             profile::matmuls(&mut jobs);
         }
@@ -201,10 +201,10 @@ impl PassRows<'_> {
         let ys = rows_of_group(self.y, group, offsets, d);
         for (i, (&e, yh)) in group.iter().zip(ys).enumerate() {
             let he = &self.g[rows(e).start * inter..rows(e).end * inter];
-            jobs.push(Matmul::new(&experts.get(i).w2.w, he, rows(e).len(), yh).with_bf16_x(exact));
+            jobs.push(Matmul::new(&experts.get(i).w2.w, he, rows(e).len(), yh).with_inputs(inputs));
         }
         if let Some((s, sh, _, t)) = ride.as_mut() {
-            jobs.push(Matmul::new(&s.w2.w, sh.gs, *t, sh.ys).with_bf16_x(exact));
+            jobs.push(Matmul::new(&s.w2.w, sh.gs, *t, sh.ys).with_inputs(inputs));
         }
         profile::matmuls(&mut jobs);
     }

@@ -100,7 +100,7 @@ impl Head<'_> {
         match self.head {
             HeadWeights::Whole(head) => head.forward_dense(&h, m, &mut logits.data, c.numerics),
             HeadWeights::Split { part, comm } => {
-                let shape = (c.vocab_size, c.numerics.bf16_exact_inputs());
+                let shape = (c.vocab_size, c.numerics.inputs());
                 split_head(&**comm, part, shape, &mut h, m, &mut logits.data, ws)
             }
         }

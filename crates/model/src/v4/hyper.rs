@@ -23,7 +23,8 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 /// `(x · rsqrt(mean(x²)+eps)) · fnᵀ` for every token's flattened streams `[T, hc·D]`.
-fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32, ws: &mut Workspace) -> Vec<f32> {
+fn normed_mix(x: &[f32], t: usize, f: &Linear, c: &ModelConfig, ws: &mut Workspace) -> Vec<f32> {
+    let eps = c.rms_norm_eps;
     let width = f.in_dim();
     let mut normed = ws.take(t * width);
     {
@@ -38,7 +39,7 @@ fn normed_mix(x: &[f32], t: usize, f: &Linear, eps: f32, ws: &mut Workspace) -> 
             });
     }
     let mut mix = ws.take(t * f.out_dim());
-    f.forward_into(&normed, t, &mut mix);
+    f.forward_unrounded(&normed, t, &mut mix, c.numerics);
     ws.give(normed);
     mix
 }
@@ -116,7 +117,7 @@ pub fn hc_mix(
 ) -> HyperMix {
     let (d, hc, iters, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps);
     assert!(hc <= MAX_HC, "hc_mult {hc} is above {MAX_HC}");
-    let mix = normed_mix(x, t, &w.fn_, c.rms_norm_eps, ws);
+    let mix = normed_mix(x, t, &w.fn_, c, ws);
     let _p = scope(Op::Hyper);
     let m = (2 + hc) * hc;
     let mut pre_all = ws.take(t * hc);
@@ -241,7 +242,7 @@ pub fn hc_head(
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let (d, hc, hc_eps) = (c.hidden_size, c.hc_mult, c.hc_eps);
-    let mix = normed_mix(x, t, f, c.rms_norm_eps, ws);
+    let mix = normed_mix(x, t, f, c, ws);
     let _p = scope(Op::Hyper);
     let mut out = ws.take(t * d);
     out.par_chunks_mut(d)

@@ -146,9 +146,9 @@ fn mtp_input(
     let mut ep = ws.take(n * d);
     {
         let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
-        let exact = c.numerics.bf16_exact_inputs();
-        jobs.push(Matmul::new(&mtp.h_proj.w, &u, n * hc, &mut x).with_bf16_x(exact));
-        jobs.push(Matmul::new(&mtp.e_proj.w, &e, n, &mut ep).with_bf16_x(exact));
+        let inputs = c.numerics.inputs();
+        jobs.push(Matmul::new(&mtp.h_proj.w, &u, n * hc, &mut x).with_inputs(inputs));
+        jobs.push(Matmul::new(&mtp.e_proj.w, &e, n, &mut ep).with_inputs(inputs));
         crate::profile::matmuls(&mut jobs);
     }
     for (row, add) in x.chunks_exact_mut(hc * d).zip(ep.chunks_exact(d)) {

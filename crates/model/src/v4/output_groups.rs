@@ -49,7 +49,7 @@ pub(super) fn grouped_output(
                 x,
                 m: t,
                 y,
-                bf16_x: c.numerics.bf16_exact_inputs(),
+                inputs: c.numerics.inputs(),
             });
         }
         profile::matmuls(&mut jobs);

@@ -10,7 +10,7 @@ use crate::parallel::{
     announce, interleave, share, AttnPart, Collectives, HeadPart, LayerLink, Op, WidthPart,
 };
 use crate::profile;
-use deepinfer_kernels::linear::Matmul;
+use deepinfer_kernels::linear::{Inputs, Matmul};
 use deepinfer_kernels::quant::{amax, fp8_round_piece};
 use deepinfer_kernels::sub_matrix::SubMatrix;
 use smallvec::SmallVec;
@@ -24,7 +24,7 @@ fn rows_job<'a>(p: &'a SubMatrix, x: &'a [f32], m: usize, y: &'a mut [f32]) -> M
         x,
         m,
         y,
-        bf16_x: false,
+        inputs: Inputs::F32,
     }
 }
 
@@ -195,16 +195,16 @@ fn pieces(cols: &Range<usize>, block: usize) -> impl Iterator<Item = (usize, Ran
 }
 
 /// This rank's logits, of its vocabulary rows, for the normed rows `h: [M, D]`; `[M, V_r]`.
-/// `exact`: `h` is exact in bf16 ([`crate::numerics::Numerics::dense_input`]).
+/// `inputs`: what rank 0's numerics say of `h` ([`crate::numerics::Numerics::inputs`]).
 pub(super) fn head_part(
     p: &HeadPart,
     h: &[f32],
     m: usize,
-    exact: bool,
+    inputs: Inputs,
     ws: &mut Workspace,
 ) -> Vec<f32> {
     let mut out = ws.take(m * p.vocab.len());
-    let mut jobs = [rows_job(&p.w, h, m, &mut out).with_bf16_x(exact)];
+    let mut jobs = [rows_job(&p.w, h, m, &mut out).with_inputs(inputs)];
     profile::matmuls(&mut jobs);
     out
 }
@@ -243,17 +243,32 @@ pub(super) fn split_out(
 pub(super) fn split_head(
     comm: &dyn Collectives,
     p: &HeadPart,
-    (vocab, exact): (usize, bool),
+    (vocab, inputs): (usize, Inputs),
     h: &mut [f32],
     m: usize,
     logits: &mut [f32],
     ws: &mut Workspace,
 ) {
-    announce(comm, Op::Head, usize::from(exact), m, h);
-    let mine = head_part(p, h, m, exact, ws);
+    announce(comm, Op::Head, inputs_word(inputs), m, h);
+    let mine = head_part(p, h, m, inputs, ws);
     let widths = widths(comm, vocab, 1);
     gather_rows(comm, &mine, &widths, m, logits, ws);
     ws.give(mine);
+}
+
+/// The head's inputs as its message header carries them (the header's layer word).
+const INPUTS: [Inputs; 3] = [Inputs::F32, Inputs::Bf16Exact, Inputs::VecDot];
+
+fn inputs_word(inputs: Inputs) -> usize {
+    INPUTS
+        .iter()
+        .position(|&i| i == inputs)
+        .expect("every kind")
+}
+
+/// The head's inputs from its header word ([`inputs_word`]); a word no rank 0 sends is f32.
+pub(super) fn inputs_of_word(word: usize) -> Inputs {
+    INPUTS.get(word).copied().unwrap_or_default()
 }
 
 /// Each rank's share of `n` things `unit` floats wide.

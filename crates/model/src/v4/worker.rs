@@ -5,7 +5,7 @@
 use super::dspark;
 use super::model::describe_share;
 use super::moe::{local_part, reduce_with_status, LocalExperts};
-use super::tensor_parallel::{head_part, out_part, q_part};
+use super::tensor_parallel::{head_part, inputs_of_word, out_part, q_part};
 use super::workspace::Workspace;
 use super::ModelError;
 use crate::checkpoint::Checkpoint;
@@ -151,8 +151,8 @@ impl Worker {
                     .as_ref()
                     .ok_or_else(|| WorkerError("this rank holds no part of the head".into()))?;
                 let h = receive(comm, t * c.hidden_size, ws);
-                // The head's header carries whether rank 0's rows are exact in bf16.
-                let logits = head_part(p, &h, t, layer == 1, ws);
+                // The head's header carries what rank 0's numerics say of its rows.
+                let logits = head_part(p, &h, t, inputs_of_word(layer), ws);
                 comm.gather_f32(&logits, &[], &mut []);
                 ws.give(logits);
                 ws.give(h);

@@ -1,4 +1,4 @@
-//! AMX-BF16 tiles, for products whose activations are exact in bf16 ([`Matmul::bf16_x`]:
+//! AMX-BF16 tiles, for products whose activations are exact in bf16 ([`Inputs::Bf16Exact`]:
 //! official numerics rounds every FP8/FP4 projection's input to FP8 with power-of-two
 //! scales) and whose weights are FP8 with power-of-two block scales or FP4: every operand
 //! is then exact in bf16, each bf16 × bf16 product exact in f32, and only the order of the
@@ -18,7 +18,7 @@
 //! [`crate::linear::set_batch_invariant`] promises) and this path serves every batch size,
 //! decode included.
 //!
-//! [`Matmul::bf16_x`]: crate::linear::Matmul::bf16_x
+//! [`Inputs::Bf16Exact`]: crate::linear::Inputs::Bf16Exact
 
 use super::avx512::Avx512;
 use super::simd::Simd;

@@ -153,16 +153,16 @@ fn a_truncated_file_fails_to_open_naming_it() {
 #[test]
 fn types_it_cannot_compute_on_are_refused_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("q4.gguf");
-    let q4_0 = vec![0u8; 18];
+    let path = dir.path().join("iq2.gguf");
+    let iq2_xxs = vec![0u8; 66];
     std::fs::write(
         &path,
-        gguf(&[], &[("blk.0.attn_kv.weight", &[32, 1], 2, q4_0)]),
+        gguf(&[], &[("blk.0.attn_kv.weight", &[256, 1], 16, iq2_xxs)]),
     )
     .unwrap();
     let msg = Checkpoint::open(&path).unwrap_err().to_string();
     assert!(
-        msg.contains("blk.0.attn_kv.weight") && msg.contains("Q4_0"),
+        msg.contains("blk.0.attn_kv.weight") && msg.contains("IQ2_XXS") && msg.contains("Q6_K"),
         "{msg}"
     );
 }

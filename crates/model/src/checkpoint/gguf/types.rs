@@ -52,9 +52,11 @@ const TYPES: &[(u32, &str, u64, u64)] = &[
 
 pub const F32: GgmlType = GgmlType { id: 0 };
 pub const F16: GgmlType = GgmlType { id: 1 };
+#[cfg(test)]
 pub const Q8_0: GgmlType = GgmlType { id: 8 };
 pub const I32: GgmlType = GgmlType { id: 26 };
 pub const BF16: GgmlType = GgmlType { id: 30 };
+#[cfg(test)]
 pub const MXFP4: GgmlType = GgmlType { id: 39 };
 
 impl GgmlType {
@@ -97,11 +99,9 @@ impl GgmlType {
 
     /// The block format the kernels compute on, for the quantised types they know.
     pub fn block(self) -> Option<Block> {
-        match self {
-            Q8_0 => Some(Block::Q8_0),
-            MXFP4 => Some(Block::Mxfp4),
-            _ => None,
-        }
+        Block::ALL
+            .into_iter()
+            .find(|b| b.name().eq_ignore_ascii_case(self.name()))
     }
 }
 
@@ -111,10 +111,20 @@ mod tests {
 
     #[test]
     fn block_formats_agree_with_the_kernels() {
-        for t in [Q8_0, MXFP4] {
-            let b = t.block().unwrap();
+        for b in Block::ALL {
+            let t = TYPES
+                .iter()
+                .find(|t| t.1.eq_ignore_ascii_case(b.name()))
+                .map(|t| GgmlType { id: t.0 })
+                .unwrap_or_else(|| panic!("{} is a ggml type", b.name()));
+            assert_eq!(t.block(), Some(b));
             assert_eq!(t.block_elems() as usize, b.elems());
             assert_eq!(t.block_bytes() as usize, b.bytes());
+        }
+        assert_eq!(Q8_0.block(), Some(Block::Q8_0));
+        assert_eq!(MXFP4.block(), Some(Block::Mxfp4));
+        for unknown in [F32, F16, BF16, GgmlType { id: 16 }, GgmlType { id: 23 }] {
+            assert_eq!(unknown.block(), None, "{}", unknown.name());
         }
         assert_eq!(Q8_0.byte_len(&[64, 3]), Some(3 * 68));
         assert_eq!(Q8_0.byte_len(&[48, 3]), None);

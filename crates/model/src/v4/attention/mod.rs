@@ -174,20 +174,20 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     let mut iwt = ws.take(n * w.indexer.as_ref().map_or(0, |iw| iw.weights_proj.out_dim()));
     {
         let mut jobs: SmallVec<[Matmul; 8]> = SmallVec::new();
-        let exact = c.numerics.bf16_exact_inputs();
-        jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr).with_bf16_x(exact));
-        jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv).with_bf16_x(exact));
+        let inputs = c.numerics.inputs();
+        jobs.push(Matmul::new(&w.wq_a.w, a_proj, n, &mut qr).with_inputs(inputs));
+        jobs.push(Matmul::new(&w.wkv.w, a_proj, n, &mut kv).with_inputs(inputs));
         // Without a gate (V4.1's ratio 1) the logits stay zero: each entry is its token.
         for (cw, k, z) in [(comp, &mut ck, &mut cz), (icomp, &mut ik, &mut iz)] {
             if let Some(cw) = cw {
-                jobs.push(Matmul::new(&cw.wkv.w, a_dense, n, k).with_bf16_x(exact));
+                jobs.push(Matmul::new(&cw.wkv.w, a_dense, n, k).with_inputs(inputs));
                 if let Some(g) = &cw.wgate {
-                    jobs.push(Matmul::new(&g.w, a_dense, n, z).with_bf16_x(exact));
+                    jobs.push(Matmul::new(&g.w, a_dense, n, z).with_inputs(inputs));
                 }
             }
         }
         if let Some(iw) = &w.indexer {
-            jobs.push(Matmul::new(&iw.weights_proj.w, a_dense, n, &mut iwt).with_bf16_x(exact));
+            jobs.push(Matmul::new(&iw.weights_proj.w, a_dense, n, &mut iwt).with_inputs(inputs));
         }
         profile::matmuls(&mut jobs);
     }
@@ -202,20 +202,19 @@ fn project(st: &Step, a: &[f32], ws: &mut Workspace) -> Projected {
     match &w.heads {
         HeadProjections::Whole { wq_b, .. } => {
             let mut jobs: SmallVec<[Matmul; 2]> = SmallVec::new();
-            let exact = c.numerics.bf16_exact_inputs();
-            jobs.push(Matmul::new(&wq_b.w, &qr, n, &mut q).with_bf16_x(exact));
+            let inputs = c.numerics.inputs();
+            jobs.push(Matmul::new(&wq_b.w, &qr, n, &mut q).with_inputs(inputs));
             if let Some(iw) = &w.indexer {
-                jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq).with_bf16_x(exact));
+                jobs.push(Matmul::new(&iw.wq_b.w, &qr, n, &mut iq).with_inputs(inputs));
             }
             profile::matmuls(&mut jobs);
         }
         HeadProjections::Split { part, link } => {
             let op = parallel::Op::AttnQ;
             parallel::announce(&*link.comm, op, link.layer, n, &mut qr);
-            let also = w
-                .indexer
-                .as_ref()
-                .map(|iw| Matmul::new(&iw.wq_b.w, &qr, n, &mut iq));
+            let also = w.indexer.as_ref().map(|iw| {
+                Matmul::new(&iw.wq_b.w, &qr, n, &mut iq).with_inputs(c.numerics.inputs())
+            });
             let mine = q_part(part, &qr, n, also, ws);
             gather_q(link, c, &mine, n, &mut q, ws);
             ws.give(mine);
@@ -529,8 +528,8 @@ fn output(st: &Step, out: &mut [f32], ws: &mut Workspace) -> Vec<f32> {
             let mut z = grouped_output(c, &wo_a.w, 0, 0..c.o_groups, out, n, ws);
             c.numerics.projection_input(&mut z, wo_b.in_dim());
             let mut res = ws.take(n * wo_b.out_dim());
-            let exact = c.numerics.bf16_exact_inputs();
-            profile::matmuls(&mut [Matmul::new(&wo_b.w, &z, n, &mut res).with_bf16_x(exact)]);
+            let inputs = c.numerics.inputs();
+            profile::matmuls(&mut [Matmul::new(&wo_b.w, &z, n, &mut res).with_inputs(inputs)]);
             ws.give(z);
             res
         }

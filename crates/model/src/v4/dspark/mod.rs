@@ -262,7 +262,7 @@ impl DsparkWeights {
             // The target's head split by tensor parallelism: every rank projects its rows
             // (of activations as they are, as the whole head's `forward_into` reads them).
             HeadWeights::Split { part, comm } => {
-                let shape = (v, false);
+                let shape = (v, deepinfer_kernels::linear::Inputs::F32);
                 split_head(
                     &**comm,
                     part,
