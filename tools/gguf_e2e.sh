@@ -63,7 +63,7 @@ LLAMA_CPP_LIB_PATH="$BUILD/bin" PYTHONPATH="$SDIST" "$PY" tools/gguf_compare.py 
 # 4b. The files llama.cpp's quantizer makes (`llama_model_quantize`, what llama-quantize
 #     calls: tools/gguf_quantize.py, which checks each file holds the types named), from
 #     `tiny-kquant` (256-wide rows, so the K-quants are not replaced by their 32-block
-#     fallbacks everywhere): every K-quant, the 32-block types and IQ4_NL. The K-quant files
+#     fallbacks everywhere): every K-quant, IQ4_XS, the 32-block types and IQ4_NL. The Q8_K files
 #     compare in gguf numerics, where more prompts may flip (see tools/gguf_compare.py).
 rm -rf "$D/tiny-kquant" "$D"/tiny-kquant*.gguf
 "$BIN" synth --preset tiny-kquant --out "$D/tiny-kquant"
@@ -82,7 +82,7 @@ kquant=(--numerics gguf --max-mismatched 0.4)
 quantized Q4_K_M Q4_K Q6_K Q5_0 -- "${kquant[@]}"
 quantized Q2_K Q2_K Q3_K Q4_0 -- "${kquant[@]}"
 quantized Q5_K_M Q5_K Q5_1 -- "${kquant[@]}"
-quantized IQ4_NL IQ4_NL --
+quantized IQ4_XS IQ4_XS IQ4_NL -- "${kquant[@]}"
 quantized Q4_1 Q4_1 --
 
 # 5. Text in and out through the file's own tokenizer (no tokenizer.json beside it).

@@ -30,10 +30,10 @@ OUT = os.path.join(ROOT, "crates", "kernels", "src", "ggml", "blocks.txt")
 # deepinfer's names (ggml_type_name) and 256 values each: a super-block, or 8 blocks.
 TYPES = [("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1),
          ("iq4_nl", T.IQ4_NL), ("q2_K", T.Q2_K), ("q3_K", T.Q3_K), ("q4_K", T.Q4_K),
-         ("q5_K", T.Q5_K), ("q6_K", T.Q6_K)]
+         ("q5_K", T.Q5_K), ("q6_K", T.Q6_K), ("iq4_xs", T.IQ4_XS)]
 N = 256
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18, "q2_K": 84,
-               "q3_K": 110, "q4_K": 144, "q5_K": 176, "q6_K": 210}
+               "q3_K": 110, "q4_K": 144, "q5_K": 176, "q6_K": 210, "iq4_xs": 136}
 
 
 def rows(rng):
@@ -64,7 +64,7 @@ def main():
              "# dot <type> <weight row hex> / x <hex f32 bits> / value <llama.cpp's product, f32 bits>"]
     for name, qtype in TYPES:
         for x in rows(rng):
-            dst = ctypes.create_string_buffer(N // (256 if name.endswith("K") else 32)
+            dst = ctypes.create_string_buffer(N // (256 if name[-1] in "Ks" else 32)
                                               * BLOCK_BYTES[name])
             n = lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, dst, 0, 1, N, None)
             raw = dst.raw[:n]
@@ -94,7 +94,7 @@ def main():
     cpu.ggml_cpu_init()  # fills the fp16 tables the kernels read
     k = 512
     for name, qtype in TYPES + [("q8_0", T.Q8_0), ("mxfp4", T.MXFP4)]:
-        act = {"q4_1": "q8_1", "q5_1": "q8_1"}.get(name, "q8_K" if name.endswith("K") else "q8_0")
+        act = {"q4_1": "q8_1", "q5_1": "q8_1"}.get(name, "q8_K" if name[-1] in "Ks" else "q8_0")
         act_bytes = {"q8_K": 292 * k // 256, "q8_0": 34 * k // 32, "q8_1": 36 * k // 32}[act]
         quant = getattr(cpu, f"quantize_row_{act}")
         quant.argtypes = ptrs

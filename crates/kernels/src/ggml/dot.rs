@@ -39,7 +39,7 @@ fn weight_block(block: Block, b: &[u8]) -> ([i8; QK], f32) {
 
 #[cold]
 fn no_int_dots(block: Block) -> ! {
-    unreachable!("{} has no integer dots (Block::has_int_dots)", block.name())
+    unreachable!("{} has no integer dots on Q8_0 rows", block.name())
 }
 
 /// The lanes' final sum, in the order the SIMD families take it.

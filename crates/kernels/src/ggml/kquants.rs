@@ -5,6 +5,7 @@
 //! products rounded in the order ggml writes them.
 
 use super::half;
+use super::legacy::IQ4_NL_VALUES;
 
 /// Inputs per super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -130,6 +131,28 @@ pub fn q6_k(b: &[u8], y: &mut [f32]) {
                 let q = (nib | (((qh[l] >> (2 * g)) & 3) << 4)) as i32 - 32;
                 *v = d * sc[l / 16 + 2 * g] as i8 as f32 * q as f32;
             }
+        }
+    }
+}
+
+/// `IQ4_XS`: `d`, a 16-bit word and 4 bytes of six-bit scales (sub-block `i`'s low four bits
+/// in nibble `i mod 2` of byte `i / 2`, its high two in bit pair `i` of the word), then per
+/// 32 values 16 bytes of `IQ4_NL` codes laid out as that format's blocks; a value is
+/// `d · (scale − 32) · IQ4_NL_VALUES[code]`.
+pub fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = half(b, 0);
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    for (i, (qs, o)) in b[8..136]
+        .chunks_exact(16)
+        .zip(y.chunks_exact_mut(32))
+        .enumerate()
+    {
+        let low = (b[4 + i / 2] >> (4 * (i % 2))) & 0xF;
+        let ls = (low as i32) | ((((high >> (2 * i)) & 3) as i32) << 4);
+        let dl = d * (ls - 32) as f32;
+        for (j, &q) in qs.iter().enumerate() {
+            o[j] = dl * IQ4_NL_VALUES[(q & 0xF) as usize] as f32;
+            o[j + 16] = dl * IQ4_NL_VALUES[(q >> 4) as usize] as f32;
         }
     }
 }

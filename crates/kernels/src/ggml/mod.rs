@@ -8,6 +8,7 @@
 use crate::formats::f16_to_f32;
 
 pub mod dot;
+pub mod kdot;
 pub mod kquants;
 pub mod legacy;
 pub mod q8;
@@ -36,6 +37,8 @@ pub enum Block {
     Q4K,
     Q5K,
     Q6K,
+    /// `IQ4_XS`: 256-blocks of `IQ4_NL` codes with six-bit scales per 32 ([`kquants`]).
+    Iq4Xs,
 }
 
 /// The activations' format a product on a [`Block`] reads in llama.cpp's CPU backend
@@ -83,13 +86,16 @@ impl Block {
             Block::Q4K => "q4_K",
             Block::Q5K => "q5_K",
             Block::Q6K => "q6_K",
+            Block::Iq4Xs => "iq4_xs",
         }
     }
 
     /// Inputs per block.
     pub fn elems(self) -> usize {
         match self {
-            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K => kquants::QK_K,
+            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K | Block::Iq4Xs => {
+                kquants::QK_K
+            }
             _ => 32,
         }
     }
@@ -108,21 +114,25 @@ impl Block {
             Block::Q4K => 144,
             Block::Q5K => 176,
             Block::Q6K => 210,
+            Block::Iq4Xs => 136,
         }
     }
 
     /// The format llama.cpp quantises this product's inputs to.
     pub fn vec_dot(self) -> VecDot {
         match self {
-            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K => VecDot::Q8K,
+            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K | Block::Iq4Xs => {
+                VecDot::Q8K
+            }
             _ => VecDot::Q8_0,
         }
     }
 
-    /// Whether [`dot`] multiplies this format in integers (on [`q8::Q8Row`]s); the
-    /// others decode a weight row to f32 first.
+    /// Whether the kernels multiply this format in integers, on its [`Self::vec_dot`] rows
+    /// ([`dot`] on [`q8::Q8Row`]s, [`kdot`] on [`q8k::Q8KRow`]s); the others decode a
+    /// weight row to f32 first.
     pub fn has_int_dots(self) -> bool {
-        matches!(self, Block::Q8_0 | Block::Mxfp4)
+        matches!(self, Block::Q8_0 | Block::Mxfp4 | Block::Q4K | Block::Q6K)
     }
 
     /// The byte offsets of a block's f16 fields (its scales, and offsets where it has them).
@@ -134,11 +144,12 @@ impl Block {
             Block::Q2K => &[80, 82],
             Block::Q3K => &[108],
             Block::Q6K => &[208],
+            Block::Iq4Xs => &[0],
         }
     }
 
     /// Every block format, in ggml's type order.
-    pub const ALL: [Block; 12] = [
+    pub const ALL: [Block; 13] = [
         Block::Q4_0,
         Block::Q4_1,
         Block::Q5_0,
@@ -150,6 +161,7 @@ impl Block {
         Block::Q5K,
         Block::Q6K,
         Block::Iq4Nl,
+        Block::Iq4Xs,
         Block::Mxfp4,
     ];
 
@@ -186,6 +198,7 @@ impl Block {
             Block::Q4K => kquants::q4_k,
             Block::Q5K => kquants::q5_k,
             Block::Q6K => kquants::q6_k,
+            Block::Iq4Xs => kquants::iq4_xs,
         };
         let blocks = row.chunks_exact(self.bytes());
         for (b, y) in blocks.zip(out.chunks_exact_mut(self.elems())) {

@@ -27,6 +27,33 @@ pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     1.0 / iscale
 }
 
+/// One row's Q8_K blocks: codes, each block's scale, and the sums of each 16 codes (what
+/// the K-quant products subtract their offsets with).
+#[derive(Clone, Debug, Default)]
+pub struct Q8KRow {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub bsums: Vec<i32>,
+}
+
+impl Q8KRow {
+    /// Quantises `x` (whole blocks) into this row, reusing its buffers.
+    pub fn quantize(&mut self, x: &[f32]) {
+        assert!(x.len().is_multiple_of(QK_K), "Q8_K rows are whole blocks");
+        self.q.resize(x.len(), 0);
+        self.d.clear();
+        for (xb, qb) in x.chunks_exact(QK_K).zip(self.q.chunks_exact_mut(QK_K)) {
+            self.d.push(quantize_block(xb, qb));
+        }
+        self.bsums.clear();
+        let sums = self
+            .q
+            .chunks_exact(16)
+            .map(|c| c.iter().map(|&v| v as i32).sum::<i32>());
+        self.bsums.extend(sums);
+    }
+}
+
 /// Rounds `x` (whole blocks) in place to the values its Q8_K codes stand for (`q · d`).
 pub fn round_trip(x: &mut [f32]) {
     assert!(x.len().is_multiple_of(QK_K), "Q8_K rows are whole blocks");

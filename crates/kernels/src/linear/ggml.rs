@@ -17,6 +17,8 @@ use super::{with_scratch, Plan};
 use crate::cpu::Isa;
 use crate::ggml::dot::{self, M_MAX};
 use crate::ggml::q8::Q8Row;
+use crate::ggml::q8k::Q8KRow;
+use crate::ggml::{kdot, Block};
 use crate::matrix::Data;
 use crate::vector::dot_portable;
 
@@ -50,6 +52,9 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
     let Data::Ggml { block, bytes } = &w.data else {
         unreachable!("ggml::tile runs products on ggml blocks")
     };
+    if !plan.q8k.is_null() {
+        return k_rows(plan, *block, bytes.as_bytes(), rows);
+    }
     let q8: &[Q8Row] = if plan.q8.is_null() {
         &[]
     } else {
@@ -112,6 +117,37 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
                     unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
                 }
             });
+        }
+    }
+}
+
+/// A K-quant product on Q8_K rows (its input quantised by the planner): every row on the
+/// integer dots ([`crate::ggml::kdot`]), up to [`M_MAX`] activation rows per weight row read.
+fn k_rows(plan: &Plan, block: Block, bytes: &[u8], rows: Range<usize>) {
+    // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
+    // call's scratch, which outlives the call.
+    let q8k = unsafe { std::slice::from_raw_parts(plan.q8k, plan.m) };
+    let rb = block.row_bytes(plan.w().cols);
+    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
+    for row in rows {
+        let wrow = &bytes[row * rb..(row + 1) * rb];
+        for (g, group) in q8k.chunks(M_MAX).enumerate() {
+            let xs: [&Q8KRow; M_MAX] = std::array::from_fn(|t| &group[t.min(group.len() - 1)]);
+            let xs = &xs[..group.len()];
+            let mut out = [0.0f32; M_MAX];
+            if avx2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2 and F16C.
+                unsafe {
+                    kdot::kdots_avx2(block, wrow, xs, &mut out)
+                };
+            } else {
+                kdot::kdots_scalar(block, wrow, xs, &mut out);
+            }
+            for (t, &v) in out[..group.len()].iter().enumerate() {
+                // SAFETY: this tile owns row `row`'s outputs; the row index is below m.
+                unsafe { plan.store(g * M_MAX + t, 1, row..row + 1, &[[v]]) };
+            }
         }
     }
 }

@@ -147,6 +147,9 @@ pub(crate) struct Plan {
     /// A ggml product's activations quantised to Q8_0, `m` rows (null for other formats,
     /// and for the blocks without integer dots).
     q8: *const crate::ggml::q8::Q8Row,
+    /// A K-quant product's activations quantised to Q8_K, `m` rows (null unless the
+    /// product quantises its input and its blocks have integer dots).
+    q8k: *const crate::ggml::q8k::Q8KRow,
     /// What the caller said of the activations (a copy serves only products told alike).
     inputs: Inputs,
 }
@@ -248,6 +251,8 @@ struct CallScratch {
     pairs: AlignedVec,
     /// The ggml products' activations as Q8_0 rows ([`ggml::quantize`]).
     q8: Vec<crate::ggml::q8::Q8Row>,
+    /// The K-quant products' activations as Q8_K rows.
+    q8k: Vec<crate::ggml::q8k::Q8KRow>,
     /// Copies of activations rounded as their products read them ([`Inputs::VecDot`]).
     rounded: AlignedVec,
     plans: Vec<Plan>,

@@ -171,15 +171,45 @@ fn reserve(jobs: &[Matmul<'_>], r: &Route, s: &mut CallScratch) {
         .sum();
     s.pairs.grow(p_len);
     // Grown before any plan points into it.
-    let q8_rows: usize = jobs.iter().filter(|j| int_dots(j)).map(|j| j.m).sum();
+    let q8_rows: usize = jobs
+        .iter()
+        .filter(|j| int_dots(j, VecDot::Q8_0))
+        .map(|j| j.m)
+        .sum();
     if s.q8.len() < q8_rows {
         s.q8.resize_with(q8_rows, Default::default);
     }
+    let q8k_rows: usize = jobs
+        .iter()
+        .filter(|j| int_dots(j, VecDot::Q8K))
+        .map(|j| j.m)
+        .sum();
+    if s.q8k.len() < q8k_rows {
+        s.q8k.resize_with(q8k_rows, Default::default);
+    }
 }
 
-/// Whether `j` is a product on ggml blocks that the integer dots take.
-fn int_dots(j: &Matmul) -> bool {
-    matches!(j.w.format(), Format::Ggml(b) if b.has_int_dots())
+/// Whether `j` is a product on ggml blocks that the integer dots take on `act` rows: Q8_0
+/// rows are quantised for any input (a row on their grid is exact), Q8_K rows only for a
+/// product told to quantise its input.
+fn int_dots(j: &Matmul, act: VecDot) -> bool {
+    let told = act == VecDot::Q8_0 || j.inputs == Inputs::VecDot;
+    matches!(j.w.format(), Format::Ggml(b) if b.has_int_dots() && b.vec_dot() == act) && told
+}
+
+/// A K-quant product's activations as Q8_K rows, quantised into the call's scratch; null
+/// unless [`int_dots`] takes it.
+fn q8k_rows(j: &Matmul, s: &mut CallScratch, at: &mut Offsets) -> *const crate::ggml::q8k::Q8KRow {
+    if !int_dots(j, VecDot::Q8K) {
+        return std::ptr::null();
+    }
+    let k = j.w.cols;
+    let rows = &mut s.q8k[at.q8k..at.q8k + j.m];
+    at.q8k += j.m;
+    for (row, x) in rows.iter_mut().zip(j.x.chunks_exact(k)) {
+        row.quantize(x);
+    }
+    rows.as_ptr()
 }
 
 /// How a product told to quantise its own input ([`Inputs::VecDot`]) rounds it, where it
@@ -220,7 +250,7 @@ fn rounded_x<'a>(j: &Matmul<'a>, s: &mut CallScratch, at: &mut Offsets) -> &'a [
 /// to quantise its input ([`Inputs::VecDot`]), the product takes the codes as its input:
 /// every row is then exact.
 fn q8_rows(j: &Matmul, s: &mut CallScratch, at: &mut Offsets) -> *const crate::ggml::q8::Q8Row {
-    if !int_dots(j) {
+    if !int_dots(j, VecDot::Q8_0) {
         return std::ptr::null();
     }
     let k = j.w.cols;
@@ -246,6 +276,7 @@ struct Offsets {
     transposed: usize,
     pairs: usize,
     q8: usize,
+    q8k: usize,
     rounded: usize,
     tiles_before: usize,
 }
@@ -376,6 +407,7 @@ fn plan_one(
     let (xt, xw, xw_last, xt_owner) = transposed_x(j, r, twin, s, at);
     let (pairs, pairs_owner) = amx_pairs(j, r, twin, s, at);
     let q8 = q8_rows(j, s, at);
+    let q8k = q8k_rows(j, s, at);
     let amx = r.amx(j);
     let mut p = Plan {
         w: j.w,
@@ -402,6 +434,7 @@ fn plan_one(
         dots: packed,
         call_isa: r.isa,
         q8,
+        q8k,
         inputs: j.inputs,
     };
     // A matrix of few row tiles splits its activation strips too, so every core has work.

@@ -40,7 +40,7 @@ pub type Metadata = BTreeMap<String, Value>;
 
 /// The types deepinfer computes on, for the message that refuses the others.
 const COMPUTED: &str =
-    "F32, F16, BF16, I32, Q8_0, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+    "F32, F16, BF16, I32, Q8_0, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
 
 /// An opened GGUF file: its mapping, every tensor (named as stored, shapes row-major) and
 /// the metadata.
