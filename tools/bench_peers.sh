@@ -23,6 +23,7 @@
 #   PEER=bf16 SKIP_HF=1 tools/bench_peers.sh  # deepinfer and llama.cpp only
 #   PRESET=flash-slice tools/bench_peers.sh   # V4-Flash's own shapes (FP8 pairing)
 #   PEER=gguf PRESET=flash-slice tools/bench_peers.sh  # one GGUF file in both engines
+#   PEER=gguf PRESET=flash-slice QUANT=Q4_K_M tools/bench_peers.sh  # llama-quantize's file
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
@@ -77,6 +78,16 @@ MODEL="$P/$PRESET"
 [ -f "$MODEL/config.json" ] || "$BIN" synth --preset "$PRESET" --out "$MODEL"
 GGUF="$P/$PRESET-$OUTTYPE.gguf"
 [ -f "$GGUF" ] || "$P/venv/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$MODEL" --outtype "$OUTTYPE" --outfile "$GGUF"
+# gguf with QUANT (Q4_K_M, Q2_K, ...): that file requantised by llama.cpp's quantizer.
+if [ "$PEER" = gguf ] && [ -n "${QUANT:-}" ]; then
+    SRC=$GGUF
+    GGUF="$P/$PRESET-$QUANT.gguf"
+    if [ ! -f "$GGUF" ]; then
+        "$P/venv/bin/pip" install --quiet --disable-pip-version-check diskcache jinja2 typing-extensions
+        LLAMA_CPP_LIB_PATH="$LLAMA_BUILD/bin" PYTHONPATH="$P/llama_cpp_python-0.3.36" \
+            "$P/venv/bin/python" tools/gguf_quantize.py "$SRC" "$GGUF" "$QUANT"
+    fi
+fi
 
 # 4. The runs, alternating engine by engine for $ROUNDS rounds: this machine is shared, and
 #    its bandwidth and FMA rate drift from one minute to the next, so each round's ratio
