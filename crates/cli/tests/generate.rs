@@ -159,7 +159,7 @@ fn official_numerics_reproduces_its_golden_greedy_tokens() {
     check_golden("tiny-v41-b", "official", "official_golden", &chunked);
     assert_fails(
         &["generate", "--model", "x", "--numerics", "bf16"],
-        "expected `reference` or `official`",
+        "expected `reference`, `official` or `gguf`",
     );
 }
 

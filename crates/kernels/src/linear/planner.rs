@@ -197,13 +197,21 @@ fn int_dots(j: &Matmul, act: VecDot) -> bool {
     matches!(j.w.format(), Format::Ggml(b) if b.has_int_dots() && b.vec_dot() == act) && told
 }
 
-/// A K-quant product's activations as Q8_K rows, quantised into the call's scratch; null
+/// A K-quant product's activations as Q8_K rows: a twin's (an earlier product of the same
+/// activations: an expert's gate and up), or quantised here into the call's scratch; null
 /// unless [`int_dots`] takes it.
 fn q8k_rows(j: &Matmul, s: &mut CallScratch, at: &mut Offsets) -> *const crate::ggml::q8k::Q8KRow {
     if !int_dots(j, VecDot::Q8K) {
         return std::ptr::null();
     }
     let k = j.w.cols;
+    let twin = s
+        .plans
+        .iter()
+        .find(|p| p.src == j.x.as_ptr() && p.m == j.m && p.k == k && !p.q8k.is_null());
+    if let Some(p) = twin {
+        return p.q8k;
+    }
     let rows = &mut s.q8k[at.q8k..at.q8k + j.m];
     at.q8k += j.m;
     for (row, x) in rows.iter_mut().zip(j.x.chunks_exact(k)) {
