@@ -12,7 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Model shape: `tiny` (every layer kind at toy width, seconds to write), `bench`
+    /// Model shape: `tiny` (every layer kind at toy width, seconds to write), `tiny-gguf`
+    /// (`tiny` with the compression ratios llama.cpp's GGUF converter takes), `tiny-kquant`
+    /// (`tiny-gguf` with 256-wide rows, for llama.cpp's K-quants), `bench`
     /// (V4-Flash's architecture scaled to one machine, about 3.5 GB with its MTP block),
     /// `bench-bf16` (`bench` with BF16 dense weights, for llama.cpp), `big` (bench's width
     /// with 256 experts over 16 layers, about 12.5 GB: for streaming experts from disk),
