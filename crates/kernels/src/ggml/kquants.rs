@@ -72,16 +72,15 @@ pub fn q3_k(b: &[u8], y: &mut [f32]) {
 /// Sub-block `j`'s six-bit scale and offset in the 12 scale bytes of `Q4_K` and `Q5_K`
 /// (`get_scale_min_k4`): the first four whole in bytes 0–7, the last four split into
 /// nibbles of bytes 8–11 and the top bit pairs of bytes 0–7.
-fn scale_min(j: usize, s: &[u8]) -> (f32, f32) {
-    let (sc, m) = if j < 4 {
+pub(super) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
         (
             (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
             (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
         )
-    };
-    (sc as f32, m as f32)
+    }
 }
 
 /// `Q4_K` and `Q5_K`: per 64 values, sub-blocks `2i` (low nibbles of 32 code bytes) and
@@ -93,7 +92,7 @@ fn q45_k(b: &[u8], qs: &[u8], y: &mut [f32], high: impl Fn(usize, usize, bool) -
         let (lo_out, hi_out) = o.split_at_mut(32);
         for (upper, out) in [(false, lo_out), (true, hi_out)] {
             let (sc, m) = scale_min(2 * i + upper as usize, scales);
-            let (dl, ml) = (d * sc, min * m);
+            let (dl, ml) = (d * sc as f32, min * m as f32);
             for (l, v) in out.iter_mut().enumerate() {
                 let nib = if upper { q[l] >> 4 } else { q[l] & 0xF };
                 *v = dl * (nib + high(i, l, upper)) as f32 - ml;

@@ -170,22 +170,16 @@ fn reserve(jobs: &[Matmul<'_>], r: &Route, s: &mut CallScratch) {
         .map(|j| r.pairs_len(j))
         .sum();
     s.pairs.grow(p_len);
-    // Grown before any plan points into it.
-    let q8_rows: usize = jobs
-        .iter()
-        .filter(|j| int_dots(j, VecDot::Q8_0))
-        .map(|j| j.m)
-        .sum();
-    if s.q8.len() < q8_rows {
-        s.q8.resize_with(q8_rows, Default::default);
-    }
-    let q8k_rows: usize = jobs
-        .iter()
-        .filter(|j| int_dots(j, VecDot::Q8K))
-        .map(|j| j.m)
-        .sum();
-    if s.q8k.len() < q8k_rows {
-        s.q8k.resize_with(q8k_rows, Default::default);
+    // Grown before any plan points into them.
+    let rows = |act| -> usize { jobs.iter().filter(|j| int_dots(j, act)).map(|j| j.m).sum() };
+    grow_rows(&mut s.q8, rows(VecDot::Q8_0));
+    grow_rows(&mut s.q8k, rows(VecDot::Q8K));
+}
+
+/// `v` holding at least `n` rows.
+fn grow_rows<T: Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize_with(n, T::default);
     }
 }
 
