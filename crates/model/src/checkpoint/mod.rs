@@ -247,22 +247,10 @@ impl Checkpoint {
     }
 
     fn from_files(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
-        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
-        let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
-        for p in paths {
+        let (shards, index, _) = index_shards(paths, |p| {
             let (shard, tensors) = shard::open(p)?;
-            for (name, info) in tensors {
-                if let Some((j, _)) = index.get(&name) {
-                    return Err(CheckpointError::Duplicate {
-                        tensor: name,
-                        first: shards[*j].path.clone(),
-                        second: p.clone(),
-                    });
-                }
-                index.insert(name, (shards.len(), info));
-            }
-            shards.push(shard);
-        }
+            Ok((shard, tensors, ()))
+        })?;
         let hf = index
             .keys()
             .any(|k| k.starts_with("model.") || k.starts_with("lm_head."));
@@ -282,29 +270,12 @@ impl Checkpoint {
     /// One GGUF file, or the shards of a split one (`…-00001-of-0000N.gguf`, the metadata
     /// the first one's).
     fn from_gguf(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
-        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
-        let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
-        let mut first_meta = None;
-        for p in paths {
-            let (shard, tensors, meta) = gguf::open(p)?;
-            first_meta.get_or_insert(meta);
-            for (name, info) in tensors {
-                if let Some((j, _)) = index.get(&name) {
-                    return Err(CheckpointError::Duplicate {
-                        tensor: name,
-                        first: shards[*j].path.clone(),
-                        second: p.clone(),
-                    });
-                }
-                index.insert(name, (shards.len(), info));
-            }
-            shards.push(shard);
-        }
+        let (shards, index, metas) = index_shards(paths, gguf::open)?;
         Ok(Self {
             shards,
             index,
             layout: NameLayout::Gguf,
-            gguf: first_meta,
+            gguf: metas.into_iter().next(),
         })
     }
 
@@ -663,4 +634,36 @@ fn gguf_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
+}
+
+/// What [`index_shards`] gives: the shards, each tensor's `(shard, info)` by stored name, and
+/// each shard's extra.
+type Indexed<E> = (Vec<Shard>, HashMap<String, (usize, TensorInfo)>, Vec<E>);
+
+/// Every shard `open` reads from `paths`, each tensor's `(shard, info)`, and what else each
+/// shard gave (a GGUF file's metadata); a tensor stored in two shards is an error naming
+/// both.
+fn index_shards<E>(
+    paths: &[PathBuf],
+    mut open: impl FnMut(&Path) -> Result<(Shard, Vec<(String, TensorInfo)>, E), CheckpointError>,
+) -> Result<Indexed<E>, CheckpointError> {
+    let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
+    let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
+    let mut extras = Vec::with_capacity(paths.len());
+    for p in paths {
+        let (shard, tensors, extra) = open(p)?;
+        for (name, info) in tensors {
+            if let Some((j, _)) = index.get(&name) {
+                return Err(CheckpointError::Duplicate {
+                    tensor: name,
+                    first: shards[*j].path.clone(),
+                    second: p.clone(),
+                });
+            }
+            index.insert(name, (shards.len(), info));
+        }
+        shards.push(shard);
+        extras.push(extra);
+    }
+    Ok((shards, index, extras))
 }
