@@ -219,6 +219,30 @@ fn print_choice(numerics: Numerics) {
 
 pub fn run(args: KernelArgs) {
     let threads = rayon::current_num_threads();
+    print_header(&args, threads);
+    let shapes = match args.shapes.as_str() {
+        "flash" => FLASH_SHAPES,
+        "gguf" => GGUF_SHAPES,
+        _ => BENCH_SHAPES,
+    };
+    for &(format, rows, cols) in shapes {
+        bench_shape(&args, threads, format, rows, cols);
+    }
+}
+
+// Decode rows are compared with the read roof, prefill rows with the FMA peak, each measured
+// again just before every timed pass (the "% of" columns are medians of those pairs; the
+// roofs the header prints are only a first reading).
+fn bw_probe(threads: usize) -> f64 {
+    read_bandwidth(256 << 20, threads, 2)
+}
+
+fn fma_probe(threads: usize) -> f64 {
+    fma_peak(threads, 1)
+}
+
+/// The family, the roofs, the choices `matmuls` makes and the table's head.
+fn print_header(args: &KernelArgs, threads: usize) {
     let tiles = if args.numerics.bf16_exact_inputs() && amx() {
         ", FP8/FP4 on AMX tiles"
     } else {
@@ -229,16 +253,11 @@ pub fn run(args: KernelArgs) {
         isa().name(),
         args.numerics
     );
-    // Decode rows are compared with the read roof, prefill rows with the FMA peak, each
-    // measured again just before every timed pass (the "% of" columns are medians of those
-    // pairs; the roofs printed here are only a first reading).
-    let bw_probe = || read_bandwidth(256 << 20, threads, 2);
-    let fma_probe = || fma_peak(threads, 1);
     println!(
         "roofs now: read bandwidth {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s (each row is set against \
          the roof measured right before each of its passes)",
-        bw_probe(),
-        fma_probe()
+        bw_probe(threads),
+        fma_probe(threads)
     );
     if let Some(b) = bf16_dot_peak(threads, 1) {
         // What kernels on bf16 pairs could reach here (official numerics' activations are
@@ -257,73 +276,65 @@ pub fn run(args: KernelArgs) {
         "{:<6} {:>12} {:>6} {:>10} {:>10} {:>9} {:>10} {:>9}",
         "format", "matrix", "m", "GB/s", "Gweight/s", "% of BW", "GFLOP/s", "% of FMA"
     );
-    let shapes = match args.shapes.as_str() {
-        "flash" => FLASH_SHAPES,
-        "gguf" => GGUF_SHAPES,
-        _ => BENCH_SHAPES,
+}
+
+/// The table's rows for one `[rows, cols]` matrix of `format`: each decode row count over
+/// enough copies to leave the caches, each prefill row count on one copy.
+fn bench_shape(args: &KernelArgs, threads: usize, format: &str, rows: usize, cols: usize) {
+    let one = make(format, rows, cols, 1).stored_bytes();
+    let copies = ((args.working_set_mib << 20) / one).max(1);
+    let mats: Vec<QMatrix> = (0..copies)
+        .map(|i| make(format, rows, cols, i as u64 + 2))
+        .collect();
+    let shape = format!("{rows}x{cols}");
+    // In gguf numerics the products quantise their input as llama.cpp's do.
+    let inputs = args.numerics.inputs();
+    let matmul = |w, x: &[f32], m, y: &mut [f32]| {
+        matmuls(&mut [Matmul::new(w, x, m, y).with_inputs(inputs)])
     };
-    for &(format, rows, cols) in shapes {
-        let one = make(format, rows, cols, 1).stored_bytes();
-        let copies = ((args.working_set_mib << 20) / one).max(1);
-        let mats: Vec<QMatrix> = (0..copies)
-            .map(|i| make(format, rows, cols, i as u64 + 2))
-            .collect();
-        let shape = format!("{rows}x{cols}");
-        let inputs = args.numerics.inputs();
-        let matmul = |w, x: &[f32], m, y: &mut [f32]| {
-            matmuls(&mut [Matmul::new(w, x, m, y).with_inputs(inputs)])
-        };
-        let line = |m: usize,
-                    secs: f64,
-                    bytes: f64,
-                    weights: f64,
-                    bw_pct: Option<f64>,
-                    fma_pct: f64| {
-            let flops = 2.0 * m as f64 * weights / secs / 1e9;
-            let bw_pct = bw_pct.map_or("-".to_string(), |p| format!("{p:.0}%"));
-            println!(
-                "{format:<6} {shape:>12} {m:>6} {:>10.1} {:>10.1} {bw_pct:>9} {flops:>10.1} {fma_pct:>8.0}%",
-                bytes / secs / 1e9,
-                weights / secs / 1e9,
-            );
-        };
-        // The activations as the numerics hand them to a projection (gguf: on the Q8_0 grid,
-        // which the integer kernels need).
-        let input = |m: usize| {
-            let mut x = vec![0.5f32; m * cols];
-            if args.numerics == Numerics::Gguf {
-                args.numerics.projection_input(&mut x, cols);
-            }
-            x
-        };
-        for &m in args.decode_m.iter().filter(|&&m| m > 0) {
-            let x = input(m);
-            let mut y = vec![0.0f32; m * rows];
-            let (bytes, weights) = ((one * copies) as f64, (rows * cols * copies) as f64);
-            let (secs, share) = paired(args.reps, bytes / 1e9, bw_probe, || {
+    let line = |m: usize,
+                secs: f64,
+                bytes: f64,
+                weights: f64,
+                bw_pct: Option<f64>,
+                fma_pct: f64| {
+        let flops = 2.0 * m as f64 * weights / secs / 1e9;
+        let bw_pct = bw_pct.map_or("-".to_string(), |p| format!("{p:.0}%"));
+        println!(
+            "{format:<6} {shape:>12} {m:>6} {:>10.1} {:>10.1} {bw_pct:>9} {flops:>10.1} {fma_pct:>8.0}%",
+            bytes / secs / 1e9,
+            weights / secs / 1e9,
+        );
+    };
+    for &m in args.decode_m.iter().filter(|&&m| m > 0) {
+        let x = vec![0.5f32; m * cols];
+        let mut y = vec![0.0f32; m * rows];
+        let (bytes, weights) = ((one * copies) as f64, (rows * cols * copies) as f64);
+        let (secs, share) = paired(
+            args.reps,
+            bytes / 1e9,
+            || bw_probe(threads),
+            || {
                 for w in &mats {
                     matmul(w, &x, m, &mut y);
                 }
-            });
-            let fma = 2.0 * m as f64 * weights / secs / 1e9 / fma_probe();
-            line(m, secs, bytes, weights, Some(100.0 * share), 100.0 * fma);
-        }
-        for &m in args.prefill_m.iter().filter(|&&m| m > 0) {
-            let x = input(m);
-            let mut y = vec![0.0f32; m * rows];
-            let w = &mats[0];
-            let flops = 2.0 * (m * rows * cols) as f64;
-            let (secs, share) = paired(args.reps, flops / 1e9, fma_probe, || {
-                matmul(w, &x, m, &mut y)
-            });
-            line(
-                m,
-                secs,
-                one as f64,
-                (rows * cols) as f64,
-                None,
-                100.0 * share,
-            );
-        }
+            },
+        );
+        let fma = 2.0 * m as f64 * weights / secs / 1e9 / fma_probe(threads);
+        line(m, secs, bytes, weights, Some(100.0 * share), 100.0 * fma);
+    }
+    for &m in args.prefill_m.iter().filter(|&&m| m > 0) {
+        let x = vec![0.5f32; m * cols];
+        let mut y = vec![0.0f32; m * rows];
+        let w = &mats[0];
+        let flops = 2.0 * (m * rows * cols) as f64;
+        let (secs, share) = paired(
+            args.reps,
+            flops / 1e9,
+            || fma_probe(threads),
+            || matmul(w, &x, m, &mut y),
+        );
+        let weights = (rows * cols) as f64;
+        line(m, secs, one as f64, weights, None, 100.0 * share);
     }
 }
