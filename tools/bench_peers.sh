@@ -24,6 +24,7 @@
 #   PRESET=flash-slice tools/bench_peers.sh   # V4-Flash's own shapes (FP8 pairing)
 #   PEER=gguf PRESET=flash-slice tools/bench_peers.sh  # one GGUF file in both engines
 #   PEER=gguf PRESET=flash-slice QUANT=Q4_K_M tools/bench_peers.sh  # llama-quantize's file
+#   PEER=gguf PRESET=flash-slice QUANT=ds4-q2 tools/bench_peers.sh  # as antirez's q2 file
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PEERS_DIR:-target/peers}
@@ -70,6 +71,8 @@ if [ ! -x "$LLAMA_BUILD/bin/llama-bench" ]; then
         -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF >/dev/null
     cmake --build "$LLAMA_BUILD" -j"$THREADS" --target llama-bench >/dev/null
 fi
+[ -z "${QUANT:-}" ] || [ -x "$LLAMA_BUILD/bin/llama-imatrix" ] ||
+    cmake --build "$LLAMA_BUILD" -j"$THREADS" --target llama-quantize llama-imatrix >/dev/null
 
 # 3. The weights, once in deepinfer's format and once converted for llama.cpp.
 cargo build --release --locked -p deepinfer-cli
@@ -78,15 +81,15 @@ MODEL="$P/$PRESET"
 [ -f "$MODEL/config.json" ] || "$BIN" synth --preset "$PRESET" --out "$MODEL"
 GGUF="$P/$PRESET-$OUTTYPE.gguf"
 [ -f "$GGUF" ] || "$P/venv/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$MODEL" --outtype "$OUTTYPE" --outfile "$GGUF"
-# gguf with QUANT (Q4_K_M, Q2_K, ...): that file requantised by llama.cpp's quantizer.
+# gguf with QUANT (Q4_K_M, Q2_K, IQ2_XXS, ds4-q2, ...): that file requantised by
+# llama.cpp's quantizer, with an importance matrix for the types that need one.
 if [ "$PEER" = gguf ] && [ -n "${QUANT:-}" ]; then
     SRC=$GGUF
     GGUF="$P/$PRESET-$QUANT.gguf"
-    if [ ! -f "$GGUF" ]; then
-        "$P/venv/bin/pip" install --quiet --disable-pip-version-check diskcache jinja2 typing-extensions
-        LLAMA_CPP_LIB_PATH="$LLAMA_BUILD/bin" PYTHONPATH="$P/llama_cpp_python-0.3.36" \
-            "$P/venv/bin/python" tools/gguf_quantize.py "$SRC" "$GGUF" "$QUANT"
-    fi
+    imatrix=()
+    case "$QUANT" in IQ*|ds4-*) imatrix=(--imatrix "$P/$PRESET-imatrix.gguf") ;; esac
+    [ -f "$GGUF" ] || "$P/venv/bin/python" tools/gguf_quantize.py "$LLAMA_BUILD/bin" "$SRC" \
+        "$GGUF" "$QUANT" "${imatrix[@]}"
 fi
 
 # 4. The runs, alternating engine by engine for $ROUNDS rounds: this machine is shared, and

@@ -30,10 +30,16 @@ OUT = os.path.join(ROOT, "crates", "kernels", "src", "ggml", "blocks.txt")
 # deepinfer's names (ggml_type_name) and 256 values each: a super-block, or 8 blocks.
 TYPES = [("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1),
          ("iq4_nl", T.IQ4_NL), ("q2_K", T.Q2_K), ("q3_K", T.Q3_K), ("q4_K", T.Q4_K),
-         ("q5_K", T.Q5_K), ("q6_K", T.Q6_K), ("iq4_xs", T.IQ4_XS)]
+         ("q5_K", T.Q5_K), ("q6_K", T.Q6_K), ("iq4_xs", T.IQ4_XS), ("iq2_xxs", T.IQ2_XXS),
+         ("iq2_xs", T.IQ2_XS), ("iq2_s", T.IQ2_S), ("iq3_xxs", T.IQ3_XXS), ("iq3_s", T.IQ3_S),
+         ("iq1_s", T.IQ1_S), ("iq1_m", T.IQ1_M)]
 N = 256
-BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18, "q2_K": 84,
-               "q3_K": 110, "q4_K": 144, "q5_K": 176, "q6_K": 210, "iq4_xs": 136}
+# The 32-blocks' sizes; the rest are 256-blocks (gguf-py's GGML_QUANT_SIZES).
+SMALL = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "mxfp4"}
+# The lattice types, which llama.cpp quantises with an importance matrix (required for
+# IQ2_XXS, IQ2_XS, IQ1_S): the tool gives each an imatrix as llama-imatrix's are, the mean
+# square of the activations a column sees.
+LATTICE = {"iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
 
 
 def rows(rng):
@@ -49,25 +55,35 @@ def rows(rng):
 
 
 def main():
+    rng = np.random.default_rng(47)
     lib = ctypes.CDLL(os.environ["LIBGGML"])
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_void_p]
+
+    def quantize(name, qtype, x):
+        """x quantised by llama.cpp: the blocks' bytes."""
+        imatrix = None
+        if name in LATTICE:
+            imatrix = (np.abs(rng.standard_normal(len(x))) + 0.1).astype(np.float32) ** 2
+        blocks = len(x) // (32 if name in SMALL else 256)
+        dst = ctypes.create_string_buffer(blocks * 292)  # no block is larger than Q8_K's
+        n = lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, dst, 0, 1, len(x),
+                                    None if imatrix is None else imatrix.ctypes.data)
+        return dst.raw[:n]
+
     ptrs = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.quantize_row_q8_K_ref.argtypes = ptrs
     for name, _ in TYPES:
         getattr(lib, f"dequantize_row_{name}").argtypes = ptrs
-    rng = np.random.default_rng(47)
     lines = ["# tools/make_ggml_block_fixtures.py: llama.cpp 0c1e570's quantizer, gguf-py's decoder",
              "# block <type> <hex bytes> / values <hex f32 bits>; q8_K <hex f32 bits of x> / values;",
              "# dot <type> <weight row hex> / x <hex f32 bits> / value <llama.cpp's product, f32 bits>"]
     for name, qtype in TYPES:
         for x in rows(rng):
-            dst = ctypes.create_string_buffer(N // (256 if name[-1] in "Ks" else 32)
-                                              * BLOCK_BYTES[name])
-            n = lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, dst, 0, 1, N, None)
-            raw = dst.raw[:n]
+            raw = quantize(name, qtype, x)
+            dst = ctypes.create_string_buffer(raw)
             want = dequantize(np.frombuffer(raw, dtype=np.uint8), qtype).astype(np.float32)
             theirs = np.zeros(N, dtype=np.float32)
             getattr(lib, f"dequantize_row_{name}")(dst, theirs.ctypes.data, N)
@@ -94,7 +110,7 @@ def main():
     cpu.ggml_cpu_init()  # fills the fp16 tables the kernels read
     k = 512
     for name, qtype in TYPES + [("q8_0", T.Q8_0), ("mxfp4", T.MXFP4)]:
-        act = {"q4_1": "q8_1", "q5_1": "q8_1"}.get(name, "q8_K" if name[-1] in "Ks" else "q8_0")
+        act = {"q4_1": "q8_1", "q5_1": "q8_1"}.get(name, "q8_0" if name in SMALL else "q8_K")
         act_bytes = {"q8_K": 292 * k // 256, "q8_0": 34 * k // 32, "q8_1": 36 * k // 32}[act]
         quant = getattr(cpu, f"quantize_row_{act}")
         quant.argtypes = ptrs
@@ -106,13 +122,12 @@ def main():
             w = (rng.standard_normal(k) * 0.02).astype(np.float32)
             x = rng.standard_normal(k).astype(np.float32)
             x[5] = 9.0  # an outlier, as activations have
-            wq = ctypes.create_string_buffer(k * 4)
-            n = lib.ggml_quantize_chunk(int(qtype), w.ctypes.data, wq, 0, 1, k, None)
+            wq = quantize(name, qtype, w)
             xq = ctypes.create_string_buffer(act_bytes)
             quant(x.ctypes.data, xq, k)
             out = ctypes.c_float()
             dot(k, ctypes.byref(out), 0, wq, 0, xq, 0, 1)
-            lines.append(f"dot {name} {wq.raw[:n].hex()}")
+            lines.append(f"dot {name} {wq.hex()}")
             lines.append("x " + " ".join(f"{v:08x}" for v in x.view(np.uint32)))
             lines.append(f"value {np.float32(out.value).view(np.uint32):08x}")
     with open(OUT, "w") as f:

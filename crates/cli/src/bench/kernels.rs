@@ -74,7 +74,8 @@ const FLASH_SHAPES: &[(&str, usize, usize)] = &[
 
 /// V4-Flash's shapes in a GGUF file of llama.cpp's converter: [`FLASH_SHAPES`] with the FP8
 /// projections as Q8_0 and the FP4 experts as MXFP4; then an expert's matrices as a
-/// Q4_K_M quantisation stores them (Q4_K, and Q6_K where it keeps more bits).
+/// Q4_K_M quantisation stores them (Q4_K, and Q6_K where it keeps more bits), and as
+/// antirez's ds4 q2 file does (gate and up IQ2_XXS, down Q2_K).
 const GGUF_SHAPES: &[(&str, usize, usize)] = &[
     ("bf16", 129280, 4096),
     ("q8_0", 1024, 4096),
@@ -84,6 +85,8 @@ const GGUF_SHAPES: &[(&str, usize, usize)] = &[
     ("mxfp4", 4096, 2048),
     ("q4_K", 2048, 4096),
     ("q6_K", 4096, 2048),
+    ("iq2_xxs", 2048, 4096),
+    ("q2_K", 4096, 2048),
 ];
 
 /// A cheap deterministic byte stream (the bytes only need to be varied, not random).
@@ -150,9 +153,7 @@ fn make(format: &str, rows: usize, cols: usize, seed: u64) -> QMatrix {
             let mut b = bytes[..rows * block.row_bytes(cols)].to_vec();
             // Scales as a checkpoint's: f16 near 2^-7, or E8M0 near 2^-6.
             for blk in b.chunks_exact_mut(block.bytes()) {
-                for &at in block.half_fields() {
-                    blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-                }
+                block.set_scales(blk, 0x2000);
                 if block == Block::Mxfp4 {
                     blk[0] = 121;
                 }

@@ -8,6 +8,8 @@
 use crate::formats::f16_to_f32;
 
 pub mod dot;
+pub mod grids;
+pub mod iquants;
 pub mod kdot;
 pub mod kquants;
 pub mod legacy;
@@ -39,6 +41,15 @@ pub enum Block {
     Q6K,
     /// `IQ4_XS`: 256-blocks of `IQ4_NL` codes with six-bit scales per 32 ([`kquants`]).
     Iq4Xs,
+    /// The lattice formats: 256-blocks whose groups of 8 (or 4) weights are points of a
+    /// fixed grid, with signs or a shift, 1.56 to 3.44 bits a weight ([`iquants`]).
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
 }
 
 /// The activations' format a product on a [`Block`] reads in llama.cpp's CPU backend
@@ -87,16 +98,21 @@ impl Block {
             Block::Q5K => "q5_K",
             Block::Q6K => "q6_K",
             Block::Iq4Xs => "iq4_xs",
+            Block::Iq2Xxs => "iq2_xxs",
+            Block::Iq2Xs => "iq2_xs",
+            Block::Iq2S => "iq2_s",
+            Block::Iq3Xxs => "iq3_xxs",
+            Block::Iq3S => "iq3_s",
+            Block::Iq1S => "iq1_s",
+            Block::Iq1M => "iq1_m",
         }
     }
 
     /// Inputs per block.
     pub fn elems(self) -> usize {
-        match self {
-            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K | Block::Iq4Xs => {
-                kquants::QK_K
-            }
-            _ => 32,
+        match self.vec_dot() {
+            VecDot::Q8K => kquants::QK_K,
+            VecDot::Q8_0 => 32,
         }
     }
 
@@ -115,16 +131,27 @@ impl Block {
             Block::Q5K => 176,
             Block::Q6K => 210,
             Block::Iq4Xs => 136,
+            Block::Iq2Xxs => 66,
+            Block::Iq2Xs => 74,
+            Block::Iq2S => 82,
+            Block::Iq3Xxs => 98,
+            Block::Iq3S => 110,
+            Block::Iq1S => 50,
+            Block::Iq1M => 56,
         }
     }
 
     /// The format llama.cpp quantises this product's inputs to.
     pub fn vec_dot(self) -> VecDot {
         match self {
-            Block::Q2K | Block::Q3K | Block::Q4K | Block::Q5K | Block::Q6K | Block::Iq4Xs => {
-                VecDot::Q8K
-            }
-            _ => VecDot::Q8_0,
+            Block::Q8_0
+            | Block::Mxfp4
+            | Block::Q4_0
+            | Block::Q4_1
+            | Block::Q5_0
+            | Block::Q5_1
+            | Block::Iq4Nl => VecDot::Q8_0,
+            _ => VecDot::Q8K,
         }
     }
 
@@ -132,24 +159,29 @@ impl Block {
     /// ([`dot`] on [`q8::Q8Row`]s, [`kdot`] on [`q8k::Q8KRow`]s); the others decode a
     /// weight row to f32 first.
     pub fn has_int_dots(self) -> bool {
-        matches!(self, Block::Q8_0 | Block::Mxfp4 | Block::Q4K | Block::Q6K)
+        matches!(self, Block::Q8_0 | Block::Mxfp4) || kdot::BLOCKS.contains(&self)
     }
 
-    /// The byte offsets of a block's f16 fields (its scales, and offsets where it has them).
-    pub fn half_fields(self) -> &'static [usize] {
-        match self {
+    /// Sets a block's f16 scales (and offsets, where it has them) to `d`'s bits, leaving
+    /// its codes: tests and benchmarks fill blocks with random bytes, then give them the
+    /// scales checkpoints have. `MXFP4`'s E8M0 scale is not an f16; it is left as it is.
+    pub fn set_scales(self, block: &mut [u8], d: u16) {
+        let fields: &[usize] = match self {
             Block::Mxfp4 => &[],
-            Block::Q8_0 | Block::Q4_0 | Block::Q5_0 | Block::Iq4Nl => &[0],
             Block::Q4_1 | Block::Q5_1 | Block::Q4K | Block::Q5K => &[0, 2],
             Block::Q2K => &[80, 82],
             Block::Q3K => &[108],
             Block::Q6K => &[208],
-            Block::Iq4Xs => &[0],
+            Block::Iq1M => return iquants::iq1_m_set_scale(block, d),
+            _ => &[0],
+        };
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&d.to_le_bytes());
         }
     }
 
     /// Every block format, in ggml's type order.
-    pub const ALL: [Block; 13] = [
+    pub const ALL: [Block; 20] = [
         Block::Q4_0,
         Block::Q4_1,
         Block::Q5_0,
@@ -160,8 +192,15 @@ impl Block {
         Block::Q4K,
         Block::Q5K,
         Block::Q6K,
+        Block::Iq2Xxs,
+        Block::Iq2Xs,
+        Block::Iq3Xxs,
+        Block::Iq1S,
         Block::Iq4Nl,
+        Block::Iq3S,
+        Block::Iq2S,
         Block::Iq4Xs,
+        Block::Iq1M,
         Block::Mxfp4,
     ];
 
@@ -199,6 +238,13 @@ impl Block {
             Block::Q5K => kquants::q5_k,
             Block::Q6K => kquants::q6_k,
             Block::Iq4Xs => kquants::iq4_xs,
+            Block::Iq2Xxs => iquants::iq2_xxs,
+            Block::Iq2Xs => iquants::iq2_xs,
+            Block::Iq2S => iquants::iq2_s,
+            Block::Iq3Xxs => iquants::iq3_xxs,
+            Block::Iq3S => iquants::iq3_s,
+            Block::Iq1S => iquants::iq1_s,
+            Block::Iq1M => iquants::iq1_m,
         };
         let blocks = row.chunks_exact(self.bytes());
         for (b, y) in blocks.zip(out.chunks_exact_mut(self.elems())) {

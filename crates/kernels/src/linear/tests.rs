@@ -106,10 +106,7 @@ fn ggml_matrices(n: usize, k: usize, rng: &mut Lcg) -> Vec<(String, QMatrix)> {
                 let at = bytes.len();
                 bytes.extend((0..block.bytes()).map(|_| rng.byte()));
                 let b = &mut bytes[at..];
-                for &f in block.half_fields() {
-                    let d = half::f16::from_f32(rng.next() * 0.02);
-                    b[f..f + 2].copy_from_slice(&d.to_bits().to_le_bytes());
-                }
+                block.set_scales(b, half::f16::from_f32(rng.next() * 0.02).to_bits());
                 if block == Block::Mxfp4 {
                     b[0] = 127 - 10 + rng.byte() % 12;
                 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
+use deepinfer_kernels::ggml::Block;
 use memmap2::Mmap;
 use safetensors::Dtype;
 
@@ -39,8 +40,10 @@ pub fn holds_gguf(path: &Path) -> bool {
 pub type Metadata = BTreeMap<String, Value>;
 
 /// The types deepinfer computes on, for the message that refuses the others.
-const COMPUTED: &str =
-    "F32, F16, BF16, I32, Q8_0, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
+fn computed() -> String {
+    let blocks = Block::ALL.map(|b| b.name().to_ascii_uppercase());
+    format!("F32, F16, BF16, I32, {}", blocks.join(", "))
+}
 
 /// An opened GGUF file: its mapping, every tensor (named as stored, shapes row-major) and
 /// the metadata.
@@ -66,7 +69,7 @@ pub(super) fn open(path: &Path) -> Result<Opened, CheckpointError> {
         let (dtype, block) = stored_type(t.ty).ok_or_else(|| CheckpointError::Dtype {
             tensor: format!("`{}` in {}", t.name, path.display()),
             found: format!("ggml type {}", t.ty.name()),
-            expected: format!("one deepinfer computes on ({COMPUTED})"),
+            expected: format!("one deepinfer computes on ({})", computed()),
         })?;
         let info = TensorInfo {
             dtype,

@@ -153,16 +153,16 @@ fn a_truncated_file_fails_to_open_naming_it() {
 #[test]
 fn types_it_cannot_compute_on_are_refused_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("iq2.gguf");
-    let iq2_xxs = vec![0u8; 66];
+    let path = dir.path().join("tq2.gguf");
+    let tq2_0 = vec![0u8; 66];
     std::fs::write(
         &path,
-        gguf(&[], &[("blk.0.attn_kv.weight", &[256, 1], 16, iq2_xxs)]),
+        gguf(&[], &[("blk.0.attn_kv.weight", &[256, 1], 35, tq2_0)]),
     )
     .unwrap();
     let msg = Checkpoint::open(&path).unwrap_err().to_string();
     assert!(
-        msg.contains("blk.0.attn_kv.weight") && msg.contains("IQ2_XXS") && msg.contains("Q6_K"),
+        msg.contains("blk.0.attn_kv.weight") && msg.contains("TQ2_0") && msg.contains("IQ1_M"),
         "{msg}"
     );
 }
