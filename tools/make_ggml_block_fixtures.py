@@ -32,10 +32,15 @@ TYPES = [("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1),
          ("iq4_nl", T.IQ4_NL), ("q2_K", T.Q2_K), ("q3_K", T.Q3_K), ("q4_K", T.Q4_K),
          ("q5_K", T.Q5_K), ("q6_K", T.Q6_K), ("iq4_xs", T.IQ4_XS), ("iq2_xxs", T.IQ2_XXS),
          ("iq2_xs", T.IQ2_XS), ("iq2_s", T.IQ2_S), ("iq3_xxs", T.IQ3_XXS), ("iq3_s", T.IQ3_S),
-         ("iq1_s", T.IQ1_S), ("iq1_m", T.IQ1_M)]
+         ("iq1_s", T.IQ1_S), ("iq1_m", T.IQ1_M), ("f16", T.F16)]
 N = 256
 # The 32-blocks' sizes; the rest are 256-blocks (gguf-py's GGML_QUANT_SIZES).
-SMALL = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "mxfp4"}
+SMALL = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "mxfp4", "f16"}
+# ggml's functions where they are not named after the type: F16 rows convert rather than
+# dequantise, and its products read f16 inputs through `ggml_vec_dot_f16`.
+DEQUANT = {"f16": "ggml_fp16_to_fp32_row"}
+QUANT_ACT = {"f16": "ggml_cpu_fp32_to_fp16"}
+VEC_DOT = {"f16": "ggml_vec_dot_f16"}
 # The lattice types, which llama.cpp quantises with an importance matrix (required for
 # IQ2_XXS, IQ2_XS, IQ1_S): the tool gives each an imatrix as llama-imatrix's are, the mean
 # square of the activations a column sees.
@@ -76,7 +81,7 @@ def main():
     ptrs = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.quantize_row_q8_K_ref.argtypes = ptrs
     for name, _ in TYPES:
-        getattr(lib, f"dequantize_row_{name}").argtypes = ptrs
+        getattr(lib, DEQUANT.get(name, f"dequantize_row_{name}")).argtypes = ptrs
     lines = ["# tools/make_ggml_block_fixtures.py: llama.cpp 0c1e570's quantizer, gguf-py's decoder",
              "# block <type> <hex bytes> / values <hex f32 bits>; q8_K <hex f32 bits of x> / values;",
              "# dot <type> <weight row hex> / x <hex f32 bits> / value <llama.cpp's product, f32 bits>"]
@@ -86,7 +91,7 @@ def main():
             dst = ctypes.create_string_buffer(raw)
             want = dequantize(np.frombuffer(raw, dtype=np.uint8), qtype).astype(np.float32)
             theirs = np.zeros(N, dtype=np.float32)
-            getattr(lib, f"dequantize_row_{name}")(dst, theirs.ctypes.data, N)
+            getattr(lib, DEQUANT.get(name, f"dequantize_row_{name}"))(dst, theirs.ctypes.data, N)
             if not np.array_equal(want.view(np.uint32), theirs.view(np.uint32)):
                 raise SystemExit(f"{name}: gguf-py and ggml decode differently")
             lines.append(f"block {name} {raw.hex()}")
@@ -110,11 +115,13 @@ def main():
     cpu.ggml_cpu_init()  # fills the fp16 tables the kernels read
     k = 512
     for name, qtype in TYPES + [("q8_0", T.Q8_0), ("mxfp4", T.MXFP4)]:
-        act = {"q4_1": "q8_1", "q5_1": "q8_1"}.get(name, "q8_0" if name in SMALL else "q8_K")
-        act_bytes = {"q8_K": 292 * k // 256, "q8_0": 34 * k // 32, "q8_1": 36 * k // 32}[act]
-        quant = getattr(cpu, f"quantize_row_{act}")
+        act = {"q4_1": "q8_1", "q5_1": "q8_1", "f16": "f16"}.get(
+            name, "q8_0" if name in SMALL else "q8_K")
+        act_bytes = {"q8_K": 292 * k // 256, "q8_0": 34 * k // 32, "q8_1": 36 * k // 32,
+                     "f16": 2 * k}[act]
+        quant = getattr(cpu, QUANT_ACT.get(name, f"quantize_row_{act}"))
         quant.argtypes = ptrs
-        dot = getattr(cpu, f"ggml_vec_dot_{name}_{act}")
+        dot = getattr(cpu, VEC_DOT.get(name, f"ggml_vec_dot_{name}_{act}"))
         dot.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
                         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                         ctypes.c_int]

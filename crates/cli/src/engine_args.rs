@@ -80,7 +80,7 @@ impl EngineArgs {
     /// cache pools ([`crate::memory`]; one stderr line says how).
     pub fn load_model(&self, dir: &Path, progress: impl FnMut(usize, usize)) -> Result<Model> {
         let split = self
-            .memory_split(dir)
+            .memory_split(dir, available())
             .with_context(|| format!("loading {}", dir.display()))?;
         eprintln!("{}", split.line);
         let budget = split.weights;
@@ -118,8 +118,9 @@ impl EngineArgs {
         }))
     }
 
-    /// The split for the checkpoint in `dir`, read from its config and tensor index.
-    fn memory_split(&self, dir: &Path) -> Result<Split> {
+    /// The split for the checkpoint in `dir`, read from its config and tensor index, of
+    /// the `available` bytes this process may use.
+    fn memory_split(&self, dir: &Path, available: Option<usize>) -> Result<Split> {
         let ck = Checkpoint::open(dir)?;
         let (model, _) = ModelConfig::of_checkpoint(dir, &ck)?;
         let bytes = StoredBytes::of(&ck);
@@ -137,7 +138,7 @@ impl EngineArgs {
         };
         let config = self.engine_config(&model, "", 0, 1)?;
         let sizes = engine::cache_sizes(&model, &config)?;
-        crate::memory::split(available(), weights, sizes, &asked)
+        crate::memory::split(available, weights, sizes, &asked)
     }
 
     /// The cache pools' bytes and the most sequences: the split's, else the flags' or the
@@ -227,5 +228,51 @@ impl EngineArgs {
         } else {
             Ok(max_pos)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    const GIB: usize = 1 << 30;
+
+    /// A whole V4-Flash GGUF file laid out as antirez's ds4 q2 (81 GiB; the header of
+    /// tools/make_gguf_plan_fixture.py, its data section a sparse hole): on a 96 GiB box it
+    /// plans every weight resident beside the cache pools; on 64 GiB its experts stream.
+    #[test]
+    fn a_ds4_q2_file_runs_resident_on_a_96_gib_box() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ds4-q2.gguf");
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/gguf/ds4-q2-flash.header.gguf"
+        );
+        std::fs::copy(fixture, &path).unwrap();
+        // Only the header is read: any length past the last tensor's end will do.
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(1 << 40).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let bytes = StoredBytes::of(&ck);
+        let total = bytes.dense + bytes.experts;
+        assert!(
+            (80 * GIB as u64..83 * GIB as u64).contains(&total),
+            "{} GiB",
+            total >> 30
+        );
+        let args = Cli::parse_from(["deepinfer"]).engine;
+        let s = args.memory_split(&path, Some(96 * GIB)).unwrap();
+        assert!(s.line.contains("resident"), "{}", s.line);
+        assert!(s.weights.unwrap() as u64 >= total, "{}", s.line);
+        assert!(s.cache >= 256 << 20 && s.max_num_seqs >= 1, "{}", s.line);
+        let s = args.memory_split(&path, Some(64 * GIB)).unwrap();
+        assert!(s.line.contains("streamed from disk"), "{}", s.line);
     }
 }

@@ -6,10 +6,11 @@
 
 use std::sync::OnceLock;
 
-/// One grid: `points × width` values.
+/// One grid: `points × width` values (and, for points of 8, each as one word).
 pub struct Grid {
     width: usize,
     values: Vec<i8>,
+    words: Vec<u64>,
 }
 
 impl Grid {
@@ -23,8 +24,7 @@ impl Grid {
     /// tables hold it: what a SIMD kernel loads.
     #[inline(always)]
     pub fn word(&self, i: usize) -> u64 {
-        let p = &self.values[i * 8..i * 8 + 8];
-        u64::from_le_bytes(std::array::from_fn(|j| p[j] as u8))
+        self.words[i]
     }
 
     pub fn len(&self) -> usize {
@@ -96,7 +96,18 @@ fn parse<'a>(lines: &mut impl Iterator<Item = &'a str>, name: &str) -> Grid {
             );
         }
     }
-    Grid { width, values }
+    let words = match width {
+        8 => values
+            .chunks_exact(8)
+            .map(|p| u64::from_le_bytes(std::array::from_fn(|j| p[j] as u8)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Grid {
+        width,
+        values,
+        words,
+    }
 }
 
 /// `ksigns_iq2xs`: seven sign bits widened to eight by their parity, so that a group of 8

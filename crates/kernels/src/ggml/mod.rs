@@ -19,6 +19,10 @@ pub mod q8k;
 /// A block format of ggml that deepinfer computes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Block {
+    /// `F16`: IEEE halves, one per "block". A GGUF file's F16 matrices (antirez's ds4 files
+    /// keep the router, indexer, compressors and mHC so) are computed on as stored, their
+    /// input rounded to f16 in gguf numerics as llama.cpp's F16 products round it.
+    F16,
     /// `Q8_0`: an f16 scale `d`, then 32 signed bytes; `x = q · d`.
     Q8_0,
     /// `MXFP4`: an E8M0 byte `e`, then 16 bytes of E2M1 codes, element `j` in the low
@@ -61,6 +65,8 @@ pub enum VecDot {
     Q8_0,
     /// 256-blocks with an f32 scale ([`q8k`]).
     Q8K,
+    /// IEEE halves (`F16` weights' inputs).
+    F16,
 }
 
 impl VecDot {
@@ -69,6 +75,9 @@ impl VecDot {
         match self {
             VecDot::Q8_0 => q8::Q8Row::round_trip(x),
             VecDot::Q8K => q8k::round_trip(x),
+            VecDot::F16 => x
+                .iter_mut()
+                .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
         }
     }
 
@@ -77,6 +86,7 @@ impl VecDot {
         match self {
             VecDot::Q8_0 => q8::QK,
             VecDot::Q8K => q8k::QK_K,
+            VecDot::F16 => 1,
         }
     }
 }
@@ -85,6 +95,7 @@ impl Block {
     /// ggml's name of the type (`ggml_type_name`).
     pub fn name(self) -> &'static str {
         match self {
+            Block::F16 => "f16",
             Block::Q8_0 => "q8_0",
             Block::Mxfp4 => "mxfp4",
             Block::Q4_0 => "q4_0",
@@ -113,12 +124,14 @@ impl Block {
         match self.vec_dot() {
             VecDot::Q8K => kquants::QK_K,
             VecDot::Q8_0 => 32,
+            VecDot::F16 => 1,
         }
     }
 
     /// Bytes per block.
     pub fn bytes(self) -> usize {
         match self {
+            Block::F16 => 2,
             Block::Q8_0 => 34,
             Block::Mxfp4 => 17,
             Block::Q4_0 | Block::Iq4Nl => 18,
@@ -151,6 +164,7 @@ impl Block {
             | Block::Q5_0
             | Block::Q5_1
             | Block::Iq4Nl => VecDot::Q8_0,
+            Block::F16 => VecDot::F16,
             _ => VecDot::Q8K,
         }
     }
@@ -164,7 +178,8 @@ impl Block {
 
     /// Sets a block's f16 scales (and offsets, where it has them) to `d`'s bits, leaving
     /// its codes: tests and benchmarks fill blocks with random bytes, then give them the
-    /// scales checkpoints have. `MXFP4`'s E8M0 scale is not an f16; it is left as it is.
+    /// scales checkpoints have (`F16`: its value). `MXFP4`'s E8M0 scale is not an f16; it is
+    /// left as it is.
     pub fn set_scales(self, block: &mut [u8], d: u16) {
         let fields: &[usize] = match self {
             Block::Mxfp4 => &[],
@@ -181,7 +196,8 @@ impl Block {
     }
 
     /// Every block format, in ggml's type order.
-    pub const ALL: [Block; 20] = [
+    pub const ALL: [Block; 21] = [
+        Block::F16,
         Block::Q4_0,
         Block::Q4_1,
         Block::Q5_0,
@@ -224,7 +240,11 @@ impl Block {
             out.len(),
             self.name()
         );
+        if self == Block::F16 {
+            return decode_f16(row, out);
+        }
         let decode: fn(&[u8], &mut [f32]) = match self {
+            Block::F16 => unreachable!("decoded above"),
             Block::Q8_0 => decode_q8_0,
             Block::Mxfp4 => decode_mxfp4,
             Block::Q4_0 => legacy::q4_0,
@@ -257,6 +277,18 @@ impl Block {
 #[inline(always)]
 fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// A row of halves, through `half`'s slice conversion (F16C where the CPU has it): this is
+/// the f32 path's decode of every F16 product, so it must not be one call per value.
+fn decode_f16(row: &[u8], out: &mut [f32]) {
+    let mut halves = [half::f16::ZERO; 64];
+    for (b, y) in row.chunks(128).zip(out.chunks_mut(64)) {
+        for (h, pair) in halves.iter_mut().zip(b.chunks_exact(2)) {
+            *h = half::f16::from_bits(u16::from_le_bytes([pair[0], pair[1]]));
+        }
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(&halves[..y.len()], y);
+    }
 }
 
 fn decode_q8_0(b: &[u8], y: &mut [f32]) {
@@ -391,7 +423,7 @@ mod tests {
         }
         let missing: Vec<_> = Block::ALL
             .into_iter()
-            .filter(|b| !matches!(b, Block::Q8_0 | Block::Mxfp4) && !seen.contains(b))
+            .filter(|b| !matches!(b, Block::F16 | Block::Q8_0 | Block::Mxfp4) && !seen.contains(b))
             .collect();
         assert!(missing.is_empty(), "no fixture for {missing:?}");
     }

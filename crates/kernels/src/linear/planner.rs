@@ -226,6 +226,7 @@ fn rounding(j: &Matmul) -> Option<fn(&mut [f32])> {
         Format::Ggml(b) if !b.has_int_dots() => Some(match b.vec_dot() {
             VecDot::Q8_0 => |x| VecDot::Q8_0.round_trip(x),
             VecDot::Q8K => |x| VecDot::Q8K.round_trip(x),
+            VecDot::F16 => |x| VecDot::F16.round_trip(x),
         }),
         Format::Bf16 => Some(|x| x.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)))),
         _ => None,

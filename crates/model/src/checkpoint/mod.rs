@@ -474,9 +474,7 @@ impl Checkpoint {
                 stored,
                 shard,
                 info,
-            } if info.block.is_none()
-                && matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) =>
-            {
+            } if matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) => {
                 let name = describe(official_name, stored);
                 if info.shape != shape {
                     return Err(shape_err(name, shape, &info.shape, ""));

@@ -42,7 +42,7 @@ pub type Metadata = BTreeMap<String, Value>;
 /// The types deepinfer computes on, for the message that refuses the others.
 fn computed() -> String {
     let blocks = Block::ALL.map(|b| b.name().to_ascii_uppercase());
-    format!("F32, F16, BF16, I32, {}", blocks.join(", "))
+    format!("F32, BF16, I32, {}", blocks.join(", "))
 }
 
 /// An opened GGUF file: its mapping, every tensor (named as stored, shapes row-major) and
@@ -91,7 +91,14 @@ pub(super) fn open(path: &Path) -> Result<Opened, CheckpointError> {
 /// ones, a block format (with the dtype `U8`, never read as such) for the quantised ones.
 fn stored_type(t: GgmlType) -> Option<(Dtype, Option<deepinfer_kernels::ggml::Block>)> {
     if let Some(b) = t.block() {
-        return Some((Dtype::U8, Some(b)));
+        // F16 matrices are computed on as stored, as llama.cpp's F16 products are; F16
+        // vectors are widened like any float's (the dtype says how).
+        let d = if b == Block::F16 {
+            Dtype::F16
+        } else {
+            Dtype::U8
+        };
+        return Some((d, Some(b)));
     }
     let d = match t {
         types::F32 => Dtype::F32,

@@ -123,7 +123,8 @@ mod tests {
         }
         assert_eq!(Q8_0.block(), Some(Block::Q8_0));
         assert_eq!(MXFP4.block(), Some(Block::Mxfp4));
-        for unknown in [F32, F16, BF16, GgmlType { id: 35 }, GgmlType { id: 40 }] {
+        assert_eq!(F16.block(), Some(Block::F16));
+        for unknown in [F32, BF16, GgmlType { id: 35 }, GgmlType { id: 40 }] {
             assert_eq!(unknown.block(), None, "{}", unknown.name());
         }
         assert_eq!(Q8_0.byte_len(&[64, 3]), Some(3 * 68));
