@@ -8,6 +8,7 @@
 use crate::formats::f16_to_f32;
 
 pub mod dot;
+pub mod f16dot;
 pub mod grids;
 pub mod iquants;
 pub mod kdot;

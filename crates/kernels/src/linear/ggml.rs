@@ -55,6 +55,9 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
     if !plan.q8k.is_null() {
         return k_rows(plan, *block, bytes.as_bytes(), rows);
     }
+    if *block == Block::F16 && w.cols.is_multiple_of(8) {
+        return f16_rows(plan, bytes.as_bytes(), rows);
+    }
     let q8: &[Q8Row] = if plan.q8.is_null() {
         &[]
     } else {
@@ -117,6 +120,35 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
                     unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
                 }
             });
+        }
+    }
+}
+
+/// A product on F16 weights ([`crate::ggml::f16dot`]): up to [`M_MAX`] activation rows
+/// (rounded by the planner where told so) per weight row read.
+fn f16_rows(plan: &Plan, bytes: &[u8], rows: Range<usize>) {
+    let rb = 2 * plan.w().cols;
+    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
+    for row in rows {
+        let wrow = &bytes[row * rb..(row + 1) * rb];
+        for first in (0..plan.m).step_by(M_MAX) {
+            let n = M_MAX.min(plan.m - first);
+            let xs: [&[f32]; M_MAX] = std::array::from_fn(|t| plan.x_row(first + t.min(n - 1)));
+            let mut out = [0.0f32; M_MAX];
+            if avx2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2, FMA and F16C;
+                // the row and the activations are `cols` (a multiple of 8) wide.
+                unsafe {
+                    crate::ggml::f16dot::dots_avx2(wrow, &xs[..n], &mut out)
+                };
+            } else {
+                crate::ggml::f16dot::dots_scalar(wrow, &xs[..n], &mut out);
+            }
+            for (t, &v) in out[..n].iter().enumerate() {
+                // SAFETY: this tile owns row `row`'s outputs; the row index is below m.
+                unsafe { plan.store(first + t, 1, row..row + 1, &[[v]]) };
+            }
         }
     }
 }
