@@ -6,33 +6,32 @@
 
 use std::sync::OnceLock;
 
-/// One grid: `points × width` values (and, for points of 8, each as one word).
+/// One grid: each point as one little-endian word (value 0 in the low byte), as ggml's
+/// tables hold them; a point of 4 (IQ3) in the low half.
 pub struct Grid {
     width: usize,
-    values: Vec<i8>,
     words: Vec<u64>,
 }
 
 impl Grid {
-    /// Point `i`'s values (`width` of them).
+    /// Point `i`'s values: the first `width` of these (the rest are 0).
     #[inline(always)]
-    pub fn point(&self, i: usize) -> &[i8] {
-        &self.values[i * self.width..(i + 1) * self.width]
+    pub fn point(&self, i: usize) -> [i8; 8] {
+        self.words[i].to_le_bytes().map(|v| v as i8)
     }
 
-    /// A point of 8 values as one little-endian word (value 0 in the low byte), as ggml's
-    /// tables hold it: what a SIMD kernel loads.
+    /// Point `i` as its word: what a SIMD kernel loads.
     #[inline(always)]
     pub fn word(&self, i: usize) -> u64 {
         self.words[i]
     }
 
     pub fn len(&self) -> usize {
-        self.values.len() / self.width
+        self.words.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.words.is_empty()
     }
 }
 
@@ -84,30 +83,20 @@ fn parse<'a>(lines: &mut impl Iterator<Item = &'a str>, name: &str) -> Grid {
     let num = |s: &str| s.parse::<i64>().expect("grids.txt: a number");
     let (points, width) = (num(header[2]) as usize, num(header[3]) as usize);
     let distinct: Vec<i8> = header[4..].iter().map(|s| num(s) as i8).collect();
-    let mut values = Vec::with_capacity(points * width);
-    while values.len() < points * width {
+    let mut words = Vec::with_capacity(points);
+    while words.len() < points {
         let line = lines.next().expect("grids.txt: a grid's points");
         for point in line.split(' ') {
             assert_eq!(point.len(), width, "grids.txt: {name}'s point {point}");
-            values.extend(
-                point
-                    .chars()
-                    .map(|c| distinct[c.to_digit(16).expect("grids.txt: a hex index") as usize]),
-            );
+            // Value 0 is the first digit and the word's low byte.
+            let word = point.chars().rev().fold(0u64, |w, c| {
+                let v = distinct[c.to_digit(16).expect("grids.txt: a hex index") as usize];
+                (w << 8) | v as u8 as u64
+            });
+            words.push(word);
         }
     }
-    let words = match width {
-        8 => values
-            .chunks_exact(8)
-            .map(|p| u64::from_le_bytes(std::array::from_fn(|j| p[j] as u8)))
-            .collect(),
-        _ => Vec::new(),
-    };
-    Grid {
-        width,
-        values,
-        words,
-    }
+    Grid { width, words }
 }
 
 /// `ksigns_iq2xs`: seven sign bits widened to eight by their parity, so that a group of 8
@@ -145,7 +134,7 @@ mod tests {
         let g = grids();
         // The first and last points of each, as ggml-common.h writes them (little-endian
         // words: value 0 is the lowest byte).
-        let word = |p: &[i8]| p.iter().rev().fold(0u64, |a, &v| (a << 8) | v as u8 as u64);
+        let word = |p: [i8; 8]| p.iter().rev().fold(0u64, |a, &v| (a << 8) | v as u8 as u64);
         assert_eq!(word(g.iq2xxs.point(1)), 0x080808080808082b);
         assert_eq!(word(g.iq2xxs.point(255)), 0x2b2b2b1908081908);
         assert_eq!(word(g.iq2xs.point(511)), 0x2b2b2b2b2b2b2b2b);
@@ -155,6 +144,7 @@ mod tests {
         assert_eq!(word(g.iq3s.point(511)), 0x0f0f0101);
         assert_eq!(word(g.iq1s.point(0)), 0xffffffffffffffff);
         assert_eq!(word(g.iq1s.point(2047)), 0x0101010101010101);
+        assert_eq!(g.iq2xxs.word(1), 0x080808080808082b);
     }
 
     #[test]

@@ -5,15 +5,19 @@
 //! integer scale per 32 (or 16) weights on the super-block's f16 `d`. The products and
 //! their order are ggml's: a group's scale `db` is formed first, then `db · point · sign`.
 
-use super::grids::{grids, signs, Grid};
-use super::half;
+use super::grids::{grids, signs};
+use super::{half, word};
 
 fn u16_at(b: &[u8], at: usize) -> u32 {
     u16::from_le_bytes([b[at], b[at + 1]]) as u32
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+/// Group `ib` (of 8) of an IQ2_XXS block: its four grid indices (a byte each) and the word
+/// of four 7-bit sign groups under its 4-bit scale. The decode and the integer products
+/// ([`super::kdot`]) read a block through this.
+#[inline(always)]
+pub fn iq2_xxs_group(b: &[u8], ib: usize) -> (u32, u32) {
+    (word(b, 2 + 8 * ib), word(b, 6 + 8 * ib))
 }
 
 /// Writes `db · point · (−1 where sign bit j is set)` for one point.
@@ -31,11 +35,11 @@ fn signed(y: &mut [f32], db: f32, point: &[i8], signs: u8) {
 pub fn iq2_xxs(b: &[u8], y: &mut [f32]) {
     let (d, grid) = (half(b, 0), &grids().iq2xxs);
     for (ib, y) in y.chunks_exact_mut(32).enumerate() {
-        let (idx, sg) = (u32_at(b, 2 + 8 * ib), u32_at(b, 6 + 8 * ib));
+        let (idx, sg) = iq2_xxs_group(b, ib);
         let db = d * (0.5 + (sg >> 28) as f32) * 0.25;
         for (l, y) in y.chunks_exact_mut(8).enumerate() {
             let point = grid.point(((idx >> (8 * l)) & 0xFF) as usize);
-            signed(y, db, point, signs(sg >> (7 * l)));
+            signed(y, db, &point, signs(sg >> (7 * l)));
         }
     }
 }
@@ -49,7 +53,7 @@ pub fn iq2_xs(b: &[u8], y: &mut [f32]) {
         for (l, y) in y.chunks_exact_mut(8).enumerate() {
             let db = d * (0.5 + ((sc >> (4 * (l / 2))) & 0xF) as f32) * 0.25;
             let q = u16_at(b, 2 + 2 * (4 * ib + l));
-            signed(y, db, grid.point((q & 511) as usize), signs(q >> 9));
+            signed(y, db, &grid.point((q & 511) as usize), signs(q >> 9));
         }
     }
 }
@@ -63,7 +67,7 @@ pub fn iq2_s(b: &[u8], y: &mut [f32]) {
         for (l, y) in y.chunks_exact_mut(8).enumerate() {
             let db = d * (0.5 + ((sc >> (4 * (l / 2))) & 0xF) as f32) * 0.25;
             let i = b[2 + 4 * ib + l] as usize | ((qh << (8 - 2 * l)) & 0x300);
-            signed(y, db, grid.point(i), b[34 + 4 * ib + l]);
+            signed(y, db, &grid.point(i), b[34 + 4 * ib + l]);
         }
     }
 }
@@ -73,13 +77,13 @@ pub fn iq2_s(b: &[u8], y: &mut [f32]) {
 pub fn iq3_xxs(b: &[u8], y: &mut [f32]) {
     let (d, grid) = (half(b, 0), &grids().iq3xxs);
     for (ib, y) in y.chunks_exact_mut(32).enumerate() {
-        let sg = u32_at(b, 66 + 4 * ib);
+        let sg = word(b, 66 + 4 * ib);
         let db = d * (0.5 + (sg >> 28) as f32) * 0.5;
         for (l, y) in y.chunks_exact_mut(8).enumerate() {
             let s = signs(sg >> (7 * l));
             let q = &b[2 + 8 * ib + 2 * l..];
-            signed(&mut y[..4], db, grid.point(q[0] as usize), s);
-            signed(&mut y[4..], db, grid.point(q[1] as usize), s >> 4);
+            signed(&mut y[..4], db, &grid.point(q[0] as usize), s);
+            signed(&mut y[4..], db, &grid.point(q[1] as usize), s >> 4);
         }
     }
 }
@@ -97,8 +101,8 @@ pub fn iq3_s(b: &[u8], y: &mut [f32]) {
             let i1 = q[0] as usize | ((qh << (8 - 2 * l)) & 256);
             let i2 = q[1] as usize | ((qh << (7 - 2 * l)) & 256);
             let s = b[74 + 4 * ib + l];
-            signed(&mut y[..4], db, grid.point(i1), s);
-            signed(&mut y[4..], db, grid.point(i2), s >> 4);
+            signed(&mut y[..4], db, &grid.point(i1), s);
+            signed(&mut y[4..], db, &grid.point(i2), s >> 4);
         }
     }
 }
@@ -125,7 +129,7 @@ pub fn iq1_s(b: &[u8], y: &mut [f32]) {
         let delta = if qh & 0x8000 != 0 { -DELTA } else { DELTA };
         for (l, y) in y.chunks_exact_mut(8).enumerate() {
             let i = b[2 + 4 * ib + l] as usize | ((((qh >> (3 * l)) & 7) as usize) << 8);
-            shifted(y, dl, grid.point(i), delta);
+            shifted(y, dl, &grid.point(i), delta);
         }
     }
 }
@@ -137,7 +141,7 @@ pub fn iq1_m(b: &[u8], y: &mut [f32]) {
     let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
     let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000);
     let d = crate::formats::f16_to_f32(bits as u16);
-    let grid: &Grid = &grids().iq1s;
+    let grid = &grids().iq1s;
     for (ib, y) in y.chunks_exact_mut(32).enumerate() {
         let s = sc[ib / 2] >> (6 * (ib % 2));
         let dl = [
@@ -148,7 +152,7 @@ pub fn iq1_m(b: &[u8], y: &mut [f32]) {
             let qh = (b[32 + 2 * ib + l / 2] >> (4 * (l % 2))) as usize;
             let i = b[4 * ib + l] as usize | ((qh & 7) << 8);
             let delta = if qh & 8 != 0 { -DELTA } else { DELTA };
-            shifted(y, dl[l / 2], grid.point(i), delta);
+            shifted(y, dl[l / 2], &grid.point(i), delta);
         }
     }
 }

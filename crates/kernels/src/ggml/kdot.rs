@@ -10,6 +10,7 @@
 
 use super::grids::{grids, signs};
 use super::half;
+use super::iquants::iq2_xxs_group;
 use super::kquants::{self, QK_K};
 use super::q8k::Q8KRow;
 use super::Block;
@@ -75,8 +76,7 @@ fn iq2_xxs_sumi(wb: &[u8], xq: &[i8]) -> i32 {
     let grid = &grids().iq2xxs;
     let mut sumi = 0;
     for ib in 0..8 {
-        let word = |at: usize| u32::from_le_bytes(std::array::from_fn(|i| wb[at + i]));
-        let (idx, sg) = (word(2 + 8 * ib), word(6 + 8 * ib));
+        let (idx, sg) = iq2_xxs_group(wb, ib);
         let mut s = 0i32;
         for l in 0..4 {
             let point = grid.point(((idx >> (8 * l)) & 0xFF) as usize);
@@ -325,9 +325,8 @@ unsafe fn iq2_xxs_sumi_avx2(wb: &[u8], xq: &[i8]) -> i32 {
     use std::arch::x86_64::*;
     let grid = &grids().iq2xxs;
     let mut v = _mm256_setzero_si256();
-    for (ib, pair) in wb[2..66].chunks_exact(8).enumerate() {
-        let idx = u32::from_le_bytes([pair[0], pair[1], pair[2], pair[3]]);
-        let sg = u32::from_le_bytes([pair[4], pair[5], pair[6], pair[7]]);
+    for ib in 0..8 {
+        let (idx, sg) = iq2_xxs_group(wb, ib);
         let point = |l: u32| grid.word(((idx >> (8 * l)) & 0xFF) as usize) as i64;
         let sign = |l: u32| SIGN_BYTES[((sg >> (7 * l)) & 127) as usize] as i64;
         let g = _mm256_set_epi64x(point(3), point(2), point(1), point(0));

@@ -4,7 +4,7 @@
 //! the 5-bit formats keep the fifth bits in a little-endian 32-bit word, bit `j` for
 //! element `j`.
 
-use super::half;
+use super::{half, word};
 
 /// `kvalues_iq4nl`: the 16 levels an `IQ4_NL` code picks, in units of the block's scale.
 pub const IQ4_NL_VALUES: [i8; 16] = [
@@ -20,10 +20,6 @@ fn codes(qs: &[u8], qh: u32) -> [u8; 32] {
         c[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
     }
     c
-}
-
-fn qh(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// `Q4_0`: `d`, 16 code bytes; `x = (c - 8) · d`.
@@ -45,7 +41,7 @@ pub fn q4_1(b: &[u8], y: &mut [f32]) {
 /// `Q5_0`: `d`, the fifth bits, 16 code bytes; `x = (c - 16) · d`.
 pub fn q5_0(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
-    for (o, c) in y.iter_mut().zip(codes(&b[6..22], qh(b, 2))) {
+    for (o, c) in y.iter_mut().zip(codes(&b[6..22], word(b, 2))) {
         *o = (c as i32 - 16) as f32 * d;
     }
 }
@@ -53,7 +49,7 @@ pub fn q5_0(b: &[u8], y: &mut [f32]) {
 /// `Q5_1`: `d`, `m`, the fifth bits, 16 code bytes; `x = c · d + m`.
 pub fn q5_1(b: &[u8], y: &mut [f32]) {
     let (d, m) = (half(b, 0), half(b, 2));
-    for (o, c) in y.iter_mut().zip(codes(&b[8..24], qh(b, 4))) {
+    for (o, c) in y.iter_mut().zip(codes(&b[8..24], word(b, 4))) {
         *o = c as f32 * d + m;
     }
 }

@@ -241,11 +241,9 @@ impl Block {
             out.len(),
             self.name()
         );
-        if self == Block::F16 {
-            return decode_f16(row, out);
-        }
         let decode: fn(&[u8], &mut [f32]) = match self {
-            Block::F16 => unreachable!("decoded above"),
+            // A row at once: one call per value would be the whole cost.
+            Block::F16 => return decode_f16(row, out),
             Block::Q8_0 => decode_q8_0,
             Block::Mxfp4 => decode_mxfp4,
             Block::Q4_0 => legacy::q4_0,
@@ -272,6 +270,12 @@ impl Block {
             decode(b, y);
         }
     }
+}
+
+/// A block's little-endian 32-bit field at byte `at`.
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// A block's f16 field at byte `at`, as f32.

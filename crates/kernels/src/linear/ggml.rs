@@ -124,33 +124,29 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
     }
 }
 
-/// A product on F16 weights ([`crate::ggml::f16dot`]): up to [`M_MAX`] activation rows
+/// A product on F16 weights ([`crate::ggml::f16dot`]), up to [`M_MAX`] activation rows
 /// (rounded by the planner where told so) per weight row read.
 fn f16_rows(plan: &Plan, bytes: &[u8], rows: Range<usize>) {
-    let rb = 2 * plan.w().cols;
     let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
-    for row in rows {
-        let wrow = &bytes[row * rb..(row + 1) * rb];
-        for first in (0..plan.m).step_by(M_MAX) {
-            let n = M_MAX.min(plan.m - first);
+    grouped(
+        plan,
+        bytes,
+        2 * plan.w().cols,
+        rows,
+        |wrow, first, n, out| {
             let xs: [&[f32]; M_MAX] = std::array::from_fn(|t| plan.x_row(first + t.min(n - 1)));
-            let mut out = [0.0f32; M_MAX];
             if avx2 {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2, FMA and F16C;
                 // the row and the activations are `cols` (a multiple of 8) wide.
                 unsafe {
-                    crate::ggml::f16dot::dots_avx2(wrow, &xs[..n], &mut out)
+                    crate::ggml::f16dot::dots_avx2(wrow, &xs[..n], out)
                 };
             } else {
-                crate::ggml::f16dot::dots_scalar(wrow, &xs[..n], &mut out);
+                crate::ggml::f16dot::dots_scalar(wrow, &xs[..n], out);
             }
-            for (t, &v) in out[..n].iter().enumerate() {
-                // SAFETY: this tile owns row `row`'s outputs; the row index is below m.
-                unsafe { plan.store(first + t, 1, row..row + 1, &[[v]]) };
-            }
-        }
-    }
+        },
+    );
 }
 
 /// A K-quant product on Q8_K rows (its input quantised by the planner): every row on the
@@ -159,26 +155,41 @@ fn k_rows(plan: &Plan, block: Block, bytes: &[u8], rows: Range<usize>) {
     // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
     // call's scratch, which outlives the call.
     let q8k = unsafe { std::slice::from_raw_parts(plan.q8k, plan.m) };
-    let rb = block.row_bytes(plan.w().cols);
     let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
+    let rb = block.row_bytes(plan.w().cols);
+    grouped(plan, bytes, rb, rows, |wrow, first, n, out| {
+        let xs: [&Q8KRow; M_MAX] = std::array::from_fn(|t| &q8k[first + t.min(n - 1)]);
+        if avx2 {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2 and F16C.
+            unsafe {
+                kdot::kdots_avx2(block, wrow, &xs[..n], out)
+            };
+        } else {
+            kdot::kdots_scalar(block, wrow, &xs[..n], out);
+        }
+    });
+}
+
+/// Every weight row of the tile (`rb` bytes each) against the plan's activation rows in
+/// groups of up to [`M_MAX`]: `dots(weight row, first activation row, count, out)` fills
+/// `out[..count]`, which is stored.
+fn grouped(
+    plan: &Plan,
+    bytes: &[u8],
+    rb: usize,
+    rows: Range<usize>,
+    dots: impl Fn(&[u8], usize, usize, &mut [f32]),
+) {
     for row in rows {
         let wrow = &bytes[row * rb..(row + 1) * rb];
-        for (g, group) in q8k.chunks(M_MAX).enumerate() {
-            let xs: [&Q8KRow; M_MAX] = std::array::from_fn(|t| &group[t.min(group.len() - 1)]);
-            let xs = &xs[..group.len()];
+        for first in (0..plan.m).step_by(M_MAX) {
+            let n = M_MAX.min(plan.m - first);
             let mut out = [0.0f32; M_MAX];
-            if avx2 {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2 and F16C.
-                unsafe {
-                    kdot::kdots_avx2(block, wrow, xs, &mut out)
-                };
-            } else {
-                kdot::kdots_scalar(block, wrow, xs, &mut out);
-            }
-            for (t, &v) in out[..group.len()].iter().enumerate() {
+            dots(wrow, first, n, &mut out);
+            for (t, &v) in out[..n].iter().enumerate() {
                 // SAFETY: this tile owns row `row`'s outputs; the row index is below m.
-                unsafe { plan.store(g * M_MAX + t, 1, row..row + 1, &[[v]]) };
+                unsafe { plan.store(first + t, 1, row..row + 1, &[[v]]) };
             }
         }
     }
