@@ -33,21 +33,23 @@ fn scaled(d: f32, dmin: f32, xd: f32, sumi: i32, summ: i32) -> f32 {
 }
 
 /// The offsets' integer part of a Q4_K super-block: `Σ_j m_j · (bsum_2j + bsum_2j+1)`.
-fn q4_k_mins(m: &[i32; 8], bsums: &[i32]) -> i32 {
+fn q4_k_mins(m: &[i32; 8], bsums: &[i16]) -> i32 {
     (0..8)
-        .map(|j| m[j] * (bsums[2 * j] + bsums[2 * j + 1]))
+        .map(|j| m[j] * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32))
         .sum()
 }
 
 /// Q6_K's offset (every code less 32) through the 16-sums: `32 · Σ_j sc_j · bsum_j`.
-fn q6_k_offset(sc: &[u8], bsums: &[i32]) -> i32 {
-    32 * (0..16).map(|j| sc[j] as i8 as i32 * bsums[j]).sum::<i32>()
+fn q6_k_offset(sc: &[u8], bsums: &[i16]) -> i32 {
+    32 * (0..16)
+        .map(|j| sc[j] as i8 as i32 * bsums[j] as i32)
+        .sum::<i32>()
 }
 
 /// Q2_K's offsets through the 16-sums: `Σ_j m_j · bsum_j`, `m_j` the high nibble of scale
 /// byte `j`.
-fn q2_k_mins(sc: &[u8], bsums: &[i32]) -> i32 {
-    (0..16).map(|j| (sc[j] >> 4) as i32 * bsums[j]).sum()
+fn q2_k_mins(sc: &[u8], bsums: &[i16]) -> i32 {
+    (0..16).map(|j| (sc[j] >> 4) as i32 * bsums[j] as i32).sum()
 }
 
 /// Super-block of a Q2_K row: `Σ_j sc_j Σ_l q_w q_x` over its 16 sub-blocks of 16 (the

@@ -34,7 +34,7 @@ pub fn q2_k(b: &[u8], y: &mut [f32]) {
 /// `Q3_K`'s 16 six-bit sub-block scales, unpacked from its 12 bytes (the low four bits of
 /// each in the first 8 bytes' nibbles, the high two in the last 4 bytes' bit pairs), each
 /// less 32.
-fn q3_k_scales(s: &[u8]) -> [i32; 16] {
+pub(super) fn q3_k_scales(s: &[u8]) -> [i32; 16] {
     let mut out = [0i32; 16];
     for (j, o) in out.iter_mut().enumerate() {
         let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };

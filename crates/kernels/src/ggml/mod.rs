@@ -12,6 +12,7 @@ pub mod f16dot;
 pub mod grids;
 pub mod iquants;
 pub mod kdot;
+pub mod kgemm;
 pub mod kquants;
 pub mod legacy;
 pub mod q8;
@@ -171,10 +172,10 @@ impl Block {
     }
 
     /// Whether the kernels multiply this format in integers, on its [`Self::vec_dot`] rows
-    /// ([`dot`] on [`q8::Q8Row`]s, [`kdot`] on [`q8k::Q8KRow`]s); the others decode a
-    /// weight row to f32 first.
+    /// ([`dot`] on [`q8::Q8Row`]s, [`kdot`] and [`kgemm`] on [`q8k::Q8KRow`]s); the
+    /// others decode a weight row to f32 first.
     pub fn has_int_dots(self) -> bool {
-        matches!(self, Block::Q8_0 | Block::Mxfp4) || kdot::BLOCKS.contains(&self)
+        matches!(self, Block::Q8_0 | Block::Mxfp4) || kgemm::BLOCKS.contains(&self)
     }
 
     /// Sets a block's f16 scales (and offsets, where it has them) to `d`'s bits, leaving

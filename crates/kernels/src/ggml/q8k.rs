@@ -28,12 +28,13 @@ pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// One row's Q8_K blocks: codes, each block's scale, and the sums of each 16 codes (what
-/// the K-quant products subtract their offsets with).
+/// the K-quant products subtract their offsets with; `|sum| ≤ 16 · 127`, so an `i16`, which
+/// the GEMM multiplies on `vpmaddwd`).
 #[derive(Clone, Debug, Default)]
 pub struct Q8KRow {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
-    pub bsums: Vec<i32>,
+    pub bsums: Vec<i16>,
 }
 
 impl Q8KRow {
@@ -49,7 +50,7 @@ impl Q8KRow {
         let sums = self
             .q
             .chunks_exact(16)
-            .map(|c| c.iter().map(|&v| v as i32).sum::<i32>());
+            .map(|c| c.iter().map(|&v| v as i16).sum::<i16>());
         self.bsums.extend(sums);
     }
 }

@@ -18,7 +18,7 @@ use crate::cpu::Isa;
 use crate::ggml::dot::{self, M_MAX};
 use crate::ggml::q8::Q8Row;
 use crate::ggml::q8k::Q8KRow;
-use crate::ggml::{kdot, Block};
+use crate::ggml::{kdot, kgemm, Block};
 use crate::matrix::Data;
 use crate::vector::dot_portable;
 
@@ -155,8 +155,16 @@ fn k_rows(plan: &Plan, block: Block, bytes: &[u8], rows: Range<usize>) {
     // SAFETY: the planner quantised the plan's `m` rows before any tile runs, into the
     // call's scratch, which outlives the call.
     let q8k = unsafe { std::slice::from_raw_parts(plan.q8k, plan.m) };
-    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
     let rb = block.row_bytes(plan.w().cols);
+    let kernel = gemm_kernel(plan.call_isa);
+    // Q3_K and Q5_K have only the GEMM; the others take it from `FROM` rows where the
+    // family has one (the same bits either way).
+    let on_kdots = kdot::BLOCKS.contains(&block) && (plan.m < kgemm::FROM || kernel.is_none());
+    if !on_kdots {
+        let kernel = kernel.unwrap_or(kgemm::sb4_scalar);
+        return k_gemm(plan, block, bytes, rb, rows, q8k, kernel);
+    }
+    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
     grouped(plan, bytes, rb, rows, |wrow, first, n, out| {
         let xs: [&Q8KRow; M_MAX] = std::array::from_fn(|t| &q8k[first + t.min(n - 1)]);
         if avx2 {
@@ -169,6 +177,57 @@ fn k_rows(plan: &Plan, block: Block, bytes: &[u8], rows: Range<usize>) {
             kdot::kdots_scalar(block, wrow, &xs[..n], out);
         }
     });
+}
+
+/// The integer GEMM's kernel for family `isa` (none for the scalar one, which keeps
+/// [`kdot`] where it can: the same bits).
+fn gemm_kernel(isa: Isa) -> Option<kgemm::Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 && kgemm::vnni_detected() {
+            return Some(kgemm::sb4_avx512);
+        }
+        if isa >= Isa::Avx2 {
+            return Some(kgemm::sb4_avx2);
+        }
+    }
+    let _ = isa;
+    None
+}
+
+/// A K-quant product on the integer GEMM ([`kgemm`]): each four weight rows' super-blocks
+/// unpacked once for all `m` activation rows.
+fn k_gemm(
+    plan: &Plan,
+    block: Block,
+    bytes: &[u8],
+    rb: usize,
+    rows: Range<usize>,
+    q8k: &[Q8KRow],
+    kernel: kgemm::Kernel,
+) {
+    ACC.with(|cell| {
+        let mut acc = cell.borrow_mut();
+        acc.resize(plan.m, [0.0; kgemm::ROWS]);
+        for first in rows.clone().step_by(kgemm::ROWS) {
+            let group = first..(first + kgemm::ROWS).min(rows.end);
+            let w: [&[u8]; kgemm::ROWS] = std::array::from_fn(|r| {
+                let r = (first + r).min(group.end - 1);
+                &bytes[r * rb..(r + 1) * rb]
+            });
+            kgemm::rows4(block, &w[..group.len()], q8k, &mut acc, kernel);
+            for (t, a) in acc.iter().enumerate() {
+                let out: [[f32; 1]; kgemm::ROWS] = std::array::from_fn(|r| [a[r]]);
+                // SAFETY: this tile owns the group's outputs; t < m.
+                unsafe { plan.store(t, 1, group.clone(), &out) };
+            }
+        }
+    })
+}
+
+thread_local! {
+    /// The GEMM's sums, `m` rows of [`kgemm::ROWS`], reused by the thread's tiles.
+    static ACC: RefCell<Vec<[f32; kgemm::ROWS]>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Every weight row of the tile (`rb` bytes each) against the plan's activation rows in
