@@ -77,6 +77,7 @@ pub fn dots_scalar(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots_avx2(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) {
     let blocks = w.len() / block.bytes();
     for x in xs {
@@ -116,6 +117,7 @@ pub unsafe fn dots_avx2(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) 
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn pair_avx2(block: Block, w: [&[u8]; 2], x: &Q8Row) -> [f32; 2] {
     let blocks = w[0].len() / block.bytes();
     assert!(w[1].len() == w[0].len() && x.q.len() >= blocks * QK && x.d.len() >= blocks);
@@ -125,14 +127,70 @@ pub unsafe fn pair_avx2(block: Block, w: [&[u8]; 2], x: &Q8Row) -> [f32; 2] {
     [s[0][0], s[1][0]]
 }
 
-/// The `M` dots of each of `R` weight rows ([`dots_avx2`], [`pair_avx2`]), the
-/// accumulators in registers.
+/// The dots of four weight rows with each of up to [`M_MAX`] activation rows, on AVX-512's
+/// 32 registers (256-bit work: sixteen accumulators stay in registers): each activation
+/// load serves four weight rows, where [`dots_avx2`] serves one. Each result is
+/// [`dots_scalar`]'s.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub unsafe fn quad_avx512(block: Block, w: [&[u8]; 4], xs: &[&Q8Row]) -> [[f32; M_MAX]; 4] {
+    let blocks = w[0].len() / block.bytes();
+    assert!(w.iter().all(|r| r.len() == w[0].len()));
+    for x in xs {
+        assert!(x.q.len() >= blocks * QK && x.d.len() >= blocks);
+    }
+    let q = |t: usize| xs[t.min(xs.len() - 1)].q.as_ptr();
+    let d = |t: usize| xs[t.min(xs.len() - 1)].d.as_ptr();
+    let w = w.map(<[u8]>::as_ptr);
+    let mut out = [[0.0; M_MAX]; 4];
+    let widen = |v: [[f32; 3]; 4]| v.map(|r| [r[0], r[1], r[2], 0.0]);
+    // SAFETY: as the function's; every row holds `blocks` blocks (asserted).
+    unsafe {
+        match xs.len() {
+            1 => {
+                out = rows::<4, 1>(block, w, blocks, [q(0)], [d(0)]).map(|r| [r[0], 0.0, 0.0, 0.0])
+            }
+            2 => {
+                let v = rows::<4, 2>(block, w, blocks, [q(0), q(1)], [d(0), d(1)]);
+                out = v.map(|r| [r[0], r[1], 0.0, 0.0]);
+            }
+            3 => {
+                out = widen(rows::<4, 3>(
+                    block,
+                    w,
+                    blocks,
+                    [q(0), q(1), q(2)],
+                    [d(0), d(1), d(2)],
+                ))
+            }
+            4 => {
+                out = rows::<4, 4>(
+                    block,
+                    w,
+                    blocks,
+                    std::array::from_fn(q),
+                    std::array::from_fn(d),
+                )
+            }
+            n => panic!("quad_avx512 takes 1 to {M_MAX} rows, not {n}"),
+        }
+    }
+    out
+}
+
+/// The `M` dots of each of `R` weight rows ([`dots_avx2`], [`pair_avx2`], [`quad_avx512`]),
+/// the accumulators in registers; inlined into each caller, where AVX-512's callers give
+/// it their 32 registers.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; each `w[r]` holds `blocks` blocks, each `q[t]` and
 /// `d[t]` as many.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn rows<const R: usize, const M: usize>(
     block: Block,
     w: [*const u8; R],

@@ -75,51 +75,85 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
         }
     }
     let rb = block.row_bytes(w.cols);
-    let avx2 = cfg!(target_arch = "x86_64") && plan.call_isa >= Isa::Avx2;
     let wrow = |row: usize| &bytes.as_bytes()[row * rb..(row + 1) * rb];
-    // One activation row (a decode step): two weight rows at a time.
+    exact_rows(plan, *block, &wrow, rows.clone(), &r.exact, q8);
+    if r.inexact.is_empty() {
+        return;
+    }
+    for row in rows {
+        with_scratch(w.cols, |buf| {
+            block.decode_row(wrow(row), buf);
+            for &i in &r.inexact {
+                let v = dot_portable(buf, plan.x_row(i));
+                // SAFETY: this tile owns row `row`'s outputs; i < m.
+                unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
+            }
+        });
+    }
+}
+
+/// The activation rows `exact` (on the Q8_0 grid) against the tile's weight rows, on the
+/// integer dots: one activation row (a decode step) two weight rows at a time; several,
+/// four weight rows at a time on AVX-512 (its registers hold the sixteen sums), else one.
+/// Every path gives [`dot::dots_scalar`]'s bits.
+fn exact_rows<'w>(
+    plan: &Plan,
+    block: Block,
+    wrow: &dyn Fn(usize) -> &'w [u8],
+    rows: Range<usize>,
+    exact: &[usize],
+    q8: &[Q8Row],
+) {
+    let isa = plan.call_isa;
+    let group_of =
+        |g: &[usize]| -> [&Q8Row; M_MAX] { std::array::from_fn(|t| &q8[g[t.min(g.len() - 1)]]) };
     let mut rows = rows;
     #[cfg(target_arch = "x86_64")]
-    if avx2 && r.exact.len() == 1 && r.inexact.is_empty() {
-        let i = r.exact[0];
+    if isa >= Isa::Avx2 && exact.len() == 1 {
+        let i = exact[0];
         while rows.len() >= 2 {
             let row = rows.start;
             // SAFETY: the call's family is AVX2 or wider: the CPU has AVX2, FMA and F16C.
-            let v = unsafe { dot::pair_avx2(*block, [wrow(row), wrow(row + 1)], &q8[i]) };
+            let v = unsafe { dot::pair_avx2(block, [wrow(row), wrow(row + 1)], &q8[i]) };
             // SAFETY: this tile owns these rows' outputs; i < m.
             unsafe { plan.store(i, 1, row..row + 2, &[[v[0]], [v[1]]]) };
             rows.start += 2;
         }
+    } else if isa == Isa::Avx512 && exact.len() > 1 {
+        for first in rows.clone().step_by(4) {
+            let quad = first..(first + 4).min(rows.end);
+            let w: [&[u8]; 4] = std::array::from_fn(|r| wrow((first + r).min(quad.end - 1)));
+            for g in exact.chunks(M_MAX) {
+                // SAFETY: the call's family is AVX-512: the CPU has AVX2, FMA, F16C, and
+                // AVX-512 F and VL.
+                let out = unsafe { dot::quad_avx512(block, w, &group_of(g)[..g.len()]) };
+                for (row, out) in quad.clone().zip(out) {
+                    for (&i, &v) in g.iter().zip(&out) {
+                        // SAFETY: this tile owns row `row`'s outputs; i < m.
+                        unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
+                    }
+                }
+            }
+        }
+        return;
     }
     for row in rows {
-        let wrow = wrow(row);
-        for group in r.exact.chunks(M_MAX) {
-            let xs: [&Q8Row; M_MAX] = std::array::from_fn(|t| &q8[group[t.min(group.len() - 1)]]);
-            let xs = &xs[..group.len()];
+        for g in exact.chunks(M_MAX) {
+            let xs = group_of(g);
             let mut out = [0.0f32; M_MAX];
-            if avx2 {
+            if isa >= Isa::Avx2 {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the call's family is AVX2 or wider, so the CPU has AVX2 and FMA.
                 unsafe {
-                    dot::dots_avx2(*block, wrow, xs, &mut out)
+                    dot::dots_avx2(block, wrow(row), &xs[..g.len()], &mut out)
                 };
             } else {
-                dot::dots_scalar(*block, wrow, xs, &mut out);
+                dot::dots_scalar(block, wrow(row), &xs[..g.len()], &mut out);
             }
-            for (&i, &v) in group.iter().zip(&out) {
+            for (&i, &v) in g.iter().zip(&out) {
                 // SAFETY: this tile owns row `row`'s outputs; i < m.
                 unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
             }
-        }
-        if !r.inexact.is_empty() {
-            with_scratch(w.cols, |buf| {
-                block.decode_row(wrow, buf);
-                for &i in &r.inexact {
-                    let v = dot_portable(buf, plan.x_row(i));
-                    // SAFETY: as above.
-                    unsafe { plan.store(i, 1, row..row + 1, &[[v]]) };
-                }
-            });
         }
     }
 }
