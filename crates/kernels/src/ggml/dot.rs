@@ -77,7 +77,6 @@ pub fn dots_scalar(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots_avx2(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) {
     let blocks = w.len() / block.bytes();
     for x in xs {
@@ -117,7 +116,6 @@ pub unsafe fn dots_avx2(block: Block, w: &[u8], xs: &[&Q8Row], out: &mut [f32]) 
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn pair_avx2(block: Block, w: [&[u8]; 2], x: &Q8Row) -> [f32; 2] {
     let blocks = w[0].len() / block.bytes();
     assert!(w[1].len() == w[0].len() && x.q.len() >= blocks * QK && x.d.len() >= blocks);
@@ -145,53 +143,71 @@ pub unsafe fn quad_avx512(block: Block, w: [&[u8]; 4], xs: &[&Q8Row]) -> [[f32; 
     let q = |t: usize| xs[t.min(xs.len() - 1)].q.as_ptr();
     let d = |t: usize| xs[t.min(xs.len() - 1)].d.as_ptr();
     let w = w.map(<[u8]>::as_ptr);
-    let mut out = [[0.0; M_MAX]; 4];
-    let widen = |v: [[f32; 3]; 4]| v.map(|r| [r[0], r[1], r[2], 0.0]);
+    let pad =
+        |v: &[f32]| -> [f32; M_MAX] { std::array::from_fn(|t| v.get(t).copied().unwrap_or(0.0)) };
     // SAFETY: as the function's; every row holds `blocks` blocks (asserted).
     unsafe {
         match xs.len() {
-            1 => {
-                out = rows::<4, 1>(block, w, blocks, [q(0)], [d(0)]).map(|r| [r[0], 0.0, 0.0, 0.0])
-            }
-            2 => {
-                let v = rows::<4, 2>(block, w, blocks, [q(0), q(1)], [d(0), d(1)]);
-                out = v.map(|r| [r[0], r[1], 0.0, 0.0]);
-            }
-            3 => {
-                out = widen(rows::<4, 3>(
-                    block,
-                    w,
-                    blocks,
-                    [q(0), q(1), q(2)],
-                    [d(0), d(1), d(2)],
-                ))
-            }
-            4 => {
-                out = rows::<4, 4>(
-                    block,
-                    w,
-                    blocks,
-                    std::array::from_fn(q),
-                    std::array::from_fn(d),
-                )
-            }
+            1 => rows_wide::<4, 1>(block, w, blocks, [q(0)], [d(0)]).map(|r| pad(&r)),
+            2 => rows_wide::<4, 2>(block, w, blocks, [q(0), q(1)], [d(0), d(1)]).map(|r| pad(&r)),
+            3 => rows_wide::<4, 3>(block, w, blocks, [q(0), q(1), q(2)], [d(0), d(1), d(2)])
+                .map(|r| pad(&r)),
+            4 => rows_wide::<4, 4>(
+                block,
+                w,
+                blocks,
+                std::array::from_fn(q),
+                std::array::from_fn(d),
+            ),
             n => panic!("quad_avx512 takes 1 to {M_MAX} rows, not {n}"),
         }
     }
-    out
 }
 
-/// The `M` dots of each of `R` weight rows ([`dots_avx2`], [`pair_avx2`], [`quad_avx512`]),
-/// the accumulators in registers; inlined into each caller, where AVX-512's callers give
-/// it their 32 registers.
+/// The `M` dots of each of `R` weight rows ([`dots_avx2`], [`pair_avx2`]), the
+/// accumulators in registers.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; each `w[r]` holds `blocks` blocks, each `q[t]` and
 /// `d[t]` as many.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
 unsafe fn rows<const R: usize, const M: usize>(
+    block: Block,
+    w: [*const u8; R],
+    blocks: usize,
+    q: [*const i8; M],
+    d: [*const f32; M],
+) -> [[f32; M]; R] {
+    // SAFETY: as the function's.
+    unsafe { rows_body(block, w, blocks, q, d) }
+}
+
+/// [`rows`] compiled for AVX-512 ([`quad_avx512`]): 32 registers for the sums.
+///
+/// # Safety
+/// As [`rows`], and the CPU has AVX-512 F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn rows_wide<const R: usize, const M: usize>(
+    block: Block,
+    w: [*const u8; R],
+    blocks: usize,
+    q: [*const i8; M],
+    d: [*const f32; M],
+) -> [[f32; M]; R] {
+    // SAFETY: as the function's.
+    unsafe { rows_body(block, w, blocks, q, d) }
+}
+
+/// The body of [`rows`] and [`rows_wide`], inlined into each, which bring its instruction
+/// sets.
+///
+/// # Safety
+/// As [`rows`]; only called from functions that enable AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_body<const R: usize, const M: usize>(
     block: Block,
     w: [*const u8; R],
     blocks: usize,
@@ -302,7 +318,7 @@ mod tests {
 
     /// The integer dots equal the f64 sum of the decoded weights times the activations'
     /// values within f32 rounding, one row's bits do not depend on the others, and AVX2
-    /// gives the portable path's bits.
+    /// (one, two or four weight rows at a time) gives the portable path's bits.
     #[test]
     fn integer_dots_are_the_products_of_the_values() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -342,6 +358,23 @@ mod tests {
                     pair.map(f32::to_bits),
                     [got[0], second[0]].map(f32::to_bits)
                 );
+                if crate::cpu::detected() == crate::cpu::Isa::Avx512 {
+                    for n in 1..=M_MAX {
+                        // SAFETY: the CPU has AVX-512 F and VL besides AVX2 and FMA.
+                        let quad = unsafe { quad_avx512(block, [&w, &w2, &w2, &w], &xs[..n]) };
+                        for (r, wr) in [&w, &w2, &w2, &w].into_iter().enumerate() {
+                            let mut want = [0.0f32; M_MAX];
+                            dots_scalar(block, wr, &xs[..n], &mut want);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&quad[r][..n]),
+                                bits(&want[..n]),
+                                "{block:?}: {n}, {r}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -75,8 +75,9 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
         }
     }
     let rb = block.row_bytes(w.cols);
-    let wrow = |row: usize| &bytes.as_bytes()[row * rb..(row + 1) * rb];
-    exact_rows(plan, *block, &wrow, rows.clone(), &r.exact, q8);
+    let bytes = bytes.as_bytes();
+    let wrow = |row: usize| &bytes[row * rb..(row + 1) * rb];
+    exact_rows(plan, *block, (bytes, rb), rows.clone(), &r.exact, q8);
     if r.inexact.is_empty() {
         return;
     }
@@ -96,15 +97,16 @@ fn run(plan: &Plan, rows: Range<usize>, r: &mut Rows) {
 /// integer dots: one activation row (a decode step) two weight rows at a time; several,
 /// four weight rows at a time on AVX-512 (its registers hold the sixteen sums), else one.
 /// Every path gives [`dot::dots_scalar`]'s bits.
-fn exact_rows<'w>(
+fn exact_rows(
     plan: &Plan,
     block: Block,
-    wrow: &dyn Fn(usize) -> &'w [u8],
+    (bytes, rb): (&[u8], usize),
     rows: Range<usize>,
     exact: &[usize],
     q8: &[Q8Row],
 ) {
     let isa = plan.call_isa;
+    let wrow = |row: usize| &bytes[row * rb..(row + 1) * rb];
     let group_of =
         |g: &[usize]| -> [&Q8Row; M_MAX] { std::array::from_fn(|t| &q8[g[t.min(g.len() - 1)]]) };
     let mut rows = rows;
