@@ -1,7 +1,7 @@
-//! A GEMM for the K-quant products on Q8_K rows ([`super::kdot`]'s blocks): the weights of
-//! four rows are unpacked once per super-block ([`Unpacked`]) and multiplied against every
-//! activation row of the step, where [`super::kdot`] decodes each super-block again for
-//! every group of four activation rows.
+//! A GEMM for the K-quant products on Q8_K rows ([`BLOCKS`]: [`super::kdot`]'s, and Q3_K
+//! and Q5_K): the weights of four rows are unpacked once per super-block ([`Unpacked`]) and
+//! multiplied against every activation row of the step, where [`super::kdot`] decodes each
+//! super-block again for every group of four activation rows.
 //!
 //! Every block type unpacks to one form, so one kernel multiplies them all: 256 unsigned
 //! codes `u`, and per block of 16 values a scale `S_j`, a correction `C_j` and an offset
