@@ -116,6 +116,17 @@ pub fn bf16_dots_detected() -> bool {
     false
 }
 
+/// Whether the CPU can run the AVX-512 VNNI kernels (beside the AVX-512 family): the
+/// K-quant GEMM's `vpdpwssd` ([`crate::ggml::kgemm::sb4_avx512`]).
+pub fn vnni_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        detected() == Isa::Avx512 && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The first core's L1 data cache, in bytes, from sysfs (`None` where it cannot be read).
 pub fn l1d_bytes() -> Option<usize> {
     let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");

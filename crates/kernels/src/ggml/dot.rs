@@ -264,26 +264,26 @@ unsafe fn rows_body<const R: usize, const M: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A fixed pseudo-random stream (xorshift64).
-    struct Rng(u64);
+    /// A fixed pseudo-random stream (xorshift64), for the ggml kernels' tests.
+    pub(crate) struct Rng(pub(crate) u64);
 
     impl Rng {
-        fn next(&mut self) -> u64 {
+        pub(crate) fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             self.0
         }
 
-        fn byte(&mut self) -> u8 {
+        pub(crate) fn byte(&mut self) -> u8 {
             (self.next() >> 32) as u8
         }
 
         /// Uniform in `[-a, a)`.
-        fn float(&mut self, a: f32) -> f32 {
+        pub(crate) fn float(&mut self, a: f32) -> f32 {
             ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
         }
     }

@@ -271,9 +271,7 @@ pub fn rows4(block: Block, w: &[&[u8]], xs: &[Q8KRow], acc: &mut [[f32; ROWS]], 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
 pub unsafe fn sb4_avx512(ups: &[Unpacked; ROWS], xs: &[Q8KRow], b: usize, acc: &mut [[f32; ROWS]]) {
     use std::arch::x86_64::*;
-    let lanes =
-        |f: fn(&Unpacked) -> f32| _mm_setr_ps(f(&ups[0]), f(&ups[1]), f(&ups[2]), f(&ups[3]));
-    let (d, dmin, factor) = (lanes(|u| u.d), lanes(|u| u.dmin), lanes(|u| u.factor));
+    let terms = Terms::new(ups);
     for (x, acc) in xs.iter().zip(acc) {
         // SAFETY (every load): `rows4` asserted the activation row's length; `Unpacked`'s
         // arrays are 64-byte aligned and as long as read.
@@ -296,13 +294,7 @@ pub unsafe fn sb4_avx512(ups: &[Unpacked; ROWS], xs: &[Q8KRow], b: usize, acc: &
             a[r] = _mm256_dpwssd_epi32(y, bs, c);
             m[r] = _mm256_madd_epi16(bs, unsafe { _mm256_load_si256(up.m.as_ptr().cast()) });
         }
-        let xd = _mm_set1_ps(x.d[b]);
-        let t = _mm_sub_ps(
-            _mm_mul_ps(_mm_mul_ps(d, xd), _mm_cvtepi32_ps(reduce4(a))),
-            _mm_mul_ps(_mm_mul_ps(dmin, xd), _mm_cvtepi32_ps(reduce4(m))),
-        );
-        let sum = _mm_add_ps(unsafe { _mm_loadu_ps(acc.as_ptr()) }, _mm_mul_ps(t, factor));
-        unsafe { _mm_storeu_ps(acc.as_mut_ptr(), sum) };
+        terms.add(x.d[b], a, m, acc);
     }
 }
 
@@ -315,9 +307,7 @@ pub unsafe fn sb4_avx512(ups: &[Unpacked; ROWS], xs: &[Q8KRow], b: usize, acc: &
 #[target_feature(enable = "avx2")]
 pub unsafe fn sb4_avx2(ups: &[Unpacked; ROWS], xs: &[Q8KRow], b: usize, acc: &mut [[f32; ROWS]]) {
     use std::arch::x86_64::*;
-    let lanes =
-        |f: fn(&Unpacked) -> f32| _mm_setr_ps(f(&ups[0]), f(&ups[1]), f(&ups[2]), f(&ups[3]));
-    let (d, dmin, factor) = (lanes(|u| u.d), lanes(|u| u.dmin), lanes(|u| u.factor));
+    let terms = Terms::new(ups);
     for (x, acc) in xs.iter().zip(acc) {
         // SAFETY (every load): as in `sb4_avx512`.
         let xq = unsafe { x.q.as_ptr().add(b * QK_K) };
@@ -338,12 +328,55 @@ pub unsafe fn sb4_avx2(ups: &[Unpacked; ROWS], xs: &[Q8KRow], b: usize, acc: &mu
             a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(bs, c));
             m[r] = _mm256_madd_epi16(bs, unsafe { _mm256_load_si256(ups[r].m.as_ptr().cast()) });
         }
-        let xd = _mm_set1_ps(x.d[b]);
+        terms.add(x.d[b], a, m, acc);
+    }
+}
+
+/// The float steps of four weight rows' super-blocks, four lanes wide, for the SIMD
+/// kernels: [`Unpacked::term`]'s operations in its order, added to the rows' sums.
+#[cfg(target_arch = "x86_64")]
+struct Terms {
+    d: std::arch::x86_64::__m128,
+    dmin: std::arch::x86_64::__m128,
+    factor: std::arch::x86_64::__m128,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Terms {
+    #[target_feature(enable = "avx2")]
+    fn new(ups: &[Unpacked; ROWS]) -> Self {
+        use std::arch::x86_64::_mm_setr_ps;
+        let lanes =
+            |f: fn(&Unpacked) -> f32| _mm_setr_ps(f(&ups[0]), f(&ups[1]), f(&ups[2]), f(&ups[3]));
+        Terms {
+            d: lanes(|u| u.d),
+            dmin: lanes(|u| u.dmin),
+            factor: lanes(|u| u.factor),
+        }
+    }
+
+    /// Adds to `acc` each row's term from its integers `A` (`a`) and `B` (`m`), one vector
+    /// of lanes per row, against an activation super-block of scale `xd`.
+    #[target_feature(enable = "avx2")]
+    fn add(
+        &self,
+        xd: f32,
+        a: [std::arch::x86_64::__m256i; ROWS],
+        m: [std::arch::x86_64::__m256i; ROWS],
+        acc: &mut [f32; ROWS],
+    ) {
+        use std::arch::x86_64::*;
+        let xd = _mm_set1_ps(xd);
         let t = _mm_sub_ps(
-            _mm_mul_ps(_mm_mul_ps(d, xd), _mm_cvtepi32_ps(reduce4(a))),
-            _mm_mul_ps(_mm_mul_ps(dmin, xd), _mm_cvtepi32_ps(reduce4(m))),
+            _mm_mul_ps(_mm_mul_ps(self.d, xd), _mm_cvtepi32_ps(reduce4(a))),
+            _mm_mul_ps(_mm_mul_ps(self.dmin, xd), _mm_cvtepi32_ps(reduce4(m))),
         );
-        let sum = _mm_add_ps(unsafe { _mm_loadu_ps(acc.as_ptr()) }, _mm_mul_ps(t, factor));
+        // SAFETY: `acc` is four floats.
+        let sum = _mm_add_ps(
+            unsafe { _mm_loadu_ps(acc.as_ptr()) },
+            _mm_mul_ps(t, self.factor),
+        );
+        // SAFETY: as above.
         unsafe { _mm_storeu_ps(acc.as_mut_ptr(), sum) };
     }
 }
@@ -368,45 +401,22 @@ fn reduce4(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m128i {
     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
 }
 
-/// Whether the CPU runs [`sb4_avx512`].
-pub fn vnni_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::cpu::detected() == crate::cpu::Isa::Avx512 && is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml::dot::tests::Rng;
     use crate::ggml::kdot::{kdots_scalar, BLOCKS};
-
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn float(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
 
     /// Random super-blocks with checkpoint-like scales.
     fn random_rows(block: Block, rows: usize, blocks: usize, rng: &mut Rng) -> Vec<Vec<u8>> {
         (0..rows)
             .map(|_| {
-                let mut w: Vec<u8> = (0..blocks * block.bytes())
-                    .map(|_| rng.next() as u8)
-                    .collect();
+                let mut w: Vec<u8> = (0..blocks * block.bytes()).map(|_| rng.byte()).collect();
                 for b in w.chunks_exact_mut(block.bytes()) {
-                    block.set_scales(b, half::f16::from_f32(0.01 + 0.002 * rng.float()).to_bits());
+                    block.set_scales(
+                        b,
+                        half::f16::from_f32(0.01 + 0.002 * rng.float(1.0)).to_bits(),
+                    );
                 }
                 w
             })
@@ -427,7 +437,7 @@ mod tests {
             if crate::cpu::detected() >= crate::cpu::Isa::Avx2 {
                 kernels.push(("avx2", sb4_avx2));
             }
-            if vnni_detected() {
+            if crate::cpu::vnni_detected() {
                 kernels.push(("avx512", sb4_avx512));
             }
         }
@@ -437,7 +447,7 @@ mod tests {
             for m in [1, 2, 5, 17] {
                 let xs: Vec<Q8KRow> = (0..m)
                     .map(|_| {
-                        let x: Vec<f32> = (0..blocks * QK_K).map(|_| 3.0 * rng.float()).collect();
+                        let x: Vec<f32> = (0..blocks * QK_K).map(|_| rng.float(3.0)).collect();
                         let mut r = Q8KRow::default();
                         r.quantize(&x);
                         r

@@ -220,7 +220,7 @@ fn k_rows(plan: &Plan, block: Block, bytes: &[u8], rows: Range<usize>) {
 fn gemm_kernel(isa: Isa) -> Option<kgemm::Kernel> {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512 && kgemm::vnni_detected() {
+        if isa == Isa::Avx512 && crate::cpu::vnni_detected() {
             return Some(kgemm::sb4_avx512);
         }
         if isa >= Isa::Avx2 {
